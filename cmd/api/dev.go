@@ -1,0 +1,117 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemref/payments/internal/db"
+	"github.com/idemref/payments/internal/dbmigrate"
+	"github.com/idemref/payments/internal/pgtmp"
+	"github.com/idemref/payments/internal/tenants"
+)
+
+// devDataDir holds the private development cluster (git-ignored).
+const devDataDir = ".dev/postgres"
+
+// dev is `make run`: it needs nothing set up. Without DATABASE_URL it starts
+// a private PostgreSQL from the machine's server binaries (initdb the first
+// time only) and stops it on exit. Then it migrates, creates a demo tenant,
+// prints ready-to-paste curl commands and serves.
+func dev(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer) error {
+	if cfg.DatabaseURL == "" {
+		if _, err := pgtmp.FindBinDir(); err != nil {
+			return err
+		}
+		dir, err := filepath.Abs(devDataDir)
+		if err != nil {
+			return err
+		}
+		cluster, err := pgtmp.Start(ctx, pgtmp.Options{Dir: dir, Logger: logger})
+		if err != nil {
+			return fmt.Errorf("start the development PostgreSQL in %s: %w", devDataDir, err)
+		}
+		defer func() {
+			if err := cluster.Stop(); err != nil {
+				logger.Error("stop the development PostgreSQL", slog.Any("error", err))
+			}
+		}()
+		if err := ensureDatabase(ctx, cluster.URL("postgres"), "payments"); err != nil {
+			return err
+		}
+		cfg.DatabaseURL = cluster.URL("payments")
+		logger.Info("development PostgreSQL running", slog.String("data_dir", devDataDir), slog.Int("port", cluster.Port()))
+	}
+	if err := dbmigrate.Up(ctx, cfg.DatabaseURL); err != nil {
+		return err
+	}
+	pool, err := db.Open(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	_, key, err := tenants.Create(ctx, pool, "demo")
+	pool.Close()
+	if err != nil {
+		return err
+	}
+	return serve(ctx, cfg, logger, func(addr string) {
+		fmt.Fprint(stdout, devBanner(addr, key))
+	})
+}
+
+// ensureDatabase creates database name unless it exists.
+func ensureDatabase(ctx context.Context, adminURL, name string) error {
+	conn, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P04" { // duplicate_database
+		return nil
+	}
+	return err
+}
+
+func devBanner(addr, key string) string {
+	host, port, _ := net.SplitHostPort(addr)
+	if host == "" || host == "::" || host == "0.0.0.0" {
+		host = "localhost"
+	}
+	base := "http://" + net.JoinHostPort(host, port)
+	order := `'{"reference":"order-1001","customer_id":"cus_42","amount":2500,"currency":"EUR"}'`
+	post := func(key, body string) string {
+		return fmt.Sprintf("curl -i -X POST %s/v1/orders -H \"Authorization: Bearer $API_KEY\" -H 'Content-Type: application/json' -H 'Idempotency-Key: %s' -d %s", base, key, body)
+	}
+	lines := []string{
+		"",
+		"Payments API (development mode) on " + base,
+		"A demo tenant was created. Its API key:",
+		"",
+		"  export API_KEY=" + key,
+		"",
+		"Create an order (201 Created):",
+		"  " + post("demo-create-1", order),
+		"Send the same request again: the stored 201 is replayed byte for byte, with Idempotent-Replayed: true:",
+		"  " + post("demo-create-1", order),
+		"Reuse the key for a different body (422 idempotency_key_reused):",
+		"  " + post("demo-create-1", `'{"reference":"order-1001","customer_id":"cus_42","amount":9999,"currency":"EUR"}'`),
+		"Same order under a new key: the reference backstop answers 409 order_reference_exists with the order's id:",
+		"  " + post("demo-create-2", order),
+		"List the orders:",
+		fmt.Sprintf("  curl -s %s/v1/orders -H \"Authorization: Bearer $API_KEY\"", base),
+		"",
+		"Press Ctrl-C to stop.",
+		"",
+	}
+	return strings.Join(lines, "\n")
+}

@@ -1,0 +1,76 @@
+// Command api runs the payments API and its operator tasks:
+//
+//	api serve                  run the HTTP server (DATABASE_URL required)
+//	api dev                    development mode: a private PostgreSQL when
+//	                           DATABASE_URL is unset, migrations, a demo
+//	                           tenant and ready-to-paste curl commands
+//	api migrate up|down        apply or roll back the schema
+//	api tenant create NAME     create a tenant; prints its API key last
+//
+// Configuration comes from the environment; see the README.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+const usage = `usage:
+  api serve                 run the HTTP server
+  api dev                   development mode (private PostgreSQL when DATABASE_URL is unset)
+  api migrate up|down       apply or roll back database migrations
+  api tenant create NAME    create a tenant and print its API key
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "api:", err)
+		if errors.Is(err, errUsage) {
+			fmt.Fprint(os.Stderr, usage)
+			os.Exit(2)
+		}
+		os.Exit(1)
+	}
+}
+
+var errUsage = errors.New("invalid command line")
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	cfg, err := loadConfig(getenv)
+	if err != nil {
+		return err
+	}
+	logger := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	if len(args) == 0 {
+		return errUsage
+	}
+	switch cmd, rest := args[0], args[1:]; {
+	case cmd == "serve" && len(rest) == 0:
+		if cfg.DatabaseURL == "" {
+			return errors.New("DATABASE_URL is not set (for a zero-setup local run use 'make run')")
+		}
+		return serve(ctx, cfg, logger, nil)
+	case cmd == "dev" && len(rest) == 0:
+		return dev(ctx, cfg, logger, stdout)
+	case cmd == "migrate" && len(rest) == 1 && (rest[0] == "up" || rest[0] == "down"):
+		if cfg.DatabaseURL == "" {
+			return errors.New("DATABASE_URL is not set")
+		}
+		return migrate(ctx, cfg.DatabaseURL, rest[0], logger)
+	case cmd == "tenant" && len(rest) == 2 && rest[0] == "create":
+		if cfg.DatabaseURL == "" {
+			return errors.New("DATABASE_URL is not set")
+		}
+		return createTenant(ctx, cfg.DatabaseURL, rest[1], stdout)
+	}
+	return errUsage
+}

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+
+	payments "github.com/idemref/payments"
+	"github.com/idemref/payments/internal/db"
+	"github.com/idemref/payments/internal/dbmigrate"
+	httpapi "github.com/idemref/payments/internal/http"
+	"github.com/idemref/payments/internal/idem"
+	"github.com/idemref/payments/internal/tenants"
+)
+
+// serve runs the HTTP server until ctx is cancelled, then shuts down
+// gracefully: stop accepting, let in-flight requests finish (bounded by
+// SHUTDOWN_TIMEOUT), close the pool. ready, when set, is called with the
+// bound address once the listener is open.
+func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr string)) error {
+	pool, err := db.Open(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	handler := httpapi.NewHandler(httpapi.Config{
+		Pool:           pool,
+		Idem:           idem.NewStore(pool, idem.Config{LockTimeout: cfg.LockTimeout, TTL: cfg.IdempotencyTTL}),
+		Logger:         logger,
+		RequestTimeout: cfg.RequestTimeout,
+		OpenAPI:        payments.OpenAPI,
+	})
+	srv := &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		ReadTimeout:       cfg.ReadTimeout,
+		WriteTimeout:      cfg.WriteTimeout,
+		IdleTimeout:       cfg.IdleTimeout,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+
+	// Listen synchronously: a port already in use is an error, not a log line.
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", cfg.Addr, err)
+	}
+	logger.Info("listening", slog.String("addr", ln.Addr().String()))
+	if ready != nil {
+		ready(ln.Addr().String())
+	}
+
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	logger.Info("shutting down", slog.Duration("timeout", cfg.ShutdownTimeout))
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	logger.Info("stopped")
+	return nil
+}
+
+func migrate(ctx context.Context, databaseURL, direction string, logger *slog.Logger) error {
+	var err error
+	if direction == "up" {
+		err = dbmigrate.Up(ctx, databaseURL)
+	} else {
+		err = dbmigrate.Down(ctx, databaseURL)
+	}
+	if err != nil {
+		return err
+	}
+	version, _, err := dbmigrate.Version(ctx, databaseURL)
+	if err != nil {
+		return err
+	}
+	logger.Info("migrated", slog.String("direction", direction), slog.Uint64("version", uint64(version)))
+	return nil
+}
+
+// createTenant prints the new tenant's API key alone on the last line, so
+// scripts can take it with `tail -n 1`.
+func createTenant(ctx context.Context, databaseURL, name string, stdout io.Writer) error {
+	pool, err := db.Open(ctx, databaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	id, key, err := tenants.Create(ctx, pool, name)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "tenant %s created (%s); its API key, shown only once:\n%s\n", name, id, key)
+	return nil
+}

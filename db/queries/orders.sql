@@ -1,0 +1,21 @@
+-- name: OrderCreate :one
+INSERT INTO orders (tenant_id, id, reference, customer_id, amount, currency, description, metadata)
+VALUES (@tenant_id, @id, @reference, @customer_id, @amount, @currency, @description, @metadata)
+ON CONFLICT ON CONSTRAINT orders_tenant_reference_key DO NOTHING
+RETURNING *;
+
+-- name: OrderGet :one
+SELECT * FROM orders WHERE tenant_id = @tenant_id AND id = @id;
+
+-- name: OrderGetByReference :one
+SELECT * FROM orders WHERE tenant_id = @tenant_id AND reference = @reference;
+
+-- name: OrderList :many
+-- Keyset pagination, newest first. The cursor is the (created_at, id) of
+-- the last row of the previous page.
+SELECT * FROM orders
+WHERE tenant_id = @tenant_id
+  AND (sqlc.narg('cursor_created_at')::timestamptz IS NULL
+       OR (created_at, id) < (sqlc.narg('cursor_created_at')::timestamptz, sqlc.narg('cursor_id')::uuid))
+ORDER BY created_at DESC, id DESC
+LIMIT @row_limit;

@@ -1,0 +1,147 @@
+// Package db owns the connection pool, the one transaction helper and the
+// translation of PostgreSQL errors into the few facts the rest of the code
+// branches on (unique violation by constraint name, lock timeout, transient).
+// The generated sqlc code lives in the dbsqlc subpackage; only domain
+// packages import it.
+package db
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"syscall"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Open creates a pool for databaseURL (postgres://...). Pool settings such
+// as pool_max_conns may be given as URL parameters. Open does not fail when
+// the database is down: the pool connects lazily, so the service starts and
+// answers 503 until the database is back (L6), and /readyz reports it.
+func Open(ctx context.Context, databaseURL string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(databaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("parse DATABASE_URL: %w", redactErr(err))
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("create pool: %w", err)
+	}
+	return pool, nil
+}
+
+// redactErr drops the parse error's wrapped detail, which can echo the URL
+// and with it a password.
+func redactErr(err error) error {
+	var pe *pgconn.ParseConfigError
+	if errors.As(err, &pe) {
+		return errors.New(pe.Error())
+	}
+	return err
+}
+
+// Beginner is what WithTx needs: a pool, a connection or a transaction
+// (which yields a savepoint).
+type Beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// WithTx runs fn inside a transaction and commits when fn returns nil.
+//
+// The rollback runs under context.WithoutCancel: a request whose context was
+// cancelled must still roll back, or the connection goes back to the pool
+// in an aborted transaction. Commit errors are returned, never swallowed: a
+// failed COMMIT means the work did not happen (or, on a lost connection, that
+// nobody knows, which is exactly the case idempotency keys exist for).
+//
+// WithTx does not retry. Serialization failures and deadlocks surface to the
+// caller as transient errors (see IsTransient); the one-transaction
+// idempotency path answers 503 and the client's retry runs it again.
+func WithTx(ctx context.Context, db Beginner, fn func(ctx context.Context, tx pgx.Tx) error) (err error) {
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	if err := fn(ctx, tx); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}
+
+// SQLSTATE codes the code branches on. See
+// https://www.postgresql.org/docs/current/errcodes-appendix.html.
+const (
+	codeUniqueViolation      = "23505"
+	codeSerializationFailure = "40001"
+	codeDeadlockDetected     = "40P01"
+	codeLockNotAvailable     = "55P03" // raised when lock_timeout expires
+	codeQueryCanceled        = "57014" // statement_timeout or a cancel request
+	codeAdminShutdown        = "57P01"
+	codeCrashShutdown        = "57P02"
+	codeCannotConnectNow     = "57P03"
+	codeTooManyConnections   = "53300"
+)
+
+// IsUniqueViolation reports whether err is a unique violation of the named
+// constraint. Matching on the constraint name (not the message text) keeps
+// the check exact and stable across PostgreSQL versions and locales.
+func IsUniqueViolation(err error, constraint string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == codeUniqueViolation && pgErr.ConstraintName == constraint
+}
+
+// IsLockTimeout reports whether a statement gave up waiting for a lock
+// because lock_timeout expired.
+func IsLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == codeLockNotAvailable
+}
+
+// IsTransient reports whether err is a failure that says nothing about the
+// request itself: running the same request again may well succeed. These
+// are never recorded as an idempotent outcome (O2).
+func IsTransient(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case codeSerializationFailure, codeDeadlockDetected, codeLockNotAvailable, codeQueryCanceled,
+			codeAdminShutdown, codeCrashShutdown, codeCannotConnectNow, codeTooManyConnections:
+			return true
+		}
+		// Class 08: connection exceptions.
+		return len(pgErr.Code) == 5 && pgErr.Code[:2] == "08"
+	}
+	var connectErr *pgconn.ConnectError
+	var netErr net.Error
+	switch {
+	case errors.As(err, &connectErr),
+		errors.As(err, &netErr),
+		errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, context.Canceled),
+		errors.Is(err, io.EOF),
+		errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, syscall.ECONNREFUSED),
+		errors.Is(err, syscall.ECONNRESET),
+		errors.Is(err, syscall.EPIPE),
+		errors.Is(err, pgconn.ErrConnClosed),
+		pgconn.Timeout(err),
+		pgconn.SafeToRetry(err):
+		return true
+	}
+	return false
+}

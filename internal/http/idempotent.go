@@ -1,0 +1,96 @@
+package httpapi
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemref/payments/internal/idem"
+)
+
+// ReplayedHeader marks a response replayed from the idempotency record.
+const ReplayedHeader = "Idempotent-Replayed"
+
+// request is what an idempotent endpoint's body type must offer: defaults
+// applied before fingerprinting, so an omitted field and its explicit
+// default are the same request (F1).
+type request interface {
+	applyDefaults()
+}
+
+// idempotentOp runs the business write inside the idempotency
+// transaction and returns the result to encode, or an error. Errors that
+// map to a 4xx problem are deterministic and get recorded; others roll
+// everything back.
+type idempotentOp[T any] func(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, req *T) (success, error)
+
+// success is a 2xx answer before encoding.
+type success struct {
+	status   int
+	body     any
+	location string
+}
+
+// idempotent adapts op into a handler that follows the whole pattern:
+//
+//	key → body (F4) → fingerprint → claim/execute/record or replay (idem.Store.Execute)
+//
+// Everything rejected before Execute is answered but never recorded (O3).
+func idempotent[T any, PT interface {
+	*T
+	request
+}](a *api, op idempotentOp[T]) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		key, err := idem.ParseKey(r.Header.Values(idem.HeaderName))
+		if err != nil {
+			writeError(w, r, err)
+			return
+		}
+		req := PT(new(T))
+		if err := decodeBody(r, req); err != nil {
+			writeError(w, r, err)
+			return
+		}
+		req.applyDefaults()
+
+		// The endpoint is the route template, not the path (K2), and the path
+		// parameters are part of the fingerprint (F2).
+		rctx := chi.RouteContext(r.Context())
+		endpoint := r.Method + " " + rctx.RoutePattern()
+		params := map[string]string{}
+		for i, k := range rctx.URLParams.Keys {
+			params[k] = rctx.URLParams.Values[i]
+		}
+		fingerprint, err := idem.Fingerprint(endpoint, params, req)
+		if err != nil {
+			writeError(w, r, err)
+			return
+		}
+
+		tenantID := tenantFrom(r.Context())
+		claim := idem.Claim{TenantID: tenantID, Endpoint: endpoint, Key: key, Fingerprint: fingerprint}
+		res, replayed, err := a.idem.Execute(r.Context(), claim, func(ctx context.Context, tx pgx.Tx) (idem.Response, error) {
+			out, err := op(ctx, tx, tenantID, (*T)(req))
+			if err != nil {
+				p := problemFor(err)
+				if p.Status >= 500 {
+					return idem.Response{}, err // roll back, record nothing (O2)
+				}
+				logProblem(ctx, p, err)
+				return p.encode(), nil // deterministic: recorded and replayed (O1)
+			}
+			return encodeJSON(out.status, out.body, out.location)
+		})
+		if err != nil {
+			writeError(w, r, err)
+			return
+		}
+		if replayed {
+			res.Header.Set(ReplayedHeader, "true")
+		}
+		writeResponse(w, res)
+	}
+}

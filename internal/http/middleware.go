@@ -1,0 +1,147 @@
+package httpapi
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/google/uuid"
+
+	"github.com/idemref/payments/internal/tenants"
+)
+
+type ctxKey int
+
+const (
+	ctxLogger ctxKey = iota
+	ctxTenant
+)
+
+// RequestIDHeader carries the request id on every response.
+const RequestIDHeader = "X-Request-Id"
+
+func loggerFrom(ctx context.Context) *slog.Logger {
+	if l, ok := ctx.Value(ctxLogger).(*slog.Logger); ok {
+		return l
+	}
+	return slog.Default()
+}
+
+func tenantFrom(ctx context.Context) uuid.UUID {
+	id, _ := ctx.Value(ctxTenant).(uuid.UUID)
+	return id
+}
+
+// statusRecorder remembers the status for the access log.
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	if s.status == 0 {
+		s.status = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusRecorder) Write(b []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+// requestContext gives every request an id (a well-formed incoming
+// X-Request-Id is kept, so ids follow a request across services), a logger
+// carrying it, a deadline, an access log line and panic recovery. Request
+// bodies, API keys and idempotency keys are never logged.
+func requestContext(base *slog.Logger, timeout time.Duration) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			start := time.Now()
+			id := r.Header.Get(RequestIDHeader)
+			if !validRequestID(id) {
+				id = newRequestID()
+			}
+			w.Header().Set(RequestIDHeader, id)
+			logger := base.With(slog.String("request_id", id))
+			ctx := context.WithValue(r.Context(), ctxLogger, logger)
+			ctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			r = r.WithContext(ctx)
+			rec := &statusRecorder{ResponseWriter: w}
+
+			defer func() {
+				if v := recover(); v != nil {
+					if v == http.ErrAbortHandler {
+						panic(v)
+					}
+					logger.ErrorContext(ctx, "panic", slog.Any("panic", v), slog.String("stack", string(debug.Stack())))
+					if rec.status == 0 {
+						writeError(rec, r, errors.New("panic"))
+					}
+				}
+				route := chi.RouteContext(r.Context()).RoutePattern()
+				logger.InfoContext(ctx, "request",
+					slog.String("method", r.Method),
+					slog.String("route", route),
+					slog.Int("status", rec.status),
+					slog.Duration("duration", time.Since(start)),
+					slog.Bool("replayed", rec.Header().Get(ReplayedHeader) == "true"),
+				)
+			}()
+			next.ServeHTTP(rec, r)
+		})
+	}
+}
+
+func validRequestID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	for _, c := range id {
+		if c < 0x21 || c > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+func newRequestID() string {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// authenticate resolves the bearer key to a tenant before anything else
+// runs, so an unauthenticated request never reaches the idempotency layer.
+// A failed lookup (database down) fails closed with 503.
+func (a *api) authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || key == "" {
+			writeError(w, r, tenants.ErrUnauthenticated)
+			return
+		}
+		tenantID, err := tenants.Authenticate(r.Context(), a.pool, key)
+		switch {
+		case errors.Is(err, tenants.ErrUnauthenticated):
+			writeError(w, r, err)
+			return
+		case err != nil:
+			writeError(w, r, errors.Join(errUnavailable, err))
+			return
+		}
+		ctx := context.WithValue(r.Context(), ctxTenant, tenantID)
+		ctx = context.WithValue(ctx, ctxLogger, loggerFrom(ctx).With(slog.String("tenant_id", tenantID.String())))
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
+}

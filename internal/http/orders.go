@@ -1,0 +1,146 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemref/payments/internal/idem"
+	"github.com/idemref/payments/internal/orders"
+)
+
+// createOrderRequest is the body of POST /v1/orders. Its shape is checked
+// by idem.DecodeStrict before the claim; its meaning by orders.Validate
+// inside the transaction, so semantic failures are recorded (O1).
+type createOrderRequest struct {
+	Reference   string            `json:"reference"`
+	CustomerID  string            `json:"customer_id"`
+	Amount      int64             `json:"amount"`
+	Currency    string            `json:"currency"`
+	Description string            `json:"description"`
+	Metadata    map[string]string `json:"metadata"`
+}
+
+// applyDefaults makes an omitted (or null) metadata equal to {}, its
+// explicit default, before the fingerprint is taken. description's default
+// "" is already Go's zero value.
+func (r *createOrderRequest) applyDefaults() {
+	if r.Metadata == nil {
+		r.Metadata = map[string]string{}
+	}
+}
+
+// orderJSON is the wire form of an order.
+type orderJSON struct {
+	ID          uuid.UUID         `json:"id"`
+	Reference   string            `json:"reference"`
+	CustomerID  string            `json:"customer_id"`
+	Amount      int64             `json:"amount"`
+	Currency    string            `json:"currency"`
+	Description string            `json:"description"`
+	Metadata    map[string]string `json:"metadata"`
+	Status      string            `json:"status"`
+	AmountPaid  int64             `json:"amount_paid"`
+	CreatedAt   string            `json:"created_at"`
+}
+
+func toOrderJSON(o orders.Order) orderJSON {
+	return orderJSON{
+		ID:          o.ID,
+		Reference:   o.Reference,
+		CustomerID:  o.CustomerID,
+		Amount:      o.Amount,
+		Currency:    o.Currency,
+		Description: o.Description,
+		Metadata:    o.Metadata,
+		Status:      o.Status,
+		AmountPaid:  o.AmountPaid,
+		CreatedAt:   o.CreatedAt.UTC().Format(time.RFC3339Nano),
+	}
+}
+
+func createOrder(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, req *createOrderRequest) (success, error) {
+	o, err := orders.Create(ctx, tx, tenantID, orders.CreateInput(*req))
+	if err != nil {
+		return success{}, err
+	}
+	return success{status: http.StatusCreated, body: toOrderJSON(o), location: "/v1/orders/" + o.ID.String()}, nil
+}
+
+func (a *api) getOrder(w http.ResponseWriter, r *http.Request) {
+	id, err := uuid.Parse(chi.URLParam(r, "id"))
+	if err != nil {
+		// A malformed id names no order: 404, like any unknown id.
+		writeError(w, r, orders.ErrNotFound)
+		return
+	}
+	o, err := orders.Get(r.Context(), a.pool, tenantFrom(r.Context()), id)
+	if err != nil {
+		writeError(w, r, readError(err))
+		return
+	}
+	writeJSON(w, http.StatusOK, toOrderJSON(o))
+}
+
+type orderListJSON struct {
+	Data       []orderJSON `json:"data"`
+	NextCursor *string     `json:"next_cursor"`
+}
+
+const (
+	defaultPageSize = 20
+	maxPageSize     = 100
+)
+
+func (a *api) listOrders(w http.ResponseWriter, r *http.Request) {
+	limit := defaultPageSize
+	if s := r.URL.Query().Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > maxPageSize {
+			writeError(w, r, errInvalidLimit)
+			return
+		}
+		limit = n
+	}
+	page, err := orders.List(r.Context(), a.pool, tenantFrom(r.Context()), r.URL.Query().Get("cursor"), limit)
+	if err != nil {
+		writeError(w, r, readError(err))
+		return
+	}
+	out := orderListJSON{Data: make([]orderJSON, 0, len(page.Orders))}
+	for _, o := range page.Orders {
+		out.Data = append(out.Data, toOrderJSON(o))
+	}
+	if page.NextCursor != "" {
+		out.NextCursor = &page.NextCursor
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// encodeJSON renders a success as the exact bytes to send and record.
+func encodeJSON(status int, v any, location string) (idem.Response, error) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return idem.Response{}, err
+	}
+	h := http.Header{}
+	h.Set("Content-Type", "application/json")
+	if location != "" {
+		h.Set("Location", location)
+	}
+	return idem.Response{Status: status, Header: h, Body: body}, nil
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	res, err := encodeJSON(status, v, "")
+	if err != nil {
+		panic(err) // our own types always encode; recovered and logged as 500
+	}
+	writeResponse(w, res)
+}

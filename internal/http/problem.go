@@ -1,0 +1,167 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"github.com/google/uuid"
+
+	"github.com/idemref/payments/internal/idem"
+	"github.com/idemref/payments/internal/orders"
+	"github.com/idemref/payments/internal/tenants"
+)
+
+// ProblemTypeBase prefixes every problem type URI; the rest is the code
+// with dashes (RFC 9457). Types and codes are part of the API contract.
+const ProblemTypeBase = "https://payments.example.com/problems/"
+
+// Problem codes: stable, machine-readable, documented in openapi.yaml.
+const (
+	CodeUnauthorized         = "unauthorized"
+	CodeKeyMissing           = "idempotency_key_missing"
+	CodeKeyInvalid           = "idempotency_key_invalid"
+	CodeInvalidJSON          = "invalid_json"
+	CodeBodyTooLarge         = "body_too_large"
+	CodeUnsupportedMediaType = "unsupported_media_type"
+	CodeValidationFailed     = "validation_failed"
+	CodeKeyInUse             = "idempotency_key_in_use"
+	CodeKeyReused            = "idempotency_key_reused"
+	CodeReferenceExists      = "order_reference_exists"
+	CodeNotFound             = "not_found"
+	CodeMethodNotAllowed     = "method_not_allowed"
+	CodeInvalidQuery         = "invalid_query"
+	CodeUnavailable          = "service_unavailable"
+	CodeInternal             = "internal_error"
+)
+
+// retryAfterSeconds is sent with 409 idempotency_key_in_use and 503.
+const retryAfterSeconds = "1"
+
+// Problem is an RFC 9457 problem detail.
+type Problem struct {
+	Type    string              `json:"type"`
+	Title   string              `json:"title"`
+	Status  int                 `json:"status"`
+	Detail  string              `json:"detail,omitempty"`
+	Code    string              `json:"code"`
+	Errors  []orders.FieldError `json:"errors,omitempty"`
+	OrderID *uuid.UUID          `json:"order_id,omitempty"`
+	header  map[string]string   // extra response headers, e.g. Retry-After
+}
+
+func newProblem(status int, code, title, detail string) Problem {
+	return Problem{
+		Type:   ProblemTypeBase + strings.ReplaceAll(code, "_", "-"),
+		Title:  title,
+		Status: status,
+		Detail: detail,
+		Code:   code,
+	}
+}
+
+// problemFor is the one place where errors become HTTP. Internal causes of
+// 5xx answers are logged by the caller, never serialised.
+func problemFor(err error) Problem {
+	var (
+		validation *orders.ValidationError
+		refExists  *orders.ReferenceExistsError
+		bodyErr    *bodyError
+	)
+	switch {
+	case errors.Is(err, tenants.ErrUnauthenticated):
+		return newProblem(http.StatusUnauthorized, CodeUnauthorized, "Unauthorized",
+			"Send the API key as 'Authorization: Bearer <key>'.")
+	case errors.Is(err, idem.ErrKeyMissing):
+		return newProblem(http.StatusBadRequest, CodeKeyMissing, "Idempotency-Key required", err.Error())
+	case errors.Is(err, idem.ErrKeyInvalid):
+		return newProblem(http.StatusBadRequest, CodeKeyInvalid, "Invalid Idempotency-Key", err.Error())
+	case errors.As(err, &bodyErr):
+		return newProblem(bodyErr.status, bodyErr.code, bodyErr.title, bodyErr.Error())
+	case errors.Is(err, idem.ErrKeyInUse):
+		p := newProblem(http.StatusConflict, CodeKeyInUse, "Request in progress",
+			"A request with this Idempotency-Key is still being processed. Retry with the same key after the Retry-After delay.")
+		p.header = map[string]string{"Retry-After": retryAfterSeconds}
+		return p
+	case errors.Is(err, idem.ErrKeyReused):
+		return newProblem(http.StatusUnprocessableEntity, CodeKeyReused, "Idempotency-Key reused",
+			"This Idempotency-Key was already used with a different request. Use a new key for a new request.")
+	case errors.As(err, &validation):
+		p := newProblem(http.StatusBadRequest, CodeValidationFailed, "Validation failed",
+			"One or more fields are invalid; see errors.")
+		p.Errors = validation.Fields
+		return p
+	case errors.As(err, &refExists):
+		p := newProblem(http.StatusConflict, CodeReferenceExists, "Order reference already used",
+			"An order with this reference already exists; see order_id.")
+		p.OrderID = &refExists.OrderID
+		return p
+	case errors.Is(err, orders.ErrNotFound), errors.Is(err, errRouteNotFound):
+		return newProblem(http.StatusNotFound, CodeNotFound, "Not found", "")
+	case errors.Is(err, errMethodNotAllowed):
+		return newProblem(http.StatusMethodNotAllowed, CodeMethodNotAllowed, "Method not allowed", "")
+	case errors.Is(err, orders.ErrInvalidCursor), errors.Is(err, errInvalidLimit):
+		return newProblem(http.StatusBadRequest, CodeInvalidQuery, "Invalid query parameter", err.Error())
+	case errors.Is(err, idem.ErrUnavailable), errors.Is(err, errUnavailable):
+		p := newProblem(http.StatusServiceUnavailable, CodeUnavailable, "Service unavailable",
+			"A temporary failure stopped the request before anything was recorded. Retry with the same Idempotency-Key.")
+		p.header = map[string]string{"Retry-After": retryAfterSeconds}
+		return p
+	}
+	return newProblem(http.StatusInternalServerError, CodeInternal, "Internal server error",
+		"The request was rolled back. Retrying with the same Idempotency-Key is safe.")
+}
+
+var (
+	errRouteNotFound    = errors.New("no such route")
+	errMethodNotAllowed = errors.New("method not allowed")
+	errInvalidLimit     = errors.New("limit must be an integer from 1 to 100")
+	// errUnavailable marks a transient failure outside the idempotency layer
+	// (authentication, reads).
+	errUnavailable = errors.New("temporarily unavailable")
+)
+
+// encode renders the problem as the exact response bytes to send or record.
+func (p Problem) encode() idem.Response {
+	body, err := json.Marshal(p)
+	if err != nil {
+		panic(err) // a Problem always encodes
+	}
+	h := http.Header{}
+	h.Set("Content-Type", "application/problem+json")
+	// Problem answers, recorded or not, must never be cached by an
+	// intermediary and served to a retry in place of our own answer.
+	h.Set("Cache-Control", "no-store")
+	for k, v := range p.header {
+		h.Set(k, v)
+	}
+	return idem.Response{Status: p.Status, Header: h, Body: body}
+}
+
+// writeError answers with the problem for err and logs it: 4xx at info,
+// 5xx at error with the internal cause.
+func writeError(w http.ResponseWriter, r *http.Request, err error) {
+	p := problemFor(err)
+	logProblem(r.Context(), p, err)
+	writeResponse(w, p.encode())
+}
+
+func logProblem(ctx context.Context, p Problem, err error) {
+	logger := loggerFrom(ctx)
+	if p.Status >= 500 {
+		logger.ErrorContext(ctx, "request failed", slog.String("code", p.Code), slog.Any("error", err))
+		return
+	}
+	logger.InfoContext(ctx, "request rejected", slog.String("code", p.Code), slog.Int("status", p.Status))
+}
+
+func writeResponse(w http.ResponseWriter, res idem.Response) {
+	for k, v := range res.Header {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(res.Status)
+	_, _ = w.Write(res.Body)
+}

@@ -1,0 +1,244 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemref/payments/internal/db"
+	"github.com/idemref/payments/internal/db/dbsqlc"
+	"github.com/idemref/payments/internal/failpoint"
+)
+
+var (
+	// ErrKeyInUse: another request holds the key and has not finished
+	// (L5). The client should retry later with the same key.
+	ErrKeyInUse = errors.New("a request with this Idempotency-Key is still in progress")
+	// ErrKeyReused: the key was used before for a different request (L5).
+	ErrKeyReused = errors.New("this Idempotency-Key was already used for a different request")
+	// ErrUnavailable wraps transient failures (key store unreachable,
+	// serialization failure, deadlock, timeout). Nothing was recorded, so a
+	// retry with the same key runs the request again (L6, O2).
+	ErrUnavailable = errors.New("temporarily unavailable")
+)
+
+// Defaults for Config.
+const (
+	DefaultLockTimeout = 2 * time.Second
+	DefaultTTL         = 24 * time.Hour
+)
+
+// Config tunes a Store.
+type Config struct {
+	// LockTimeout bounds how long a duplicate waits on another
+	// transaction's uncommitted claim before it gets ErrKeyInUse.
+	LockTimeout time.Duration
+	// TTL is how long a record is kept (E1). It must exceed the longest
+	// time a client keeps retrying one operation.
+	TTL time.Duration
+}
+
+// Store runs requests under idempotency keys kept in PostgreSQL.
+type Store struct {
+	pool *pgxpool.Pool
+	cfg  Config
+}
+
+// NewStore returns a Store over pool; zero Config fields take the defaults.
+func NewStore(pool *pgxpool.Pool, cfg Config) *Store {
+	if cfg.LockTimeout <= 0 {
+		cfg.LockTimeout = DefaultLockTimeout
+	}
+	if cfg.TTL <= 0 {
+		cfg.TTL = DefaultTTL
+	}
+	return &Store{pool: pool, cfg: cfg}
+}
+
+// Claim identifies one idempotent request.
+type Claim struct {
+	TenantID uuid.UUID
+	// Endpoint is the method and route template, e.g. "POST /v1/orders" (K2).
+	Endpoint string
+	Key      string
+	// Fingerprint is Fingerprint's hash of the canonical request (F1).
+	Fingerprint []byte
+}
+
+// Response is an HTTP response as recorded and replayed: the exact status,
+// the headers that matter and the exact body bytes (L3).
+type Response struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// RecordedHeaders are the response headers stored with the record and
+// replayed. Per-request headers (X-Request-Id, Date) are not: they describe
+// the retry, not the original outcome.
+var RecordedHeaders = []string{"Content-Type", "Location", "Cache-Control"}
+
+// Execute is the one-transaction idempotency path (L1-L5), for side effects
+// that live in our own database:
+//
+//  1. Claim: INSERT the key ON CONFLICT DO NOTHING, in a new transaction.
+//  2. Execute: run exec in the same transaction, inside a savepoint.
+//  3. Record: store exec's response on the key row, then commit, so the
+//     business rows and the recorded response commit together or not at all.
+//  4. Replay: when the claim finds an existing completed row, return its
+//     recorded response (replayed = true) without running exec.
+//
+// exec returns the response to record. A response with status >= 400 is a
+// deterministic failure (validation, natural-key conflict): its savepoint
+// is rolled back, so no half-written business row survives, and the
+// failure is recorded and replayed like a success (O1). An error from exec
+// rolls back everything, key row included, so the retry runs again (O2):
+// transient errors come back wrapped in ErrUnavailable, others as they are.
+//
+// Conflicts: a completed key with another fingerprint gives ErrKeyReused;
+// a key whose first request is still running gives ErrKeyInUse.
+func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Context, tx pgx.Tx) (Response, error)) (res Response, replayed bool, err error) {
+	err = db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
+		q := dbsqlc.New(tx)
+
+		// A duplicate of a request whose transaction is still open blocks on
+		// that transaction's uncommitted row in the primary key index. Never
+		// wait unbounded (L5): after lock_timeout the insert fails with
+		// 55P03 and the duplicate gets 409.
+		if err := q.IdemSetLockTimeout(ctx, fmt.Sprintf("%dms", s.cfg.LockTimeout.Milliseconds())); err != nil {
+			return err
+		}
+
+		// 1. Claim. The unique primary key decides who owns the key; a
+		// SELECT-then-INSERT would let two requests both see "no row".
+		_, err := q.IdemKeyClaim(ctx, dbsqlc.IdemKeyClaimParams{
+			TenantID:           c.TenantID,
+			Endpoint:           c.Endpoint,
+			IdemKey:            c.Key,
+			Fingerprint:        c.Fingerprint,
+			FingerprintVersion: FingerprintVersion,
+			ExpiresAt:          time.Now().Add(s.cfg.TTL),
+		})
+		switch {
+		case db.IsLockTimeout(err):
+			return ErrKeyInUse
+		case errors.Is(err, pgx.ErrNoRows):
+			// 4. The key exists. Under READ COMMITTED this statement takes a
+			// new snapshot, so it sees the row the other transaction
+			// committed while our insert waited for it.
+			res, err = s.existing(ctx, q, c)
+			replayed = err == nil
+			return err
+		case err != nil:
+			return err
+		}
+
+		// 2. Execute, inside a savepoint taken before the business write.
+		res, err = executeInSavepoint(ctx, tx, exec)
+		if err != nil {
+			return err
+		}
+
+		// 3. Record the exact response before commit (L3).
+		headers, err := json.Marshal(pickHeaders(res.Header))
+		if err != nil {
+			return err
+		}
+		status := int32(res.Status)
+		n, err := q.IdemKeyComplete(ctx, dbsqlc.IdemKeyCompleteParams{
+			TenantID:        c.TenantID,
+			Endpoint:        c.Endpoint,
+			IdemKey:         c.Key,
+			ResponseStatus:  &status,
+			ResponseHeaders: headers,
+			ResponseBody:    res.Body,
+		})
+		if err != nil {
+			return err
+		}
+		if n != 1 {
+			return fmt.Errorf("idem: recording the response updated %d rows, want 1", n)
+		}
+		return nil
+	})
+	if err != nil {
+		if db.IsTransient(err) {
+			return Response{}, false, fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		return Response{}, false, err
+	}
+	// The work is committed. A crash from here until the response is
+	// written is the window test T1 covers: the client's retry replays the
+	// stored response.
+	failpoint.Inject("idem-after-commit")
+	return res, replayed, nil
+}
+
+// executeInSavepoint runs exec inside a savepoint and rolls the savepoint
+// back when exec reports a deterministic failure, so the failure is
+// recorded (by the caller) without any business write that preceded it.
+func executeInSavepoint(ctx context.Context, tx pgx.Tx, exec func(context.Context, pgx.Tx) (Response, error)) (Response, error) {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return Response{}, err
+	}
+	res, err := exec(ctx, sp)
+	if err != nil {
+		return Response{}, err
+	}
+	if res.Status >= 400 {
+		// Also clears an aborted transaction state: after a failed
+		// statement PostgreSQL rejects everything until this rollback.
+		if err := sp.Rollback(ctx); err != nil {
+			return Response{}, err
+		}
+		return res, nil
+	}
+	return res, sp.Commit(ctx)
+}
+
+// existing handles a key that is already claimed: replay, 409 or 422.
+func (s *Store) existing(ctx context.Context, q *dbsqlc.Queries, c Claim) (Response, error) {
+	row, err := q.IdemKeyGet(ctx, dbsqlc.IdemKeyGetParams{TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key})
+	if errors.Is(err, pgx.ErrNoRows) {
+		// The row vanished between our insert and this read: it expired
+		// and was deleted. Rare; the retry will claim it afresh.
+		return Response{}, ErrKeyInUse
+	}
+	if err != nil {
+		return Response{}, err
+	}
+	// A different request under the same key is never answered with the
+	// first request's result (L5). Records made under another fingerprint
+	// version cannot be compared; they are trusted rather than turned into
+	// 422s for honest retries (F3).
+	if row.FingerprintVersion == FingerprintVersion && !bytes.Equal(row.Fingerprint, c.Fingerprint) {
+		return Response{}, ErrKeyReused
+	}
+	if row.State != "completed" {
+		return Response{}, ErrKeyInUse
+	}
+	var header http.Header
+	if err := json.Unmarshal(row.ResponseHeaders, &header); err != nil {
+		return Response{}, fmt.Errorf("idem: decode recorded headers: %w", err)
+	}
+	return Response{Status: int(*row.ResponseStatus), Header: header, Body: row.ResponseBody}, nil
+}
+
+func pickHeaders(h http.Header) http.Header {
+	kept := http.Header{}
+	for _, name := range RecordedHeaders {
+		if v := h.Values(name); len(v) > 0 {
+			kept[name] = v
+		}
+	}
+	return kept
+}
