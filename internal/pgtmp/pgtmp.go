@@ -1,0 +1,438 @@
+package pgtmp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+const (
+	readyTimeout = 30 * time.Second
+	stopTimeout  = 30 * time.Second
+	// maxSocketPath keeps "<dir>/.s.PGSQL.<port>.lock" inside sun_path,
+	// which is 108 bytes on Linux and 104 on macOS.
+	maxSocketPath = 100
+	// portAttempts bounds retries when a port we picked is taken by someone
+	// else before postgres binds it.
+	portAttempts = 3
+)
+
+// errPortInUse marks a startup failure that another port may fix.
+var errPortInUse = errors.New("port already in use")
+
+// Options configures Start.
+type Options struct {
+	// Dir is the data directory. It is created and initialized (initdb)
+	// when it holds no PG_VERSION file, and reused as is otherwise.
+	Dir string
+	// Port is the TCP port on 127.0.0.1; 0 picks a free one.
+	Port int
+	// Fast trades crash safety for speed (fsync, synchronous_commit and
+	// full_page_writes off), which is right for throwaway test data.
+	Fast bool
+	// Logger receives progress and warnings; nil discards them.
+	Logger *slog.Logger
+}
+
+// Cluster is a running PostgreSQL server started by Start.
+type Cluster struct {
+	dir        string
+	port       int
+	logPath    string
+	tempSocket string // socket directory to remove at Stop, if we made one
+	log        *slog.Logger
+	cmd        *exec.Cmd
+
+	exited  chan struct{} // closed when the postmaster has exited
+	waitErr error         // cmd.Wait's result, valid once exited is closed
+
+	stopOnce sync.Once
+	stopErr  error
+}
+
+// Start initializes opts.Dir if needed, starts postgres on it and returns
+// once the server accepts connections. The caller must call Stop.
+func Start(ctx context.Context, opts Options) (*Cluster, error) {
+	if opts.Dir == "" {
+		return nil, errors.New("pgtmp: Options.Dir is required")
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	bin, err := FindBinDir()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := filepath.Abs(opts.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("pgtmp: %w", err)
+	}
+	if err := makeDataDir(dir); err != nil {
+		return nil, err
+	}
+	acct, err := serverAccount(dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := acct.checkReachable(dir); err != nil {
+		return nil, err
+	}
+
+	if initialized(dir) {
+		if err := clearStalePid(dir, log); err != nil {
+			return nil, err
+		}
+	} else {
+		if err := acct.chown(dir); err != nil {
+			return nil, err
+		}
+		if err := initdb(ctx, bin, dir, acct, opts.Fast, log); err != nil {
+			return nil, err
+		}
+	}
+
+	socketDir, tempSocket, err := socketDir(dir, acct)
+	if err != nil {
+		return nil, err
+	}
+	for attempt := 1; ; attempt++ {
+		port := opts.Port
+		if port == 0 {
+			if port, err = freePort(); err != nil {
+				removeTemp(tempSocket)
+				return nil, err
+			}
+		}
+		c, err := launch(ctx, bin, dir, socketDir, port, acct, opts.Fast, log)
+		if err == nil {
+			c.tempSocket = tempSocket
+			log.Info("PostgreSQL started", "dir", dir, "port", port)
+			return c, nil
+		}
+		if opts.Port != 0 || attempt == portAttempts || !errors.Is(err, errPortInUse) {
+			removeTemp(tempSocket)
+			return nil, err
+		}
+		log.Warn("port was taken before PostgreSQL could bind it; trying another", "port", port)
+	}
+}
+
+// URL returns a connection URL for database on this server, as the
+// superuser postgres (trusted, no password).
+func (c *Cluster) URL(database string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", c.port, url.PathEscape(database))
+}
+
+// Port returns the TCP port the server listens on at 127.0.0.1.
+func (c *Cluster) Port() int { return c.port }
+
+// Stop shuts the server down with PostgreSQL's fast shutdown (open
+// transactions roll back, clients are disconnected, data is checkpointed)
+// and waits for it to exit; after stopTimeout it kills the server's process
+// group. Stop is safe to call more than once.
+func (c *Cluster) Stop() error {
+	c.stopOnce.Do(func() { c.stopErr = c.stop() })
+	return c.stopErr
+}
+
+func (c *Cluster) stop() error {
+	defer removeTemp(c.tempSocket)
+	select {
+	case <-c.exited:
+		return fmt.Errorf("pgtmp: postgres had already exited (%v); see %s", c.waitErr, c.logPath)
+	default:
+	}
+	if err := c.cmd.Process.Signal(syscall.SIGINT); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("pgtmp: signal postgres: %w", err)
+	}
+	select {
+	case <-c.exited:
+		if c.waitErr != nil {
+			return fmt.Errorf("pgtmp: postgres exited with %v; see %s", c.waitErr, c.logPath)
+		}
+		c.log.Info("PostgreSQL stopped", "dir", c.dir)
+		return nil
+	case <-time.After(stopTimeout):
+	}
+	c.log.Warn("PostgreSQL did not stop in time; killing it", "dir", c.dir, "timeout", stopTimeout)
+	c.kill()
+	return fmt.Errorf("pgtmp: postgres did not stop within %s and was killed; see %s", stopTimeout, c.logPath)
+}
+
+// kill ends the whole process group, backends included, and waits for the
+// postmaster to be reaped.
+func (c *Cluster) kill() {
+	_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
+	<-c.exited
+}
+
+func initialized(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, "PG_VERSION"))
+	return err == nil
+}
+
+// makeDataDir creates dir itself as 0700, as postgres demands, but any
+// missing parents as 0755 so that an unprivileged server user can reach it.
+func makeDataDir(dir string) error {
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return fmt.Errorf("pgtmp: %w", err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("pgtmp: %w", err)
+	}
+	return nil
+}
+
+func initdb(ctx context.Context, bin, dir string, acct *account, fast bool, log *slog.Logger) error {
+	args := []string{"-D", dir, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C"}
+	if fast {
+		// Skipping initdb's final fsync saves most of its run time.
+		args = append(args, "--no-sync")
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "initdb"), args...)
+	cmd.Dir = dir // our own working directory may be unreachable for acct
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: acct.credential()}
+	start := time.Now()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("pgtmp: initdb %s: %w\n%s", dir, err, out)
+	}
+	log.Info("PostgreSQL data directory initialized", "dir", dir, "took", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// clearStalePid handles a postmaster.pid left by a server that was killed.
+// postgres removes it itself when the recorded pid is dead, but refuses to
+// start when the pid has been reused by an unrelated process, which is
+// common in containers; so a pid file pointing at a live non-postgres
+// process is removed here. A live postgres gets a clear error instead.
+func clearStalePid(dir string, log *slog.Logger) error {
+	pidFile := filepath.Join(dir, "postmaster.pid")
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		return nil // absent, or unreadable: postgres will judge
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(first))
+	if err != nil || pid <= 0 {
+		return nil
+	}
+	// Without /proc (macOS) or with the process gone, leave it to postgres.
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return nil
+	}
+	argv0, _, _ := strings.Cut(string(cmdline), "\x00")
+	if base := filepath.Base(argv0); base == "postgres" || base == "postmaster" || strings.HasPrefix(argv0, "postgres:") {
+		return serverStillRunning(dir, pid)
+	}
+	log.Warn("removing stale postmaster.pid whose pid now belongs to another process", "dir", dir, "pid", pid, "process", argv0)
+	if err := os.Remove(pidFile); err != nil {
+		return fmt.Errorf("pgtmp: remove stale %s: %w", pidFile, err)
+	}
+	return nil
+}
+
+func serverStillRunning(dir string, pid int) error {
+	return fmt.Errorf("pgtmp: a PostgreSQL server (pid %d) is still running on %s, probably left over from an earlier run; "+
+		"stop it with `kill -INT %d` and try again", pid, dir, pid)
+}
+
+// socketDir returns where postgres puts its unix socket: the data
+// directory when the path is short enough, else a new short temporary
+// directory (tempDir, to be removed at Stop).
+func socketDir(dir string, acct *account) (socket, tempDir string, err error) {
+	if len(dir)+len("/.s.PGSQL.65535.lock") <= maxSocketPath {
+		return dir, "", nil
+	}
+	tempDir, err = os.MkdirTemp("", "pgtmp-")
+	if err != nil {
+		return "", "", fmt.Errorf("pgtmp: socket directory: %w", err)
+	}
+	if err := acct.chown(tempDir); err != nil {
+		removeTemp(tempDir)
+		return "", "", err
+	}
+	return tempDir, tempDir, nil
+}
+
+func removeTemp(dir string) {
+	if dir != "" {
+		_ = os.RemoveAll(dir)
+	}
+}
+
+// freePort asks the kernel for a free port. Someone else may take it
+// before postgres binds it; Start retries in that case.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("pgtmp: pick a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// launch starts postgres on port and waits until it accepts connections.
+func launch(ctx context.Context, bin, dir, socketDir string, port int, acct *account, fast bool, log *slog.Logger) (*Cluster, error) {
+	logPath := filepath.Join(dir, "postgres.log")
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("pgtmp: %w", err)
+	}
+	defer logFile.Close() // the child keeps its own descriptor
+	if err := acct.chown(logPath); err != nil {
+		return nil, err
+	}
+	// The log accumulates across runs of a persistent cluster; only this
+	// run's part belongs in an error.
+	logStart, err := logFile.Seek(0, io.SeekEnd)
+	if err != nil {
+		return nil, fmt.Errorf("pgtmp: %w", err)
+	}
+
+	args := []string{
+		"-D", dir,
+		"-p", strconv.Itoa(port),
+		"-h", "127.0.0.1",
+		"-k", socketDir,
+		// Tests run many databases and pools in parallel.
+		"-c", "max_connections=300",
+	}
+	if fast {
+		args = append(args, "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
+	}
+	cmd := exec.Command(filepath.Join(bin, "postgres"), args...)
+	cmd.Dir = dir
+	cmd.Stdout = logFile
+	cmd.Stderr = logFile
+	cmd.SysProcAttr = sysProcAttr(acct)
+	if err := startOnFreshThread(cmd); err != nil {
+		return nil, fmt.Errorf("pgtmp: start postgres: %w", err)
+	}
+
+	c := &Cluster{dir: dir, port: port, logPath: logPath, log: log, cmd: cmd, exited: make(chan struct{})}
+	go func() {
+		c.waitErr = cmd.Wait()
+		close(c.exited)
+	}()
+	if err := c.waitReady(ctx); err != nil {
+		select {
+		case <-c.exited:
+		default:
+			c.kill()
+		}
+		tail := logTail(logPath, logStart)
+		switch {
+		case strings.Contains(tail, "Address already in use"):
+			err = fmt.Errorf("%w: %w", errPortInUse, err)
+		case strings.Contains(tail, `lock file "postmaster.pid" already exists`):
+			err = fmt.Errorf("%w: %w", serverStillRunning(dir, pidFromLockError(tail)), err)
+		}
+		return nil, fmt.Errorf("pgtmp: start postgres on port %d: %w\n--- %s ---\n%s", port, err, logPath, tail)
+	}
+	return c, nil
+}
+
+// startOnFreshThread runs cmd.Start on a new goroutine. The Linux
+// parent-death signal fires when the forking OS thread exits, not the
+// process. Threads only exit when a goroutine locked to one
+// (runtime.LockOSThread) ends, and a new goroutine never runs on such a
+// thread, so this keeps the server from being stopped by an unrelated
+// goroutine's exit.
+func startOnFreshThread(cmd *exec.Cmd) error {
+	errc := make(chan error, 1)
+	go func() { errc <- cmd.Start() }()
+	return <-errc
+}
+
+// waitReady polls with real connections until the server answers, exits,
+// or readyTimeout passes.
+func (c *Cluster) waitReady(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	var lastErr error
+	for {
+		attemptCtx, cancelAttempt := context.WithTimeout(ctx, 2*time.Second)
+		err := c.ping(attemptCtx)
+		cancelAttempt()
+		if err == nil {
+			return nil
+		}
+		lastErr = err
+		select {
+		case <-c.exited:
+			return fmt.Errorf("postgres exited during startup: %v", c.waitErr)
+		case <-ctx.Done():
+			return fmt.Errorf("postgres did not accept connections within %s: %w", readyTimeout, lastErr)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// ping connects and checks that the server on our port is ours: a server
+// someone else runs on the same port could otherwise answer while ours is
+// failing to bind.
+func (c *Cluster) ping(ctx context.Context) error {
+	conn, err := pgx.Connect(ctx, c.URL("postgres"))
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	var dataDir string
+	if err := conn.QueryRow(ctx, "SHOW data_directory").Scan(&dataDir); err != nil {
+		return err
+	}
+	if dataDir != c.dir {
+		return fmt.Errorf("port %d is served by another PostgreSQL server (data directory %s)", c.port, dataDir)
+	}
+	return nil
+}
+
+// logTail returns up to the last 30 lines written to path since offset.
+func logTail(path string, offset int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return err.Error()
+	}
+	defer f.Close()
+	if _, err := f.Seek(offset, io.SeekStart); err != nil {
+		return err.Error()
+	}
+	b, err := io.ReadAll(f)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > 30 {
+		lines = lines[len(lines)-30:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// pidFromLockError extracts N from postgres's "Is another postmaster (PID N)
+// running" hint, or returns 0.
+func pidFromLockError(tail string) int {
+	_, rest, ok := strings.Cut(tail, "(PID ")
+	if !ok {
+		return 0
+	}
+	num, _, _ := strings.Cut(rest, ")")
+	pid, _ := strconv.Atoi(num)
+	return pid
+}

@@ -1,0 +1,126 @@
+package pgtmp_test
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemref/payments/internal/pgtmp"
+)
+
+// dataDir returns a not yet existing data directory inside t.TempDir.
+func dataDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	// As root the server runs as an unprivileged user, which must be able
+	// to reach the data directory; the parent t.TempDir makes is 0700.
+	if os.Geteuid() == 0 {
+		if err := os.Chmod(filepath.Dir(dir), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return filepath.Join(dir, "data")
+}
+
+func TestStartStopRestart(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	opts := pgtmp.Options{
+		Dir:    dataDir(t),
+		Fast:   true,
+		Logger: slog.New(slog.NewTextHandler(t.Output(), nil)),
+	}
+
+	c, err := pgtmp.Start(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec(t, ctx, c.URL("postgres"), "CREATE TABLE marker (id int); INSERT INTO marker VALUES (42)")
+	if err := c.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Stop(); err != nil {
+		t.Fatalf("second Stop: %v", err)
+	}
+	version, err := os.ReadFile(filepath.Join(opts.Dir, "PG_VERSION"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// A second start must reuse the cluster: the row survives only if
+	// initdb did not run again.
+	c, err = pgtmp.Start(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop()
+	conn, err := pgx.Connect(ctx, c.URL("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var id int
+	if err := conn.QueryRow(ctx, "SELECT id FROM marker").Scan(&id); err != nil {
+		t.Fatalf("marker row after restart: %v", err)
+	}
+	if id != 42 {
+		t.Fatalf("marker = %d, want 42", id)
+	}
+	var serverVersion string
+	if err := conn.QueryRow(ctx, "SHOW server_version_num").Scan(&serverVersion); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(serverVersion, strings.TrimSpace(string(version))) {
+		t.Errorf("server_version_num %s does not match PG_VERSION %s", serverVersion, version)
+	}
+	if c.Port() == 0 || !strings.Contains(c.URL("x"), ":"+strconv.Itoa(c.Port())+"/x?") {
+		t.Errorf("URL %q does not use Port %d", c.URL("x"), c.Port())
+	}
+}
+
+func TestStaleServerIsReported(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	opts := pgtmp.Options{Dir: dataDir(t), Fast: true}
+	c, err := pgtmp.Start(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Stop()
+
+	// A second server on the same directory, as after a crashed dev run
+	// whose server survived, must fail with a clear message.
+	_, err = pgtmp.Start(ctx, opts)
+	if err == nil {
+		t.Fatal("second Start on a running cluster succeeded")
+	}
+	if !strings.Contains(err.Error(), "still running") {
+		t.Errorf("error does not say the server is still running: %v", err)
+	}
+}
+
+func TestFindBinDirHonoursPGBin(t *testing.T) {
+	t.Setenv("PG_BIN", t.TempDir())
+	if _, err := pgtmp.FindBinDir(); err == nil || !strings.Contains(err.Error(), "PG_BIN") {
+		t.Fatalf("FindBinDir with an empty PG_BIN directory: %v", err)
+	}
+}
+
+func exec(t *testing.T, ctx context.Context, url, sql string) {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, sql); err != nil {
+		t.Fatal(err)
+	}
+}
