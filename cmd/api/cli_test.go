@@ -1,0 +1,126 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemref/payments/internal/testdb"
+)
+
+func TestTenantCreatePrintsAWorkingKeyOnTheLastLine(t *testing.T) {
+	t.Parallel()
+	pool, url := testdb.NewPool(t)
+	key := runTenantCreate(t, url, "acme")
+	if !strings.HasPrefix(key, "sk_") {
+		t.Fatalf("last line %q is not an API key", key)
+	}
+	// Only the SHA-256 of the key is stored.
+	if n := count(t, pool, `SELECT count(*) FROM api_keys WHERE key_hash = sha256(convert_to($1, 'UTF8'))`, key); n != 1 {
+		t.Fatalf("api_keys rows holding the key's hash = %d, want 1", n)
+	}
+	srv := startServer(t, url)
+	res, err := postOrder(srv.base, key, "k", `{"reference":"r","customer_id":"c","amount":1,"currency":"EUR"}`)
+	if err != nil || res.status != http.StatusCreated {
+		t.Fatalf("create with the new key: %v %d %s", err, res.status, res.body)
+	}
+}
+
+func TestMigrateUpCreatesTheSchema(t *testing.T) {
+	t.Parallel()
+	url := testdb.CreateEmptyDatabase(t)
+	cmd := exec.Command(apiBinary(t), "migrate", "up")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+url)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("migrate up: %v\n%s", err, out)
+	}
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if n := count(t, pool, `SELECT count(*) FROM orders`); n != 0 {
+		t.Fatalf("orders = %d", n)
+	}
+}
+
+func TestConfigurationErrorsAreClear(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{"ServeWithoutDatabaseURL", []string{"serve"}, nil, "DATABASE_URL is not set"},
+		{"BadDuration", []string{"serve"}, map[string]string{"DATABASE_URL": "postgres://x/y", "IDEMPOTENCY_TTL": "forever"}, "IDEMPOTENCY_TTL"},
+		{"BadLogLevel", []string{"serve"}, map[string]string{"LOG_LEVEL": "loud"}, "LOG_LEVEL"},
+		{"UnknownCommand", []string{"launch"}, nil, "invalid command line"},
+		{"NoCommand", nil, nil, "invalid command line"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var stdout, stderr bytes.Buffer
+			err := run(context.Background(), tt.args, func(k string) string { return tt.env[k] }, &stdout, &stderr)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %v, want it to mention %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// SIGTERM stops the server gracefully: a request in flight still gets its
+// answer, then the process exits 0.
+func TestGracefulShutdownFinishesInFlightRequests(t *testing.T) {
+	t.Parallel()
+	pool, url := testdb.NewPool(t)
+	key := runTenantCreate(t, url, "shutdown")
+	// The failpoint pauses the request after its commit, so it is in
+	// flight when SIGTERM arrives.
+	srv := startServer(t, url, "FAILPOINTS=idem-after-commit=sleep:1s")
+	done := make(chan response, 1)
+	go func() {
+		res, err := postOrder(srv.base, key, "k", `{"reference":"r","customer_id":"c","amount":1,"currency":"EUR"}`)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- res
+	}()
+	waitFor(t, func() bool { return count(t, pool, `SELECT count(*) FROM orders`) == 1 })
+	if err := srv.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if res := <-done; res.status != http.StatusCreated {
+		t.Fatalf("in-flight request got %d, want 201", res.status)
+	}
+	select {
+	case <-srv.exited:
+	case <-time.After(30 * time.Second):
+		t.Fatal("server did not exit after SIGTERM")
+	}
+	if code := srv.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("exit code %d, want 0", code)
+	}
+}
+
+// waitFor polls cond until it holds (bounded); it is a condition wait, not
+// a timing assumption.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 20s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
