@@ -160,7 +160,9 @@ func TestConcurrentDuplicatesAcrossProcesses(t *testing.T) {
 		}
 		for _, r := range results {
 			if r.status == http.StatusConflict {
-				var p struct{ OrderID string `json:"order_id"` }
+				var p struct {
+					OrderID string `json:"order_id"`
+				}
 				_ = json.Unmarshal(r.body, &p)
 				if p.OrderID != orderID {
 					t.Errorf("409 names order %q, want %q", p.OrderID, orderID)
