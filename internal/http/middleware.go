@@ -126,8 +126,9 @@ func newRequestID() string {
 // A failed lookup (database down) fails closed with 503.
 func (a *api) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !ok || key == "" {
+		// The scheme is case-insensitive (RFC 9110 section 11.1).
+		scheme, key, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+		if !strings.EqualFold(scheme, "Bearer") || key == "" {
 			writeError(w, r, tenants.ErrUnauthenticated)
 			return
 		}

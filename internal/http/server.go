@@ -4,6 +4,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -39,7 +40,12 @@ func NewHandler(cfg Config) http.Handler {
 	r := chi.NewRouter()
 	r.Use(requestContext(cfg.Logger, cfg.RequestTimeout))
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) { writeError(w, r, errRouteNotFound) })
-	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) { writeError(w, r, errMethodNotAllowed) })
+	var allow *chi.Mux // built from the finished router, below
+	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
+		// RFC 9110 section 15.5.6: a 405 lists the methods the target has.
+		w.Header().Set("Allow", allowedMethods(allow, req.URL.Path))
+		writeError(w, req, errMethodNotAllowed)
+	})
 
 	r.Get("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -60,6 +66,7 @@ func NewHandler(cfg Config) http.Handler {
 			r.Get("/{id}", a.getOrder)
 		})
 	})
+	allow = routeIndex(r)
 	return r
 }
 
@@ -69,6 +76,34 @@ func (a *api) ready(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+// routeIndex copies routes into one flat router, every route also without
+// its trailing slash. chi's own list of allowed methods is not exposed to a
+// custom 405 handler, and Match on the nested router cannot tell a mounted
+// subrouter's path apart from its routes.
+func routeIndex(routes chi.Routes) *chi.Mux {
+	idx := chi.NewRouter()
+	noop := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
+	_ = chi.Walk(routes, func(method, route string, _ http.Handler, _ ...func(http.Handler) http.Handler) error {
+		idx.Method(method, route, noop)
+		if trimmed := strings.TrimSuffix(route, "/"); trimmed != "" && trimmed != route {
+			idx.Method(method, trimmed, noop)
+		}
+		return nil
+	})
+	return idx
+}
+
+// allowedMethods lists the methods idx serves at path, for a 405's Allow.
+func allowedMethods(idx *chi.Mux, path string) string {
+	var allowed []string
+	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete} {
+		if idx.Match(chi.NewRouteContext(), m, path) {
+			allowed = append(allowed, m)
+		}
+	}
+	return strings.Join(allowed, ", ")
 }
 
 // readError maps a failed read: transient database errors are 503.

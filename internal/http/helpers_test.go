@@ -1,0 +1,542 @@
+package httpapi_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	payments "github.com/idemref/payments"
+	httpapi "github.com/idemref/payments/internal/http"
+	"github.com/idemref/payments/internal/idem"
+	"github.com/idemref/payments/internal/tenants"
+	"github.com/idemref/payments/internal/testdb"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+// endpointOrders is how the create endpoint is named in idempotency_keys:
+// method plus route template (K2).
+const endpointOrders = "POST /v1/orders"
+
+// lockTimeout bounds how long a duplicate waits on an uncommitted claim in
+// these tests; short, so the 409 path is quick.
+const lockTimeout = 300 * time.Millisecond
+
+type tenant struct {
+	ID  uuid.UUID
+	Key string // API key, sent as Authorization: Bearer <Key>
+}
+
+// env is one test's world: its own migrated database, a server over it and
+// two tenants.
+type env struct {
+	pool  *pgxpool.Pool // direct to the database: assertions and fixtures
+	dbURL string
+	srv   *httptest.Server
+	// handler is what httpapi.NewHandler returned.
+	handler http.Handler
+	client  *http.Client
+	a, b    tenant
+	// proxy sits between the server's pool and PostgreSQL when setup was
+	// given withProxy; nil otherwise.
+	proxy *tcpProxy
+}
+
+type setupOptions struct {
+	proxy bool
+}
+
+type setupOption func(*setupOptions)
+
+// withProxy routes the server's pool through a TCP proxy the test can cut.
+func withProxy() setupOption { return func(o *setupOptions) { o.proxy = true } }
+
+func setup(t *testing.T, opts ...setupOption) *env {
+	t.Helper()
+	var o setupOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	pool, dbURL := testdb.NewPool(t)
+	e := &env{pool: pool, dbURL: dbURL}
+
+	serverPool := pool
+	if o.proxy {
+		cfg, err := pgxpool.ParseConfig(dbURL)
+		if err != nil {
+			t.Fatalf("parse database URL: %v", err)
+		}
+		if strings.HasPrefix(cfg.ConnConfig.Host, "/") {
+			t.Skip("the test database is reached over a Unix socket; the TCP proxy cannot sit in between")
+		}
+		e.proxy = newTCPProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+		host, port, _ := net.SplitHostPort(e.proxy.Addr())
+		p, _ := strconv.Atoi(port)
+		cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+		cfg.ConnConfig.Fallbacks = nil
+		cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+		// Few connections, so that after an outage the pool runs out of
+		// dead ones after a bounded number of requests.
+		cfg.MaxConns = 2
+		serverPool, err = pgxpool.NewWithConfig(context.Background(), cfg)
+		if err != nil {
+			t.Fatalf("open proxied pool: %v", err)
+		}
+		t.Cleanup(serverPool.Close)
+	}
+
+	var err error
+	e.a.ID, e.a.Key, err = tenants.Create(t.Context(), pool, "tenant a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.b.ID, e.b.Key, err = tenants.Create(t.Context(), pool, "tenant b")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	e.handler = httpapi.NewHandler(httpapi.Config{
+		Pool:           serverPool,
+		Idem:           idem.NewStore(serverPool, idem.Config{LockTimeout: lockTimeout}),
+		Logger:         testLogger(t),
+		RequestTimeout: 10 * time.Second,
+		OpenAPI:        payments.OpenAPI,
+	})
+	e.srv = httptest.NewServer(e.handler)
+	t.Cleanup(e.srv.Close) // waits for in-flight requests, so no log line comes late
+	e.client = e.srv.Client()
+	e.client.Timeout = 10 * time.Second
+	return e
+}
+
+// testLogger sends the server's log to t.Log, so it shows with the failing
+// test (and with -v).
+func testLogger(t *testing.T) *slog.Logger {
+	w := &testLogWriter{t: t}
+	t.Cleanup(w.stop) // registered before the server's Close, so it runs after it
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type testLogWriter struct {
+	mu   sync.Mutex
+	t    *testing.T
+	done bool
+}
+
+func (w *testLogWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.done {
+		w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	}
+	return len(p), nil
+}
+
+func (w *testLogWriter) stop() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.done = true
+}
+
+// response is a response as the client saw it.
+type response struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// reqOption adjusts a request before it is sent.
+type reqOption func(*http.Request)
+
+// withHeader adds one header line (call it twice for two lines).
+func withHeader(name, value string) reqOption {
+	return func(r *http.Request) {
+		r.Header[http.CanonicalHeaderKey(name)] = append(r.Header[http.CanonicalHeaderKey(name)], value)
+	}
+}
+
+// withContentType replaces the Content-Type; "" removes it.
+func withContentType(ct string) reqOption {
+	return func(r *http.Request) {
+		if ct == "" {
+			r.Header.Del("Content-Type")
+			return
+		}
+		r.Header.Set("Content-Type", ct)
+	}
+}
+
+// withAuthorization replaces the Authorization header; "" removes it.
+func withAuthorization(v string) reqOption {
+	return func(r *http.Request) {
+		if v == "" {
+			r.Header.Del("Authorization")
+			return
+		}
+		r.Header.Set("Authorization", v)
+	}
+}
+
+// do sends one request. apiKey "" sends no Authorization header.
+func (e *env) do(t *testing.T, method, path, apiKey string, body []byte, opts ...reqOption) response {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(t.Context(), method, e.srv.URL+path, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+apiKey)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for _, opt := range opts {
+		opt(req)
+	}
+	res, err := e.client.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer res.Body.Close()
+	data, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatalf("%s %s: read body: %v", method, path, err)
+	}
+	return response{status: res.StatusCode, header: res.Header, body: data}
+}
+
+// post creates an order. idemKey "" sends no Idempotency-Key header.
+func (e *env) post(t *testing.T, apiKey, idemKey, body string, opts ...reqOption) response {
+	t.Helper()
+	if idemKey != "" {
+		opts = append([]reqOption{withHeader(idem.HeaderName, idemKey)}, opts...)
+	}
+	return e.do(t, http.MethodPost, "/v1/orders", apiKey, []byte(body), opts...)
+}
+
+func (e *env) get(t *testing.T, apiKey, path string) response {
+	t.Helper()
+	return e.do(t, http.MethodGet, path, apiKey, nil)
+}
+
+// orderBody is a valid create request for reference ref.
+func orderBody(ref string) string {
+	return `{"reference":"` + ref + `","customer_id":"cus_1","amount":2500,"currency":"EUR"}`
+}
+
+type fieldError struct {
+	Field   string `json:"field"`
+	Message string `json:"message"`
+}
+
+// problem is the client's view of an RFC 9457 problem document.
+type problem struct {
+	Type    string       `json:"type"`
+	Title   string       `json:"title"`
+	Status  int          `json:"status"`
+	Detail  string       `json:"detail"`
+	Code    string       `json:"code"`
+	Errors  []fieldError `json:"errors"`
+	OrderID string       `json:"order_id"`
+}
+
+// wantProblem checks that res is a problem with the given status and code,
+// with the headers every problem carries, and returns it.
+func wantProblem(t *testing.T, res response, status int, code string) problem {
+	t.Helper()
+	if res.status != status {
+		t.Fatalf("status = %d, want %d; body: %s", res.status, status, res.body)
+	}
+	if ct := res.header.Get("Content-Type"); ct != "application/problem+json" {
+		t.Errorf("Content-Type = %q, want application/problem+json", ct)
+	}
+	if cc := res.header.Get("Cache-Control"); cc != "no-store" {
+		t.Errorf("Cache-Control = %q, want no-store", cc)
+	}
+	var p problem
+	if err := json.Unmarshal(res.body, &p); err != nil {
+		t.Fatalf("decode problem: %v; body: %s", err, res.body)
+	}
+	if p.Code != code || p.Status != status {
+		t.Fatalf("problem code/status = %s/%d, want %s/%d; body: %s", p.Code, p.Status, code, status, res.body)
+	}
+	if want := httpapi.ProblemTypeBase + strings.ReplaceAll(code, "_", "-"); p.Type != want {
+		t.Errorf("problem type = %q, want %q", p.Type, want)
+	}
+	if p.Title == "" {
+		t.Error("problem has no title")
+	}
+	return p
+}
+
+// wantRetryAfter checks for a Retry-After in delay-seconds.
+func wantRetryAfter(t *testing.T, res response) {
+	t.Helper()
+	v := res.header.Get("Retry-After")
+	if n, err := strconv.Atoi(v); err != nil || n < 0 {
+		t.Errorf("Retry-After = %q, want a non-negative integer", v)
+	}
+}
+
+// wantStatus fails the test unless res has the given status.
+func wantStatus(t *testing.T, res response, status int) {
+	t.Helper()
+	if res.status != status {
+		t.Fatalf("status = %d, want %d; body: %s", res.status, status, res.body)
+	}
+}
+
+// order is the client's view of an order.
+type order struct {
+	ID          string            `json:"id"`
+	Reference   string            `json:"reference"`
+	CustomerID  string            `json:"customer_id"`
+	Amount      int64             `json:"amount"`
+	Currency    string            `json:"currency"`
+	Description string            `json:"description"`
+	Metadata    map[string]string `json:"metadata"`
+	Status      string            `json:"status"`
+	AmountPaid  int64             `json:"amount_paid"`
+	CreatedAt   string            `json:"created_at"`
+}
+
+func decodeOrder(t *testing.T, res response) order {
+	t.Helper()
+	var o order
+	if err := json.Unmarshal(res.body, &o); err != nil {
+		t.Fatalf("decode order: %v; body: %s", err, res.body)
+	}
+	return o
+}
+
+// wantReplay checks that replay is first replayed byte for byte: same
+// status, same recorded headers, same body, and Idempotent-Replayed: true
+// on the replay only.
+func wantReplay(t *testing.T, first, replay response) {
+	t.Helper()
+	if got := first.header.Values(httpapi.ReplayedHeader); len(got) != 0 {
+		t.Errorf("first response has %s %q; want none", httpapi.ReplayedHeader, got)
+	}
+	if got := replay.header.Get(httpapi.ReplayedHeader); got != "true" {
+		t.Errorf("replay %s = %q, want true; status %d, body: %s", httpapi.ReplayedHeader, got, replay.status, replay.body)
+	}
+	if replay.status != first.status {
+		t.Errorf("replay status = %d, want %d", replay.status, first.status)
+	}
+	for _, name := range idem.RecordedHeaders {
+		if diff := cmp.Diff(first.header.Values(name), replay.header.Values(name)); diff != "" {
+			t.Errorf("replay header %s differs (-first +replay):\n%s", name, diff)
+		}
+	}
+	if !bytes.Equal(first.body, replay.body) {
+		t.Errorf("replay body differs:\nfirst:  %s\nreplay: %s", first.body, replay.body)
+	}
+}
+
+// --- Reading the side effects directly ---
+
+func (e *env) countOrders(t *testing.T) int {
+	t.Helper()
+	return e.count(t, "SELECT count(*) FROM orders")
+}
+
+func (e *env) countKeys(t *testing.T) int {
+	t.Helper()
+	return e.count(t, "SELECT count(*) FROM idempotency_keys")
+}
+
+func (e *env) count(t *testing.T, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := e.pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
+
+// wantRows checks the number of rows in orders and idempotency_keys.
+func (e *env) wantRows(t *testing.T, orders, keys int) {
+	t.Helper()
+	if got := e.countOrders(t); got != orders {
+		t.Errorf("orders rows = %d, want %d", got, orders)
+	}
+	if got := e.countKeys(t); got != keys {
+		t.Errorf("idempotency_keys rows = %d, want %d", got, keys)
+	}
+}
+
+// keyRow is the part of an idempotency_keys row the tests look at.
+type keyRow struct {
+	State  string
+	Status int // 0 while in progress
+}
+
+// keyRecord reads the (tenant, POST /v1/orders, key) row; ok is false when
+// there is none.
+func (e *env) keyRecord(t *testing.T, tenantID uuid.UUID, key string) (row keyRow, ok bool) {
+	t.Helper()
+	var status *int32
+	err := e.pool.QueryRow(context.Background(),
+		`SELECT state, response_status FROM idempotency_keys WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3`,
+		tenantID, endpointOrders, key).Scan(&row.State, &status)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return keyRow{}, false
+	}
+	if err != nil {
+		t.Fatalf("read idempotency key row: %v", err)
+	}
+	if status != nil {
+		row.Status = int(*status)
+	}
+	return row, true
+}
+
+// wantKeyRecord checks that the key's row is completed with status.
+func (e *env) wantKeyRecord(t *testing.T, tenantID uuid.UUID, key string, status int) {
+	t.Helper()
+	row, ok := e.keyRecord(t, tenantID, key)
+	if !ok {
+		t.Fatalf("no idempotency_keys row for key %q", key)
+	}
+	if diff := cmp.Diff(keyRow{State: "completed", Status: status}, row); diff != "" {
+		t.Errorf("idempotency_keys row for %q (-want +got):\n%s", key, diff)
+	}
+}
+
+func (e *env) countOrdersWithReference(t *testing.T, tenantID uuid.UUID, ref string) int {
+	t.Helper()
+	return e.count(t, "SELECT count(*) FROM orders WHERE tenant_id = $1 AND reference = $2", tenantID, ref)
+}
+
+// --- A TCP proxy that a test can cut, to take the database away ---
+
+// tcpProxy forwards connections from a local port to target. Cut closes the
+// listener and every open connection, so the pool behind it sees the
+// database vanish; Restore listens on the same address again.
+type tcpProxy struct {
+	t      testing.TB
+	target string
+	addr   string
+
+	mu    sync.Mutex
+	ln    net.Listener
+	conns map[net.Conn]struct{}
+	wg    sync.WaitGroup
+}
+
+func newTCPProxy(t testing.TB, target string) *tcpProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("proxy listen: %v", err)
+	}
+	p := &tcpProxy{t: t, target: target, addr: ln.Addr().String(), conns: map[net.Conn]struct{}{}}
+	p.serve(ln)
+	t.Cleanup(func() {
+		p.Cut()
+		p.wg.Wait()
+	})
+	return p
+}
+
+// Addr is the host:port to connect to instead of the target.
+func (p *tcpProxy) Addr() string { return p.addr }
+
+func (p *tcpProxy) serve(ln net.Listener) {
+	p.mu.Lock()
+	p.ln = ln
+	p.mu.Unlock()
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		for {
+			down, err := ln.Accept()
+			if err != nil {
+				return // listener closed by Cut
+			}
+			up, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+			if err != nil {
+				down.Close()
+				continue
+			}
+			if !p.track(down, up) {
+				continue
+			}
+			p.wg.Add(2)
+			go p.pipe(down, up)
+			go p.pipe(up, down)
+		}
+	}()
+}
+
+// track registers a connection pair, or closes it if the proxy was cut in
+// the meantime.
+func (p *tcpProxy) track(down, up net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ln == nil {
+		down.Close()
+		up.Close()
+		return false
+	}
+	p.conns[down] = struct{}{}
+	p.conns[up] = struct{}{}
+	return true
+}
+
+func (p *tcpProxy) pipe(dst, src net.Conn) {
+	defer p.wg.Done()
+	_, _ = io.Copy(dst, src)
+	// One direction ended: end the pair, as a broken link would.
+	dst.Close()
+	src.Close()
+	p.mu.Lock()
+	delete(p.conns, dst)
+	delete(p.conns, src)
+	p.mu.Unlock()
+}
+
+// Cut closes the listener (new connections are refused) and every
+// connection in flight.
+func (p *tcpProxy) Cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ln != nil {
+		p.ln.Close()
+		p.ln = nil
+	}
+	for c := range p.conns {
+		c.Close()
+	}
+	clear(p.conns)
+}
+
+// Restore listens on the same address again.
+func (p *tcpProxy) Restore() {
+	p.t.Helper()
+	ln, err := net.Listen("tcp", p.addr)
+	if err != nil {
+		p.t.Fatalf("proxy listen again on %s: %v", p.addr, err)
+	}
+	p.serve(ln)
+}
