@@ -1,0 +1,95 @@
+package processor
+
+// Charge statuses. A declined card still creates a charge, with
+// StatusFailed, so the attempt stays visible in the processor's records.
+const (
+	StatusSucceeded = "succeeded"
+	StatusFailed    = "failed"
+)
+
+// ChargeRequest is the body of POST /v1/charges. Amount is in minor units
+// of Currency (an ISO 4217 code).
+type ChargeRequest struct {
+	Amount        int64             `json:"amount"`
+	Currency      string            `json:"currency"`
+	PaymentMethod string            `json:"payment_method"`
+	Metadata      map[string]string `json:"metadata,omitempty"`
+}
+
+// Charge is a charge as the processor reports it. IdempotencyKey is the key
+// of the call that created it, which is how a caller that lost a response
+// finds out whether its charge exists.
+type Charge struct {
+	ID             string            `json:"id"`
+	Object         string            `json:"object"`
+	Amount         int64             `json:"amount"`
+	Currency       string            `json:"currency"`
+	PaymentMethod  string            `json:"payment_method"`
+	Status         string            `json:"status"`
+	Metadata       map[string]string `json:"metadata"`
+	IdempotencyKey string            `json:"idempotency_key"`
+	RefundedAmount int64             `json:"refunded_amount"`
+	// DeclineCode says why a failed charge was declined (like Stripe's
+	// outcome.reason), so a caller that finds the charge by looking it up
+	// learns what a caller that got the 402 learned.
+	DeclineCode string `json:"decline_code,omitempty"`
+	Created     int64  `json:"created"`
+}
+
+// RefundRequest is the body of POST /v1/refunds. A zero Amount refunds
+// whatever remains refundable on the charge.
+type RefundRequest struct {
+	Charge string `json:"charge"`
+	Amount int64  `json:"amount,omitempty"`
+}
+
+// Refund is a refund as the processor reports it.
+type Refund struct {
+	ID             string `json:"id"`
+	Object         string `json:"object"`
+	Charge         string `json:"charge"`
+	Amount         int64  `json:"amount"`
+	Status         string `json:"status"`
+	IdempotencyKey string `json:"idempotency_key"`
+	Created        int64  `json:"created"`
+}
+
+// List is the body of every list endpoint.
+type List[T any] struct {
+	Object string `json:"object"`
+	Data   []T    `json:"data"`
+}
+
+// ErrorResponse is the body of every failed response.
+type ErrorResponse struct {
+	Error APIError `json:"error"`
+}
+
+// APIError describes a failure. Type is the broad class
+// (invalid_request_error, card_error, idempotency_error, api_error); Code
+// and DeclineCode are the machine-readable detail; Charge names the failed
+// charge a decline created.
+type APIError struct {
+	Type        string `json:"type"`
+	Code        string `json:"code,omitempty"`
+	DeclineCode string `json:"decline_code,omitempty"`
+	Message     string `json:"message"`
+	Param       string `json:"param,omitempty"`
+	Charge      string `json:"charge,omitempty"`
+}
+
+// Error types and codes the processor sends and callers branch on.
+const (
+	ErrorTypeInvalidRequest = "invalid_request_error"
+	ErrorTypeCard           = "card_error"
+	ErrorTypeIdempotency    = "idempotency_error"
+	ErrorTypeAPI            = "api_error"
+
+	CodeCardDeclined          = "card_declined"
+	CodeResourceMissing       = "resource_missing"
+	CodeAmountTooLarge        = "amount_too_large"
+	CodeChargeAlreadyRefunded = "charge_already_refunded"
+	CodeChargeNotRefundable   = "charge_not_refundable"
+	CodeParameterMissing      = "parameter_missing"
+	CodeParameterInvalid      = "parameter_invalid"
+)

@@ -1,0 +1,244 @@
+package processorsim
+
+import (
+	"log/slog"
+	"maps"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/idemref/payments/internal/processor"
+)
+
+// Test payment methods. The payment method alone decides a charge's
+// outcome, so tests are deterministic; any other pm_ value is unknown.
+const (
+	PaymentMethodVisa              = "pm_card_visa"
+	PaymentMethodMastercard        = "pm_card_mastercard"
+	PaymentMethodDeclined          = "pm_card_chargeDeclined"
+	PaymentMethodInsufficientFunds = "pm_card_chargeDeclinedInsufficientFunds"
+)
+
+// declineCodes maps each known payment method to its decline code; an
+// empty code means the charge succeeds.
+var declineCodes = map[string]string{
+	PaymentMethodVisa:              "",
+	PaymentMethodMastercard:        "",
+	PaymentMethodDeclined:          "generic_decline",
+	PaymentMethodInsufficientFunds: "insufficient_funds",
+}
+
+// Config is the simulator's initial mode; Reset returns to it.
+type Config struct {
+	// Logger receives one JSON-friendly record per call. Nil discards.
+	Logger *slog.Logger
+	// IgnoreIdempotencyKeys makes every call execute: keys are recorded but
+	// never deduplicated, like a processor without idempotency support
+	// (requirement S4).
+	IgnoreIdempotencyKeys bool
+	// Latency is added to every call to /v1.
+	Latency time.Duration
+
+	// onBlock is called when a call starts waiting in a timeout fault, so
+	// tests can act while it is in flight without sleeping.
+	onBlock func()
+}
+
+// Simulator is the processor's state and HTTP API. It is safe for
+// concurrent use.
+type Simulator struct {
+	cfg     Config
+	logger  *slog.Logger
+	handler http.Handler
+
+	// mu guards everything below. Executing a call holds it from the key
+	// lookup to storing the response, which is what keeps two calls with
+	// one key from both executing.
+	mu          sync.Mutex
+	ignoreKeys  bool
+	latency     time.Duration
+	faults      map[string][]Fault
+	seq         int64
+	calls       []*Call
+	charges     []processor.Charge
+	chargeIndex map[string]int
+	refunds     []processor.Refund
+	keys        map[string]storedResponse
+}
+
+// storedResponse is what a key is bound to once a call with it executed.
+type storedResponse struct {
+	path        string
+	fingerprint string
+	status      int
+	body        []byte
+}
+
+// Call is one recorded call to /v1, in arrival order. Status is the HTTP
+// status sent, 0 when none was (timeout, lost response, client gone).
+// Executed says the call created a charge or refund; Replayed says it got
+// a stored response instead.
+type Call struct {
+	Seq            int64     `json:"seq"`
+	Method         string    `json:"method"`
+	Path           string    `json:"path"`
+	IdempotencyKey string    `json:"idempotency_key"`
+	Status         int       `json:"status"`
+	Fault          FaultKind `json:"fault"`
+	Executed       bool      `json:"executed"`
+	Replayed       bool      `json:"replayed"`
+	At             time.Time `json:"at"`
+}
+
+// New returns a simulator in the mode cfg describes, with no state.
+func New(cfg Config) *Simulator {
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Simulator{cfg: cfg, logger: logger}
+	s.resetLocked()
+	s.handler = s.routes()
+	return s
+}
+
+// Handler returns the simulator's HTTP API.
+func (s *Simulator) Handler() http.Handler { return s.handler }
+
+// SetIgnoreIdempotencyKeys switches deduplication off (true) or back on.
+// Responses stored before the switch are kept and replayed again once
+// deduplication is back on.
+func (s *Simulator) SetIgnoreIdempotencyKeys(ignore bool) {
+	s.mu.Lock()
+	s.ignoreKeys = ignore
+	s.mu.Unlock()
+	s.logger.Info("mode changed", slog.Bool("ignore_idempotency_keys", ignore))
+}
+
+// SetLatency sets the latency added to every later call to /v1.
+func (s *Simulator) SetLatency(d time.Duration) {
+	s.mu.Lock()
+	s.latency = d
+	s.mu.Unlock()
+	s.logger.Info("mode changed", slog.Duration("latency", d))
+}
+
+// InjectFault queues a one-shot fault: the next POST to f.Path takes it.
+// Faults for one path are taken in the order they were queued.
+func (s *Simulator) InjectFault(f Fault) {
+	s.mu.Lock()
+	s.faults[f.Path] = append(s.faults[f.Path], f)
+	s.mu.Unlock()
+	s.logger.Info("fault queued", slog.String("path", f.Path), slog.String("kind", string(f.Kind)), slog.Duration("latency", f.Latency))
+}
+
+// Reset forgets every charge, refund, stored response, call and queued
+// fault, and restores the mode from the Config given to New.
+func (s *Simulator) Reset() {
+	s.mu.Lock()
+	s.resetLocked()
+	s.mu.Unlock()
+	s.logger.Info("reset")
+}
+
+func (s *Simulator) resetLocked() {
+	s.ignoreKeys = s.cfg.IgnoreIdempotencyKeys
+	s.latency = s.cfg.Latency
+	s.faults = map[string][]Fault{}
+	s.seq = 0
+	s.calls = nil
+	s.charges = nil
+	s.chargeIndex = map[string]int{}
+	s.refunds = nil
+	s.keys = map[string]storedResponse{}
+}
+
+// Calls returns every recorded call, in arrival order.
+func (s *Simulator) Calls() []Call {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Call, len(s.calls))
+	for i, c := range s.calls {
+		out[i] = *c
+	}
+	return out
+}
+
+// Charges returns every charge created, failed ones included, in creation
+// order and with their current refunded amount.
+func (s *Simulator) Charges() []processor.Charge {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]processor.Charge, len(s.charges))
+	for i, ch := range s.charges {
+		out[i] = cloneCharge(ch)
+	}
+	return out
+}
+
+// Refunds returns every refund created, in creation order.
+func (s *Simulator) Refunds() []processor.Refund {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]processor.Refund(nil), s.refunds...)
+}
+
+// CreateChargeDirect creates a charge as if a call with idempotencyKey had
+// executed, bypassing deduplication, validation and the call record. Tests
+// use it to put a double charge in place for reconciliation to find. A
+// declining test payment method gives a failed charge; anything else, even
+// an unknown payment method, a succeeded one.
+func (s *Simulator) CreateChargeDirect(req processor.ChargeRequest, idempotencyKey string) processor.Charge {
+	status := processor.StatusSucceeded
+	if declineCodes[req.PaymentMethod] != "" {
+		status = processor.StatusFailed
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return cloneCharge(s.newChargeLocked(req, idempotencyKey, status))
+}
+
+func (s *Simulator) newChargeLocked(req processor.ChargeRequest, key, status string) processor.Charge {
+	metadata := maps.Clone(req.Metadata)
+	if metadata == nil {
+		// Always an object on the wire, never null, as at Stripe.
+		metadata = map[string]string{}
+	}
+	ch := processor.Charge{
+		ID:             newID("ch_"),
+		Object:         "charge",
+		Amount:         req.Amount,
+		Currency:       req.Currency,
+		PaymentMethod:  req.PaymentMethod,
+		Status:         status,
+		Metadata:       metadata,
+		IdempotencyKey: key,
+		Created:        time.Now().Unix(),
+	}
+	if status == processor.StatusFailed {
+		ch.DeclineCode = declineCodes[req.PaymentMethod]
+	}
+	s.chargeIndex[ch.ID] = len(s.charges)
+	s.charges = append(s.charges, ch)
+	return ch
+}
+
+// cloneCharge copies the metadata map so callers cannot race with the
+// simulator through it.
+func cloneCharge(ch processor.Charge) processor.Charge {
+	ch.Metadata = maps.Clone(ch.Metadata)
+	return ch
+}
+
+const idAlphabet = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+// newID returns prefix plus 24 random alphanumerics, the shape of a Stripe
+// id. Ids need to be unique, not secret, so math/rand is enough.
+func newID(prefix string) string {
+	b := make([]byte, 24)
+	for i := range b {
+		b[i] = idAlphabet[rand.IntN(len(idAlphabet))]
+	}
+	return prefix + string(b)
+}
