@@ -28,3 +28,78 @@ SET state = 'completed',
     completed_at = now()
 WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key
   AND state = 'in_progress';
+
+-- name: IdemKeyClaimLease :one
+-- The claim (L1) for a multi-step key: the same insert, holding a lease
+-- (generation 1) from the start.
+INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at,
+                              recovery_point, locked_until, lease_generation)
+VALUES (@tenant_id, @endpoint, @idem_key, @fingerprint, @fingerprint_version, @expires_at,
+        'started', now() + make_interval(0, 0, 0, 0, 0, 0, @lease_seconds::float8), 1)
+ON CONFLICT (tenant_id, endpoint, idem_key) DO NOTHING
+RETURNING lease_generation;
+
+-- name: IdemKeyGetForUpdate :one
+-- Locks the key row for the rest of a phase's transaction: a takeover
+-- (which updates this row) waits for the phase to commit, or the phase
+-- sees the takeover's new generation.
+SELECT * FROM idempotency_keys
+WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key
+FOR UPDATE;
+
+-- name: IdemKeyLeaseExpired :one
+SELECT coalesce(locked_until <= now(), true)::boolean AS expired
+FROM idempotency_keys
+WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key;
+
+-- name: IdemKeyTakeOver :one
+-- Takes over an expired lease: the new generation fences off the attempt
+-- that held it.
+UPDATE idempotency_keys
+SET lease_generation = lease_generation + 1,
+    locked_until = now() + make_interval(0, 0, 0, 0, 0, 0, @lease_seconds::float8)
+WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key
+  AND state = 'in_progress' AND lease_generation = @generation
+RETURNING lease_generation, recovery_point, resource_id;
+
+-- name: IdemKeyAdvance :execrows
+-- Commits a recovery point, fenced by the lease generation, and renews
+-- the lease for the next step.
+UPDATE idempotency_keys
+SET recovery_point = @recovery_point,
+    resource_id = coalesce(sqlc.narg('resource_id')::uuid, resource_id),
+    locked_until = now() + make_interval(0, 0, 0, 0, 0, 0, @lease_seconds::float8)
+WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key
+  AND state = 'in_progress' AND lease_generation = @generation;
+
+-- name: IdemKeyCompleteLease :execrows
+-- The record step (L3) for a multi-step key, fenced like every step.
+UPDATE idempotency_keys
+SET state = 'completed',
+    recovery_point = 'finished',
+    locked_until = NULL,
+    response_status = @response_status,
+    response_headers = @response_headers,
+    response_body = @response_body,
+    completed_at = now()
+WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key
+  AND state = 'in_progress' AND lease_generation = @generation;
+
+-- name: IdemKeyRelease :execrows
+-- Gives the key back at its recovery point after a transient failure (O2):
+-- not completed, not deleted, so the retry resumes from there at once.
+UPDATE idempotency_keys
+SET locked_until = now()
+WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key
+  AND state = 'in_progress' AND lease_generation = @generation;
+
+-- name: IdemKeyListExpiredLeases :many
+-- For the completer. SKIP LOCKED lets several completers (one per API
+-- process) share the work without waiting on each other.
+SELECT tenant_id, endpoint, idem_key, lease_generation
+FROM idempotency_keys
+WHERE state = 'in_progress' AND recovery_point IS NOT NULL AND locked_until < now()
+  AND endpoint = ANY(@endpoints::text[])
+ORDER BY locked_until
+LIMIT @max_rows
+FOR UPDATE SKIP LOCKED;

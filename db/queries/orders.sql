@@ -19,3 +19,15 @@ WHERE tenant_id = @tenant_id
        OR (created_at, id) < (sqlc.narg('cursor_created_at')::timestamptz, sqlc.narg('cursor_id')::uuid))
 ORDER BY created_at DESC, id DESC
 LIMIT @row_limit;
+
+-- name: OrderGetForUpdate :one
+-- Serialises payments of one order: the amount owed is read and changed
+-- under this lock.
+SELECT * FROM orders WHERE tenant_id = @tenant_id AND id = @id FOR UPDATE;
+
+-- name: OrderAddPaid :one
+UPDATE orders
+SET amount_paid = amount_paid + @amount,
+    status = CASE WHEN amount_paid + @amount >= amount THEN 'paid' ELSE status END
+WHERE tenant_id = @tenant_id AND id = @id
+RETURNING *;

@@ -34,6 +34,7 @@ var (
 const (
 	DefaultLockTimeout = 2 * time.Second
 	DefaultTTL         = 24 * time.Hour
+	DefaultLease       = 60 * time.Second
 )
 
 // Config tunes a Store.
@@ -44,6 +45,11 @@ type Config struct {
 	// TTL is how long a record is kept (E1). It must exceed the longest
 	// time a client keeps retrying one operation.
 	TTL time.Duration
+	// Lease is how long a multi-step attempt owns its key (S3) before
+	// another attempt with the same request, or the completer, may take
+	// over. It must stay well above the p99 latency of one step, the
+	// processor call included.
+	Lease time.Duration
 }
 
 // Store runs requests under idempotency keys kept in PostgreSQL.
@@ -59,6 +65,9 @@ func NewStore(pool *pgxpool.Pool, cfg Config) *Store {
 	}
 	if cfg.TTL <= 0 {
 		cfg.TTL = DefaultTTL
+	}
+	if cfg.Lease <= 0 {
+		cfg.Lease = DefaultLease
 	}
 	return &Store{pool: pool, cfg: cfg}
 }
@@ -147,7 +156,12 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Cont
 			return err
 		}
 
-		// 3. Record the exact response before commit (L3).
+		// 3. Record the exact response before commit (L3). A response
+		// without a body (204) is recorded as an empty body: a NULL body
+		// would violate the completed-row check and roll the work back.
+		if res.Body == nil {
+			res.Body = []byte{}
+		}
 		headers, err := json.Marshal(pickHeaders(res.Header))
 		if err != nil {
 			return err
@@ -170,10 +184,7 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Cont
 		return nil
 	})
 	if err != nil {
-		if db.IsTransient(err) {
-			return Response{}, false, fmt.Errorf("%w: %w", ErrUnavailable, err)
-		}
-		return Response{}, false, err
+		return Response{}, false, s.wrap(err)
 	}
 	// The work is committed. A crash from here until the response is
 	// written is the window test T1 covers: the client's retry replays the
@@ -226,6 +237,11 @@ func (s *Store) existing(ctx context.Context, q *dbsqlc.Queries, c Claim) (Respo
 	if row.State != "completed" {
 		return Response{}, ErrKeyInUse
 	}
+	return storedResponse(row)
+}
+
+// storedResponse decodes a completed row's stored response.
+func storedResponse(row dbsqlc.IdempotencyKey) (Response, error) {
 	var header http.Header
 	if err := json.Unmarshal(row.ResponseHeaders, &header); err != nil {
 		return Response{}, fmt.Errorf("idem: decode recorded headers: %w", err)

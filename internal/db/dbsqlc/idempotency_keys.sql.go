@@ -13,6 +13,43 @@ import (
 	"github.com/google/uuid"
 )
 
+const idemKeyAdvance = `-- name: IdemKeyAdvance :execrows
+UPDATE idempotency_keys
+SET recovery_point = $1,
+    resource_id = coalesce($2::uuid, resource_id),
+    locked_until = now() + make_interval(0, 0, 0, 0, 0, 0, $3::float8)
+WHERE tenant_id = $4 AND endpoint = $5 AND idem_key = $6
+  AND state = 'in_progress' AND lease_generation = $7
+`
+
+type IdemKeyAdvanceParams struct {
+	RecoveryPoint *string
+	ResourceID    *uuid.UUID
+	LeaseSeconds  float64
+	TenantID      uuid.UUID
+	Endpoint      string
+	IdemKey       string
+	Generation    int64
+}
+
+// Commits a recovery point, fenced by the lease generation, and renews
+// the lease for the next step.
+func (q *Queries) IdemKeyAdvance(ctx context.Context, arg IdemKeyAdvanceParams) (int64, error) {
+	result, err := q.db.Exec(ctx, idemKeyAdvance,
+		arg.RecoveryPoint,
+		arg.ResourceID,
+		arg.LeaseSeconds,
+		arg.TenantID,
+		arg.Endpoint,
+		arg.IdemKey,
+		arg.Generation,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const idemKeyClaim = `-- name: IdemKeyClaim :one
 INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at)
 VALUES ($1, $2, $3, $4, $5, $6)
@@ -45,6 +82,42 @@ func (q *Queries) IdemKeyClaim(ctx context.Context, arg IdemKeyClaimParams) (tim
 	var created_at time.Time
 	err := row.Scan(&created_at)
 	return created_at, err
+}
+
+const idemKeyClaimLease = `-- name: IdemKeyClaimLease :one
+INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at,
+                              recovery_point, locked_until, lease_generation)
+VALUES ($1, $2, $3, $4, $5, $6,
+        'started', now() + make_interval(0, 0, 0, 0, 0, 0, $7::float8), 1)
+ON CONFLICT (tenant_id, endpoint, idem_key) DO NOTHING
+RETURNING lease_generation
+`
+
+type IdemKeyClaimLeaseParams struct {
+	TenantID           uuid.UUID
+	Endpoint           string
+	IdemKey            string
+	Fingerprint        []byte
+	FingerprintVersion int16
+	ExpiresAt          time.Time
+	LeaseSeconds       float64
+}
+
+// The claim (L1) for a multi-step key: the same insert, holding a lease
+// (generation 1) from the start.
+func (q *Queries) IdemKeyClaimLease(ctx context.Context, arg IdemKeyClaimLeaseParams) (int64, error) {
+	row := q.db.QueryRow(ctx, idemKeyClaimLease,
+		arg.TenantID,
+		arg.Endpoint,
+		arg.IdemKey,
+		arg.Fingerprint,
+		arg.FingerprintVersion,
+		arg.ExpiresAt,
+		arg.LeaseSeconds,
+	)
+	var lease_generation int64
+	err := row.Scan(&lease_generation)
+	return lease_generation, err
 }
 
 const idemKeyComplete = `-- name: IdemKeyComplete :execrows
@@ -83,8 +156,48 @@ func (q *Queries) IdemKeyComplete(ctx context.Context, arg IdemKeyCompleteParams
 	return result.RowsAffected(), nil
 }
 
+const idemKeyCompleteLease = `-- name: IdemKeyCompleteLease :execrows
+UPDATE idempotency_keys
+SET state = 'completed',
+    recovery_point = 'finished',
+    locked_until = NULL,
+    response_status = $1,
+    response_headers = $2,
+    response_body = $3,
+    completed_at = now()
+WHERE tenant_id = $4 AND endpoint = $5 AND idem_key = $6
+  AND state = 'in_progress' AND lease_generation = $7
+`
+
+type IdemKeyCompleteLeaseParams struct {
+	ResponseStatus  *int32
+	ResponseHeaders json.RawMessage
+	ResponseBody    []byte
+	TenantID        uuid.UUID
+	Endpoint        string
+	IdemKey         string
+	Generation      int64
+}
+
+// The record step (L3) for a multi-step key, fenced like every step.
+func (q *Queries) IdemKeyCompleteLease(ctx context.Context, arg IdemKeyCompleteLeaseParams) (int64, error) {
+	result, err := q.db.Exec(ctx, idemKeyCompleteLease,
+		arg.ResponseStatus,
+		arg.ResponseHeaders,
+		arg.ResponseBody,
+		arg.TenantID,
+		arg.Endpoint,
+		arg.IdemKey,
+		arg.Generation,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const idemKeyGet = `-- name: IdemKeyGet :one
-SELECT tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, state, response_status, response_headers, response_body, created_at, completed_at, expires_at FROM idempotency_keys
+SELECT tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, state, response_status, response_headers, response_body, created_at, completed_at, expires_at, recovery_point, locked_until, lease_generation, resource_id FROM idempotency_keys
 WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
 `
 
@@ -110,7 +223,185 @@ func (q *Queries) IdemKeyGet(ctx context.Context, arg IdemKeyGetParams) (Idempot
 		&i.CreatedAt,
 		&i.CompletedAt,
 		&i.ExpiresAt,
+		&i.RecoveryPoint,
+		&i.LockedUntil,
+		&i.LeaseGeneration,
+		&i.ResourceID,
 	)
+	return i, err
+}
+
+const idemKeyGetForUpdate = `-- name: IdemKeyGetForUpdate :one
+SELECT tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, state, response_status, response_headers, response_body, created_at, completed_at, expires_at, recovery_point, locked_until, lease_generation, resource_id FROM idempotency_keys
+WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
+FOR UPDATE
+`
+
+type IdemKeyGetForUpdateParams struct {
+	TenantID uuid.UUID
+	Endpoint string
+	IdemKey  string
+}
+
+// Locks the key row for the rest of a phase's transaction: a takeover
+// (which updates this row) waits for the phase to commit, or the phase
+// sees the takeover's new generation.
+func (q *Queries) IdemKeyGetForUpdate(ctx context.Context, arg IdemKeyGetForUpdateParams) (IdempotencyKey, error) {
+	row := q.db.QueryRow(ctx, idemKeyGetForUpdate, arg.TenantID, arg.Endpoint, arg.IdemKey)
+	var i IdempotencyKey
+	err := row.Scan(
+		&i.TenantID,
+		&i.Endpoint,
+		&i.IdemKey,
+		&i.Fingerprint,
+		&i.FingerprintVersion,
+		&i.State,
+		&i.ResponseStatus,
+		&i.ResponseHeaders,
+		&i.ResponseBody,
+		&i.CreatedAt,
+		&i.CompletedAt,
+		&i.ExpiresAt,
+		&i.RecoveryPoint,
+		&i.LockedUntil,
+		&i.LeaseGeneration,
+		&i.ResourceID,
+	)
+	return i, err
+}
+
+const idemKeyLeaseExpired = `-- name: IdemKeyLeaseExpired :one
+SELECT coalesce(locked_until <= now(), true)::boolean AS expired
+FROM idempotency_keys
+WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
+`
+
+type IdemKeyLeaseExpiredParams struct {
+	TenantID uuid.UUID
+	Endpoint string
+	IdemKey  string
+}
+
+func (q *Queries) IdemKeyLeaseExpired(ctx context.Context, arg IdemKeyLeaseExpiredParams) (bool, error) {
+	row := q.db.QueryRow(ctx, idemKeyLeaseExpired, arg.TenantID, arg.Endpoint, arg.IdemKey)
+	var expired bool
+	err := row.Scan(&expired)
+	return expired, err
+}
+
+const idemKeyListExpiredLeases = `-- name: IdemKeyListExpiredLeases :many
+SELECT tenant_id, endpoint, idem_key, lease_generation
+FROM idempotency_keys
+WHERE state = 'in_progress' AND recovery_point IS NOT NULL AND locked_until < now()
+  AND endpoint = ANY($1::text[])
+ORDER BY locked_until
+LIMIT $2
+FOR UPDATE SKIP LOCKED
+`
+
+type IdemKeyListExpiredLeasesParams struct {
+	Endpoints []string
+	MaxRows   int32
+}
+
+type IdemKeyListExpiredLeasesRow struct {
+	TenantID        uuid.UUID
+	Endpoint        string
+	IdemKey         string
+	LeaseGeneration int64
+}
+
+// For the completer. SKIP LOCKED lets several completers (one per API
+// process) share the work without waiting on each other.
+func (q *Queries) IdemKeyListExpiredLeases(ctx context.Context, arg IdemKeyListExpiredLeasesParams) ([]IdemKeyListExpiredLeasesRow, error) {
+	rows, err := q.db.Query(ctx, idemKeyListExpiredLeases, arg.Endpoints, arg.MaxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []IdemKeyListExpiredLeasesRow{}
+	for rows.Next() {
+		var i IdemKeyListExpiredLeasesRow
+		if err := rows.Scan(
+			&i.TenantID,
+			&i.Endpoint,
+			&i.IdemKey,
+			&i.LeaseGeneration,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const idemKeyRelease = `-- name: IdemKeyRelease :execrows
+UPDATE idempotency_keys
+SET locked_until = now()
+WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
+  AND state = 'in_progress' AND lease_generation = $4
+`
+
+type IdemKeyReleaseParams struct {
+	TenantID   uuid.UUID
+	Endpoint   string
+	IdemKey    string
+	Generation int64
+}
+
+// Gives the key back at its recovery point after a transient failure (O2):
+// not completed, not deleted, so the retry resumes from there at once.
+func (q *Queries) IdemKeyRelease(ctx context.Context, arg IdemKeyReleaseParams) (int64, error) {
+	result, err := q.db.Exec(ctx, idemKeyRelease,
+		arg.TenantID,
+		arg.Endpoint,
+		arg.IdemKey,
+		arg.Generation,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const idemKeyTakeOver = `-- name: IdemKeyTakeOver :one
+UPDATE idempotency_keys
+SET lease_generation = lease_generation + 1,
+    locked_until = now() + make_interval(0, 0, 0, 0, 0, 0, $1::float8)
+WHERE tenant_id = $2 AND endpoint = $3 AND idem_key = $4
+  AND state = 'in_progress' AND lease_generation = $5
+RETURNING lease_generation, recovery_point, resource_id
+`
+
+type IdemKeyTakeOverParams struct {
+	LeaseSeconds float64
+	TenantID     uuid.UUID
+	Endpoint     string
+	IdemKey      string
+	Generation   int64
+}
+
+type IdemKeyTakeOverRow struct {
+	LeaseGeneration int64
+	RecoveryPoint   *string
+	ResourceID      *uuid.UUID
+}
+
+// Takes over an expired lease: the new generation fences off the attempt
+// that held it.
+func (q *Queries) IdemKeyTakeOver(ctx context.Context, arg IdemKeyTakeOverParams) (IdemKeyTakeOverRow, error) {
+	row := q.db.QueryRow(ctx, idemKeyTakeOver,
+		arg.LeaseSeconds,
+		arg.TenantID,
+		arg.Endpoint,
+		arg.IdemKey,
+		arg.Generation,
+	)
+	var i IdemKeyTakeOverRow
+	err := row.Scan(&i.LeaseGeneration, &i.RecoveryPoint, &i.ResourceID)
 	return i, err
 }
 

@@ -31,6 +31,10 @@ type IdempotencyKey struct {
 	CreatedAt          time.Time
 	CompletedAt        *time.Time
 	ExpiresAt          time.Time
+	RecoveryPoint      *string
+	LockedUntil        *time.Time
+	LeaseGeneration    int64
+	ResourceID         *uuid.UUID
 }
 
 type Order struct {
@@ -45,6 +49,36 @@ type Order struct {
 	Status      string
 	AmountPaid  int64
 	CreatedAt   time.Time
+}
+
+type Payment struct {
+	TenantID       uuid.UUID
+	ID             uuid.UUID
+	OrderID        uuid.UUID
+	Amount         int64
+	Currency       string
+	PaymentMethod  string
+	Status         string
+	ChargeKey      string
+	ChargeID       *string
+	DeclineCode    *string
+	FailureMessage *string
+	RefundedAmount int64
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
+}
+
+type Refund struct {
+	TenantID          uuid.UUID
+	ID                uuid.UUID
+	PaymentID         uuid.UUID
+	Amount            int64
+	Status            string
+	RefundKey         string
+	ProcessorRefundID *string
+	FailureMessage    *string
+	CreatedAt         time.Time
+	UpdatedAt         time.Time
 }
 
 type Tenant struct {

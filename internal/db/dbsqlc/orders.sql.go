@@ -13,6 +13,39 @@ import (
 	"github.com/google/uuid"
 )
 
+const orderAddPaid = `-- name: OrderAddPaid :one
+UPDATE orders
+SET amount_paid = amount_paid + $1,
+    status = CASE WHEN amount_paid + $1 >= amount THEN 'paid' ELSE status END
+WHERE tenant_id = $2 AND id = $3
+RETURNING tenant_id, id, reference, customer_id, amount, currency, description, metadata, status, amount_paid, created_at
+`
+
+type OrderAddPaidParams struct {
+	Amount   int64
+	TenantID uuid.UUID
+	ID       uuid.UUID
+}
+
+func (q *Queries) OrderAddPaid(ctx context.Context, arg OrderAddPaidParams) (Order, error) {
+	row := q.db.QueryRow(ctx, orderAddPaid, arg.Amount, arg.TenantID, arg.ID)
+	var i Order
+	err := row.Scan(
+		&i.TenantID,
+		&i.ID,
+		&i.Reference,
+		&i.CustomerID,
+		&i.Amount,
+		&i.Currency,
+		&i.Description,
+		&i.Metadata,
+		&i.Status,
+		&i.AmountPaid,
+		&i.CreatedAt,
+	)
+	return i, err
+}
+
 const orderCreate = `-- name: OrderCreate :one
 INSERT INTO orders (tenant_id, id, reference, customer_id, amount, currency, description, metadata)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
@@ -98,6 +131,36 @@ type OrderGetByReferenceParams struct {
 
 func (q *Queries) OrderGetByReference(ctx context.Context, arg OrderGetByReferenceParams) (Order, error) {
 	row := q.db.QueryRow(ctx, orderGetByReference, arg.TenantID, arg.Reference)
+	var i Order
+	err := row.Scan(
+		&i.TenantID,
+		&i.ID,
+		&i.Reference,
+		&i.CustomerID,
+		&i.Amount,
+		&i.Currency,
+		&i.Description,
+		&i.Metadata,
+		&i.Status,
+		&i.AmountPaid,
+		&i.CreatedAt,
+	)
+	return i, err
+}
+
+const orderGetForUpdate = `-- name: OrderGetForUpdate :one
+SELECT tenant_id, id, reference, customer_id, amount, currency, description, metadata, status, amount_paid, created_at FROM orders WHERE tenant_id = $1 AND id = $2 FOR UPDATE
+`
+
+type OrderGetForUpdateParams struct {
+	TenantID uuid.UUID
+	ID       uuid.UUID
+}
+
+// Serialises payments of one order: the amount owed is read and changed
+// under this lock.
+func (q *Queries) OrderGetForUpdate(ctx context.Context, arg OrderGetForUpdateParams) (Order, error) {
+	row := q.db.QueryRow(ctx, orderGetForUpdate, arg.TenantID, arg.ID)
 	var i Order
 	err := row.Scan(
 		&i.TenantID,

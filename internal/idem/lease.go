@@ -1,0 +1,334 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemref/payments/internal/db"
+	"github.com/idemref/payments/internal/db/dbsqlc"
+)
+
+// Multi-step keys (S1, S3).
+//
+// A request whose side effect leaves our database (a charge at a payment
+// processor) cannot claim, execute and record in one transaction. It runs
+// as a sequence of phases instead, each committed in its own transaction
+// together with the key's recovery point:
+//
+//	Begin   claim the key with a lease and run the first phase (one transaction)
+//	Phase   one more step, fenced by the lease generation
+//	...     calls to other services happen between phases, never inside one
+//	Phase   the last step records the exact response: the key is completed
+//
+// A retry of an unfinished request (same key, same fingerprint) finds the
+// lease expired (or released after a transient failure), takes it over with
+// a new generation and resumes from the recovery point. So does the
+// completer, for clients that never retry.
+
+// Recovery points shared by every multi-step endpoint. Endpoints define
+// their own in between.
+const (
+	// RecoveryStarted is the point of a key just claimed, before its first
+	// phase committed. Begin runs the first phase in the claim's
+	// transaction, so no committed key is ever left at this point.
+	RecoveryStarted = "started"
+	// RecoveryFinished is the point of a completed key.
+	RecoveryFinished = "finished"
+)
+
+// ErrLeaseLost: another attempt took the key over (a newer lease
+// generation). The attempt that gets it must stop without writing anything:
+// the one that took over owns the work now.
+var ErrLeaseLost = errors.New("the lease on this Idempotency-Key was taken over by another attempt")
+
+// Lease is an attempt's hold on a multi-step key.
+type Lease struct {
+	Claim
+	// Generation is the fencing token: every phase's write checks it.
+	Generation int64
+	// RecoveryPoint is the last committed step.
+	RecoveryPoint string
+	// ResourceID is the resource the key created (a payment, a refund).
+	ResourceID uuid.UUID
+	// Resumed is true when this attempt took over from an earlier one,
+	// which may have called other services already.
+	Resumed bool
+}
+
+// Step is what a phase decides: advance to RecoveryPoint (optionally
+// naming the created resource), or complete the key with Response.
+type Step struct {
+	RecoveryPoint string
+	ResourceID    uuid.UUID
+	Response      *Response
+}
+
+// DeriveKey returns the key for a call this request makes to another
+// service (S2): a hash of the scoped parent key and the step name. It is
+// deterministic, so a resumed attempt sends the same child key and the other
+// service deduplicates; it differs per step, so two calls to one service
+// never collide; and it does not reveal the client's key.
+func DeriveKey(c Claim, step string) string {
+	h := sha256.New()
+	for _, part := range []string{"idem-derived/v1", c.TenantID.String(), c.Endpoint, c.Key, step} {
+		// Length-prefixed, so no two different tuples hash the same input.
+		fmt.Fprintf(h, "%d:%s", len(part), part)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// Begin claims c for a multi-step request. On a new claim it runs first in
+// the claim's transaction, inside a savepoint: the claim, the first phase's
+// writes and its recovery point commit together (S1). A Step with a
+// Response of status >= 400 is a deterministic failure found before anything
+// left the database: its writes are rolled back to the savepoint and the
+// response recorded, as in Execute.
+//
+// When the key exists, Begin replays a completed key, returns ErrKeyReused
+// for another fingerprint, ErrKeyInUse while another attempt's lease is
+// live, and otherwise takes the lease over and returns it with Resumed set:
+// the caller resumes from its RecoveryPoint.
+func (s *Store) Begin(ctx context.Context, c Claim, first func(ctx context.Context, tx pgx.Tx, l Lease) (Step, error)) (Begun, error) {
+	var b Begun
+	err := db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
+		q := dbsqlc.New(tx)
+		if err := q.IdemSetLockTimeout(ctx, fmt.Sprintf("%dms", s.cfg.LockTimeout.Milliseconds())); err != nil {
+			return err
+		}
+		gen, err := q.IdemKeyClaimLease(ctx, dbsqlc.IdemKeyClaimLeaseParams{
+			TenantID:           c.TenantID,
+			Endpoint:           c.Endpoint,
+			IdemKey:            c.Key,
+			Fingerprint:        c.Fingerprint,
+			FingerprintVersion: FingerprintVersion,
+			ExpiresAt:          time.Now().Add(s.cfg.TTL),
+			LeaseSeconds:       s.cfg.Lease.Seconds(),
+		})
+		switch {
+		case db.IsLockTimeout(err):
+			return ErrKeyInUse
+		case errors.Is(err, pgx.ErrNoRows):
+			b, err = s.takeOver(ctx, q, c)
+			return err
+		case err != nil:
+			return err
+		}
+
+		b.Lease = Lease{Claim: c, Generation: gen, RecoveryPoint: RecoveryStarted}
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		step, err := first(ctx, sp, b.Lease)
+		if err != nil {
+			return err
+		}
+		if step.Response != nil && step.Response.Status >= 400 {
+			if err := sp.Rollback(ctx); err != nil {
+				return err
+			}
+		} else if err := sp.Commit(ctx); err != nil {
+			return err
+		}
+		b.Response = step.Response
+		return s.apply(ctx, q, &b.Lease, step)
+	})
+	if err != nil {
+		return Begun{}, s.wrap(err)
+	}
+	return b, nil
+}
+
+// Begun is what Begin found or did.
+type Begun struct {
+	// Lease is held by this attempt unless Response is set.
+	Lease Lease
+	// Response is set when the request is answered already: a completed
+	// key's recorded response (Replayed), or the first phase completed the
+	// key itself.
+	Response *Response
+	Replayed bool
+}
+
+// takeOver handles a claim that found the key already there.
+func (s *Store) takeOver(ctx context.Context, q *dbsqlc.Queries, c Claim) (Begun, error) {
+	scope := dbsqlc.IdemKeyGetForUpdateParams{TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key}
+	row, err := q.IdemKeyGetForUpdate(ctx, scope)
+	switch {
+	case db.IsLockTimeout(err):
+		return Begun{}, ErrKeyInUse
+	case errors.Is(err, pgx.ErrNoRows):
+		return Begun{}, ErrKeyInUse // deleted by expiry in between; the retry claims afresh
+	case err != nil:
+		return Begun{}, err
+	}
+	if row.FingerprintVersion == FingerprintVersion && !bytes.Equal(row.Fingerprint, c.Fingerprint) {
+		// Never take over, or replay, another request's key (S3, L5).
+		return Begun{}, ErrKeyReused
+	}
+	if row.State == "completed" {
+		res, err := storedResponse(row)
+		return Begun{Response: &res, Replayed: true}, err
+	}
+	expired, err := q.IdemKeyLeaseExpired(ctx, dbsqlc.IdemKeyLeaseExpiredParams(scope))
+	if err != nil {
+		return Begun{}, err
+	}
+	if !expired || row.RecoveryPoint == nil {
+		return Begun{}, ErrKeyInUse
+	}
+	taken, err := q.IdemKeyTakeOver(ctx, dbsqlc.IdemKeyTakeOverParams{
+		TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key,
+		Generation: row.LeaseGeneration, LeaseSeconds: s.cfg.Lease.Seconds(),
+	})
+	if err != nil {
+		return Begun{}, err
+	}
+	return Begun{Lease: leaseFrom(c, taken.LeaseGeneration, taken.RecoveryPoint, taken.ResourceID)}, nil
+}
+
+// Phase runs one step of a multi-step request in its own transaction. It
+// first locks the key row and checks the fencing token: if another attempt
+// took the lease over, it returns ErrLeaseLost and fn never runs. Then it
+// commits fn's writes together with the new recovery point (renewing the
+// lease), or with the recorded response when the step completes the key;
+// the response is then returned.
+func (s *Store) Phase(ctx context.Context, l *Lease, fn func(ctx context.Context, tx pgx.Tx) (Step, error)) (*Response, error) {
+	var step Step
+	err := db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
+		q := dbsqlc.New(tx)
+		if err := q.IdemSetLockTimeout(ctx, fmt.Sprintf("%dms", s.cfg.LockTimeout.Milliseconds())); err != nil {
+			return err
+		}
+		row, err := q.IdemKeyGetForUpdate(ctx, dbsqlc.IdemKeyGetForUpdateParams{TenantID: l.TenantID, Endpoint: l.Endpoint, IdemKey: l.Key})
+		if err != nil {
+			return err
+		}
+		if row.LeaseGeneration != l.Generation || row.State != "in_progress" {
+			return ErrLeaseLost
+		}
+		if step, err = fn(ctx, tx); err != nil {
+			return err
+		}
+		return s.apply(ctx, q, l, step)
+	})
+	if err != nil {
+		return nil, s.wrap(err)
+	}
+	return step.Response, nil
+}
+
+// apply commits a phase's decision on the key row, fenced by generation.
+func (s *Store) apply(ctx context.Context, q *dbsqlc.Queries, l *Lease, step Step) error {
+	var n int64
+	var err error
+	if step.Response != nil {
+		headers, herr := json.Marshal(pickHeaders(step.Response.Header))
+		if herr != nil {
+			return herr
+		}
+		status := int32(step.Response.Status)
+		body := step.Response.Body
+		if body == nil {
+			body = []byte{} // no body (204) is an empty body, never NULL: see Execute
+		}
+		n, err = q.IdemKeyCompleteLease(ctx, dbsqlc.IdemKeyCompleteLeaseParams{
+			TenantID: l.TenantID, Endpoint: l.Endpoint, IdemKey: l.Key, Generation: l.Generation,
+			ResponseStatus: &status, ResponseHeaders: headers, ResponseBody: body,
+		})
+		step.RecoveryPoint = RecoveryFinished
+	} else {
+		var resource *uuid.UUID
+		if step.ResourceID != uuid.Nil {
+			resource = &step.ResourceID
+		}
+		n, err = q.IdemKeyAdvance(ctx, dbsqlc.IdemKeyAdvanceParams{
+			TenantID: l.TenantID, Endpoint: l.Endpoint, IdemKey: l.Key, Generation: l.Generation,
+			RecoveryPoint: &step.RecoveryPoint, ResourceID: resource, LeaseSeconds: s.cfg.Lease.Seconds(),
+		})
+	}
+	if err != nil {
+		return err
+	}
+	if n != 1 {
+		return ErrLeaseLost
+	}
+	l.RecoveryPoint = step.RecoveryPoint
+	if step.ResourceID != uuid.Nil {
+		l.ResourceID = step.ResourceID
+	}
+	return nil
+}
+
+// Release gives the key back at its recovery point after a transient
+// failure (O2): neither completed nor deleted, with its lease ended now, so
+// the client's retry (or the completer) resumes at once. A lease already
+// lost is not an error: the attempt that took over owns the key.
+func (s *Store) Release(ctx context.Context, l Lease) error {
+	// The request may have failed because its context ended; releasing
+	// must still happen.
+	ctx = context.WithoutCancel(ctx)
+	_, err := dbsqlc.New(s.pool).IdemKeyRelease(ctx, dbsqlc.IdemKeyReleaseParams{
+		TenantID: l.TenantID, Endpoint: l.Endpoint, IdemKey: l.Key, Generation: l.Generation,
+	})
+	return err
+}
+
+// TakeOverExpired is the completer's claim: it takes over up to max keys of
+// the given endpoints whose lease expired before they finished. Rows that
+// another completer is taking over right now are skipped (SKIP LOCKED), so
+// any number of processes can run completers.
+func (s *Store) TakeOverExpired(ctx context.Context, endpoints []string, max int) ([]Lease, error) {
+	var leases []Lease
+	err := db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
+		q := dbsqlc.New(tx)
+		rows, err := q.IdemKeyListExpiredLeases(ctx, dbsqlc.IdemKeyListExpiredLeasesParams{Endpoints: endpoints, MaxRows: int32(max)})
+		if err != nil {
+			return err
+		}
+		for _, row := range rows {
+			c := Claim{TenantID: row.TenantID, Endpoint: row.Endpoint, Key: row.IdemKey}
+			taken, err := q.IdemKeyTakeOver(ctx, dbsqlc.IdemKeyTakeOverParams{
+				TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key,
+				Generation: row.LeaseGeneration, LeaseSeconds: s.cfg.Lease.Seconds(),
+			})
+			if err != nil {
+				return err
+			}
+			leases = append(leases, leaseFrom(c, taken.LeaseGeneration, taken.RecoveryPoint, taken.ResourceID))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, s.wrap(err)
+	}
+	return leases, nil
+}
+
+func leaseFrom(c Claim, gen int64, point *string, resource *uuid.UUID) Lease {
+	l := Lease{Claim: c, Generation: gen, Resumed: true}
+	if point != nil {
+		l.RecoveryPoint = *point
+	}
+	if resource != nil {
+		l.ResourceID = *resource
+	}
+	return l
+}
+
+// wrap marks transient failures as ErrUnavailable.
+func (s *Store) wrap(err error) error {
+	if db.IsTransient(err) {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return err
+}

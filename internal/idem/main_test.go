@@ -1,0 +1,11 @@
+package idem
+
+import (
+	"testing"
+
+	"github.com/idemref/payments/internal/testdb"
+)
+
+func TestMain(m *testing.M) {
+	testdb.Main(m)
+}

@@ -1,0 +1,1121 @@
+package idem
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemref/payments/internal/tenants"
+	"github.com/idemref/payments/internal/testdb"
+)
+
+const testEndpoint = "POST /v1/things"
+
+// harness is one fresh database with a tenant and two scratch tables that
+// stand in for business tables: scratch receives the side effects, and
+// scratch_unique holds the row 'taken' so that inserting it again fails.
+type harness struct {
+	pool   *pgxpool.Pool
+	url    string
+	tenant uuid.UUID
+}
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	pool, url := testdb.NewPool(t)
+	ctx := t.Context()
+	for _, sql := range []string{
+		`CREATE TABLE scratch (tenant_id uuid NOT NULL, v text NOT NULL)`,
+		`CREATE TABLE scratch_unique (v text PRIMARY KEY)`,
+		`INSERT INTO scratch_unique (v) VALUES ('taken')`,
+	} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	h := &harness{pool: pool, url: url}
+	h.tenant = h.newTenant(t)
+	return h
+}
+
+func (h *harness) newTenant(t *testing.T) uuid.UUID {
+	t.Helper()
+	id, _, err := tenants.Create(t.Context(), h.pool, "tenant "+uuid.NewString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// claim returns the claim for key with the fingerprint of body on
+// testEndpoint under the harness's tenant.
+func (h *harness) claim(t *testing.T, key, body string) Claim {
+	t.Helper()
+	fp, err := Fingerprint(testEndpoint, nil, json.RawMessage(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Claim{TenantID: h.tenant, Endpoint: testEndpoint, Key: key, Fingerprint: fp}
+}
+
+type scratchRow struct {
+	TenantID uuid.UUID
+	V        string
+}
+
+func (h *harness) scratch(t *testing.T) []scratchRow {
+	t.Helper()
+	rows, err := h.pool.Query(t.Context(), `SELECT tenant_id, v FROM scratch ORDER BY v, tenant_id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[scratchRow])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// keyRow is the part of an idempotency_keys row that Execute owns.
+type keyRow struct {
+	TenantID           uuid.UUID
+	Endpoint           string
+	IdemKey            string
+	Fingerprint        []byte
+	FingerprintVersion int16
+	State              string
+	ResponseStatus     *int32
+	ResponseHeaders    json.RawMessage
+	ResponseBody       []byte
+	CompletedAt        *time.Time
+	ExpiresAt          time.Time
+}
+
+func (h *harness) keyRows(t *testing.T) []keyRow {
+	t.Helper()
+	rows, err := h.pool.Query(t.Context(), `
+		SELECT tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, state,
+		       response_status, response_headers, response_body, completed_at, expires_at
+		FROM idempotency_keys ORDER BY tenant_id, endpoint, idem_key`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[keyRow])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// onlyKeyRow returns the one row of idempotency_keys and fails the test
+// when there is not exactly one.
+func (h *harness) onlyKeyRow(t *testing.T) keyRow {
+	t.Helper()
+	rows := h.keyRows(t)
+	if len(rows) != 1 {
+		t.Fatalf("idempotency_keys has %d rows, want 1: %+v", len(rows), rows)
+	}
+	return rows[0]
+}
+
+// checkCompleted checks that row is c's completed record of want.
+func checkCompleted(t *testing.T, row keyRow, c Claim, want Response) {
+	t.Helper()
+	type identity struct {
+		TenantID           uuid.UUID
+		Endpoint, Key      string
+		Fingerprint        []byte
+		FingerprintVersion int16
+		State              string
+	}
+	wantID := identity{c.TenantID, c.Endpoint, c.Key, c.Fingerprint, FingerprintVersion, "completed"}
+	gotID := identity{row.TenantID, row.Endpoint, row.IdemKey, row.Fingerprint, row.FingerprintVersion, row.State}
+	if diff := cmp.Diff(wantID, gotID); diff != "" {
+		t.Errorf("key row identity mismatch (-want +got):\n%s", diff)
+	}
+	if row.CompletedAt == nil {
+		t.Errorf("completed key row has no completed_at")
+	}
+	if diff := cmp.Diff(want, recorded(t, row)); diff != "" {
+		t.Errorf("recorded response mismatch (-want +got):\n%s", diff)
+	}
+}
+
+func recorded(t *testing.T, row keyRow) Response {
+	t.Helper()
+	var res Response
+	if row.ResponseStatus != nil {
+		res.Status = int(*row.ResponseStatus)
+	}
+	if row.ResponseHeaders != nil {
+		if err := json.Unmarshal(row.ResponseHeaders, &res.Header); err != nil {
+			t.Fatalf("decode response_headers %s: %v", row.ResponseHeaders, err)
+		}
+	}
+	res.Body = row.ResponseBody
+	return res
+}
+
+// insertExec returns an exec that counts its calls, inserts v into scratch
+// for tenant and returns res.
+func insertExec(calls *atomic.Int32, tenant uuid.UUID, v string, res Response) func(context.Context, pgx.Tx) (Response, error) {
+	return func(ctx context.Context, tx pgx.Tx) (Response, error) {
+		calls.Add(1)
+		if _, err := tx.Exec(ctx, `INSERT INTO scratch (tenant_id, v) VALUES ($1, $2)`, tenant, v); err != nil {
+			return Response{}, err
+		}
+		return res, nil
+	}
+}
+
+// notCalled is an exec that must never run.
+func notCalled(t *testing.T) func(context.Context, pgx.Tx) (Response, error) {
+	return func(context.Context, pgx.Tx) (Response, error) {
+		t.Errorf("exec ran, but the request must not execute")
+		return Response{}, errors.New("exec must not run")
+	}
+}
+
+func created(body string) Response {
+	return Response{
+		Status: http.StatusCreated,
+		Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/v1/things/t_1"}},
+		Body:   []byte(body),
+	}
+}
+
+func problem(status int, code string) Response {
+	return Response{
+		Status: status,
+		Header: http.Header{"Content-Type": {"application/problem+json"}, "Cache-Control": {"no-store"}},
+		Body:   fmt.Appendf(nil, `{"type":"about:blank","status":%d,"code":%q}`, status, code),
+	}
+}
+
+type outcome struct {
+	res      Response
+	replayed bool
+	err      error
+}
+
+// waitUntil polls query (which returns one boolean) until it is true or
+// ctx ends. It synchronises with the server's state, not with the clock.
+func waitUntil(t *testing.T, ctx context.Context, pool *pgxpool.Pool, query string, args ...any) {
+	t.Helper()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var ok bool
+		if err := pool.QueryRow(ctx, query, args...).Scan(&ok); err != nil {
+			t.Fatalf("%s: %v", query, err)
+		}
+		if ok {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("gave up waiting for %s: %v", query, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// Queries for waitUntil. Every test has a database of its own, so
+// current_database() scopes them to the test.
+const (
+	lockWaitersAtLeast = `SELECT count(*) >= $1 FROM pg_stat_activity
+		WHERE datname = current_database() AND wait_event_type = 'Lock'`
+	noOtherOpenTransaction = `SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL)`
+)
+
+// deadline bounds a test that waits on other transactions, so a bug that
+// makes a wait unbounded fails the test instead of hanging it. It is never
+// compared with how long anything took.
+func deadline(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestExecuteRunsOnceThenReplays(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	store := NewStore(h.pool, Config{})
+	c := h.claim(t, "key-1", `{"amount":100}`)
+	// Not canonical JSON on purpose: the body must come back byte for byte.
+	want := created("{\"id\": \"t_1\",  \"amount\":100}\n")
+	var calls atomic.Int32
+
+	res, replayed, err := store.Execute(t.Context(), c, insertExec(&calls, h.tenant, "first", want))
+	if err != nil {
+		t.Fatalf("first Execute: %v", err)
+	}
+	if replayed {
+		t.Errorf("first Execute: replayed = true, want false")
+	}
+	if diff := cmp.Diff(want, res); diff != "" {
+		t.Errorf("first Execute response mismatch (-want +got):\n%s", diff)
+	}
+	if got := calls.Load(); got != 1 {
+		t.Errorf("exec ran %d times, want 1", got)
+	}
+	wantScratch := []scratchRow{{h.tenant, "first"}}
+	if diff := cmp.Diff(wantScratch, h.scratch(t)); diff != "" {
+		t.Errorf("business rows after the first call (-want +got):\n%s", diff)
+	}
+	checkCompleted(t, h.onlyKeyRow(t), c, want)
+
+	t.Run("SecondCallReplaysStoredResponse", func(t *testing.T) {
+		res, replayed, err := store.Execute(t.Context(), c, insertExec(&calls, h.tenant, "second", created(`{"other":true}`)))
+		if err != nil {
+			t.Fatalf("second Execute: %v", err)
+		}
+		if !replayed {
+			t.Errorf("second Execute: replayed = false, want true")
+		}
+		if diff := cmp.Diff(want, res); diff != "" {
+			t.Errorf("replayed response mismatch (-want +got):\n%s", diff)
+		}
+		if got := calls.Load(); got != 1 {
+			t.Errorf("exec ran %d times in all, want 1", got)
+		}
+		if diff := cmp.Diff(wantScratch, h.scratch(t)); diff != "" {
+			t.Errorf("business rows after the replay (-want +got):\n%s", diff)
+		}
+		checkCompleted(t, h.onlyKeyRow(t), c, want)
+	})
+}
+
+func TestExecuteRecordsOnlyRecordedHeaders(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	store := NewStore(h.pool, Config{})
+	c := h.claim(t, "key-1", `{}`)
+	kept := http.Header{
+		"Content-Type":  {"application/json"},
+		"Location":      {"/v1/things/t_1"},
+		"Cache-Control": {"private", "max-age=0"},
+	}
+	full := kept.Clone()
+	full.Set("X-Request-Id", "req-1")
+	full.Set("Date", "Mon, 02 Jan 2006 15:04:05 GMT")
+	var calls atomic.Int32
+
+	res, _, err := store.Execute(t.Context(), c, insertExec(&calls, h.tenant, "v", Response{Status: 201, Header: full, Body: []byte(`{}`)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(full, res.Header); diff != "" {
+		t.Errorf("first call's headers are not exec's (-want +got):\n%s", diff)
+	}
+	want := Response{Status: 201, Header: kept, Body: []byte(`{}`)}
+	checkCompleted(t, h.onlyKeyRow(t), c, want)
+
+	res, replayed, err := store.Execute(t.Context(), c, notCalled(t))
+	if err != nil || !replayed {
+		t.Fatalf("replay: replayed = %v, err = %v", replayed, err)
+	}
+	if diff := cmp.Diff(want, res); diff != "" {
+		t.Errorf("replayed response mismatch (-want +got):\n%s", diff)
+	}
+}
+
+func TestExecuteRecordsEmptyBody(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	store := NewStore(h.pool, Config{})
+	c := h.claim(t, "key-1", `{}`)
+	var calls atomic.Int32
+
+	// A 204 has no body; exec may well leave Body and Header nil.
+	_, replayed, err := store.Execute(t.Context(), c, insertExec(&calls, h.tenant, "v", Response{Status: http.StatusNoContent}))
+	if err != nil {
+		t.Fatalf("Execute of a response without a body: %v", err)
+	}
+	if replayed {
+		t.Errorf("replayed = true on the first call")
+	}
+	want := Response{Status: http.StatusNoContent, Header: http.Header{}, Body: []byte{}}
+	checkCompleted(t, h.onlyKeyRow(t), c, want)
+	if diff := cmp.Diff([]scratchRow{{h.tenant, "v"}}, h.scratch(t)); diff != "" {
+		t.Errorf("business rows (-want +got):\n%s", diff)
+	}
+
+	res, replayed, err := store.Execute(t.Context(), c, notCalled(t))
+	if err != nil || !replayed {
+		t.Fatalf("replay: replayed = %v, err = %v", replayed, err)
+	}
+	if diff := cmp.Diff(want, res); diff != "" {
+		t.Errorf("replayed response mismatch (-want +got):\n%s", diff)
+	}
+}
+
+func TestExecuteDifferentFingerprintIsKeyReused(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	store := NewStore(h.pool, Config{})
+	first := h.claim(t, "key-1", `{"amount":100}`)
+	want := created(`{"amount":100}`)
+	var calls atomic.Int32
+	if _, _, err := store.Execute(t.Context(), first, insertExec(&calls, h.tenant, "first", want)); err != nil {
+		t.Fatal(err)
+	}
+
+	other := h.claim(t, "key-1", `{"amount":999}`)
+	res, replayed, err := store.Execute(t.Context(), other, insertExec(&calls, h.tenant, "other", created(`{"amount":999}`)))
+	if !errors.Is(err, ErrKeyReused) {
+		t.Fatalf("Execute with another fingerprint = %+v, %v, %v; want ErrKeyReused", res, replayed, err)
+	}
+	if got := calls.Load(); got != 1 {
+		t.Errorf("exec ran %d times in all, want 1", got)
+	}
+	if diff := cmp.Diff([]scratchRow{{h.tenant, "first"}}, h.scratch(t)); diff != "" {
+		t.Errorf("business rows (-want +got):\n%s", diff)
+	}
+	checkCompleted(t, h.onlyKeyRow(t), first, want)
+
+	t.Run("OriginalRequestStillReplays", func(t *testing.T) {
+		res, replayed, err := store.Execute(t.Context(), first, notCalled(t))
+		if err != nil || !replayed {
+			t.Fatalf("replay: replayed = %v, err = %v", replayed, err)
+		}
+		if diff := cmp.Diff(want, res); diff != "" {
+			t.Errorf("replayed response mismatch (-want +got):\n%s", diff)
+		}
+	})
+}
+
+func TestExecuteScopesKeysByTenantAndEndpoint(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name  string
+		scope func(h *harness, t *testing.T, c Claim) Claim
+	}{
+		{name: "OtherTenant", scope: func(h *harness, t *testing.T, c Claim) Claim {
+			c.TenantID = h.newTenant(t)
+			return c
+		}},
+		{name: "OtherEndpoint", scope: func(h *harness, t *testing.T, c Claim) Claim {
+			c.Endpoint = "POST /v1/other-things"
+			return c
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t)
+			store := NewStore(h.pool, Config{})
+			// The same key and even the same fingerprint bytes: only the
+			// scope differs.
+			a := h.claim(t, "shared-key", `{}`)
+			b := tt.scope(h, t, a)
+			resA, resB := created(`{"id":"a"}`), created(`{"id":"b"}`)
+			var calls atomic.Int32
+
+			for _, run := range []struct {
+				c    Claim
+				v    string
+				want Response
+			}{{a, "a", resA}, {b, "b", resB}} {
+				res, replayed, err := store.Execute(t.Context(), run.c, insertExec(&calls, run.c.TenantID, run.v, run.want))
+				if err != nil || replayed {
+					t.Fatalf("Execute(%+v): replayed = %v, err = %v; want a fresh execution", run.c, replayed, err)
+				}
+				if diff := cmp.Diff(run.want, res); diff != "" {
+					t.Errorf("response mismatch (-want +got):\n%s", diff)
+				}
+			}
+			if got := calls.Load(); got != 2 {
+				t.Errorf("exec ran %d times, want 2", got)
+			}
+			wantScratch := []scratchRow{{a.TenantID, "a"}, {b.TenantID, "b"}}
+			if diff := cmp.Diff(wantScratch, h.scratch(t)); diff != "" {
+				t.Errorf("business rows (-want +got):\n%s", diff)
+			}
+			rows := h.keyRows(t)
+			if len(rows) != 2 {
+				t.Fatalf("idempotency_keys has %d rows, want 2", len(rows))
+			}
+			byScope := map[[2]string]keyRow{}
+			for _, r := range rows {
+				byScope[[2]string{r.TenantID.String(), r.Endpoint}] = r
+			}
+			checkCompleted(t, byScope[[2]string{a.TenantID.String(), a.Endpoint}], a, resA)
+			checkCompleted(t, byScope[[2]string{b.TenantID.String(), b.Endpoint}], b, resB)
+
+			// Each scope replays its own response.
+			for _, run := range []struct {
+				c    Claim
+				want Response
+			}{{a, resA}, {b, resB}} {
+				res, replayed, err := store.Execute(t.Context(), run.c, notCalled(t))
+				if err != nil || !replayed {
+					t.Fatalf("replay of %+v: replayed = %v, err = %v", run.c, replayed, err)
+				}
+				if diff := cmp.Diff(run.want, res); diff != "" {
+					t.Errorf("replayed response mismatch (-want +got):\n%s", diff)
+				}
+			}
+		})
+	}
+}
+
+func TestExecuteRecordsDeterministicFailure(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		// fail runs after exec's first business write and returns the
+		// deterministic failure to record.
+		fail func(ctx context.Context, tx pgx.Tx) (Response, error)
+	}{
+		{
+			name: "StatementAbortedTheTransaction",
+			fail: func(ctx context.Context, tx pgx.Tx) (Response, error) {
+				_, err := tx.Exec(ctx, `INSERT INTO scratch_unique (v) VALUES ('taken')`)
+				var pgErr *pgconn.PgError
+				if !errors.As(err, &pgErr) || pgErr.Code != "23505" {
+					return Response{}, fmt.Errorf("want a unique violation, got %v", err)
+				}
+				return problem(http.StatusConflict, "duplicate_reference"), nil
+			},
+		},
+		{
+			name: "BusinessRuleRejected",
+			fail: func(context.Context, pgx.Tx) (Response, error) {
+				return problem(http.StatusUnprocessableEntity, "insufficient_funds"), nil
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t)
+			store := NewStore(h.pool, Config{})
+			c := h.claim(t, "key-1", `{}`)
+			var calls atomic.Int32
+			var want Response
+			exec := func(ctx context.Context, tx pgx.Tx) (Response, error) {
+				calls.Add(1)
+				if _, err := tx.Exec(ctx, `INSERT INTO scratch (tenant_id, v) VALUES ($1, 'before the failure')`, h.tenant); err != nil {
+					return Response{}, err
+				}
+				res, err := tt.fail(ctx, tx)
+				want = res
+				return res, err
+			}
+
+			res, replayed, err := store.Execute(t.Context(), c, exec)
+			if err != nil || replayed {
+				t.Fatalf("Execute: replayed = %v, err = %v; want the recorded failure", replayed, err)
+			}
+			if diff := cmp.Diff(want, res); diff != "" {
+				t.Errorf("response mismatch (-want +got):\n%s", diff)
+			}
+			if got := h.scratch(t); len(got) != 0 {
+				t.Errorf("the write before the failure survived: %+v", got)
+			}
+			checkCompleted(t, h.onlyKeyRow(t), c, want)
+
+			res, replayed, err = store.Execute(t.Context(), c, exec)
+			if err != nil || !replayed {
+				t.Fatalf("retry: replayed = %v, err = %v; want the replayed failure", replayed, err)
+			}
+			if diff := cmp.Diff(want, res); diff != "" {
+				t.Errorf("replayed response mismatch (-want +got):\n%s", diff)
+			}
+			if got := calls.Load(); got != 1 {
+				t.Errorf("exec ran %d times, want 1", got)
+			}
+			if got := h.scratch(t); len(got) != 0 {
+				t.Errorf("business rows after the replay: %+v", got)
+			}
+		})
+	}
+}
+
+func TestExecuteErrorRecordsNothing(t *testing.T) {
+	t.Parallel()
+	errBoom := errors.New("boom")
+	tests := []struct {
+		name          string
+		err           error
+		wantTransient bool
+	}{
+		{name: "PlainError", err: errBoom},
+		{name: "SerializationFailure", err: &pgconn.PgError{Code: "40001", Message: "could not serialize access"}, wantTransient: true},
+		{name: "DeadlockDetected", err: &pgconn.PgError{Code: "40P01", Message: "deadlock detected"}, wantTransient: true},
+		{name: "DeadlineExceeded", err: fmt.Errorf("charge: %w", context.DeadlineExceeded), wantTransient: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t)
+			store := NewStore(h.pool, Config{})
+			c := h.claim(t, "key-1", `{}`)
+			var calls atomic.Int32
+
+			_, replayed, err := store.Execute(t.Context(), c, func(ctx context.Context, tx pgx.Tx) (Response, error) {
+				calls.Add(1)
+				if _, err := tx.Exec(ctx, `INSERT INTO scratch (tenant_id, v) VALUES ($1, 'failed')`, h.tenant); err != nil {
+					return Response{}, err
+				}
+				return created(`{}`), tt.err
+			})
+			if !errors.Is(err, tt.err) {
+				t.Errorf("Execute error = %v; want it to wrap %v", err, tt.err)
+			}
+			if got := errors.Is(err, ErrUnavailable); got != tt.wantTransient {
+				t.Errorf("errors.Is(%v, ErrUnavailable) = %v, want %v", err, got, tt.wantTransient)
+			}
+			if replayed {
+				t.Errorf("replayed = true with an error")
+			}
+			if rows := h.keyRows(t); len(rows) != 0 {
+				t.Errorf("a failed execution left key rows: %+v", rows)
+			}
+			if rows := h.scratch(t); len(rows) != 0 {
+				t.Errorf("a failed execution left business rows: %+v", rows)
+			}
+
+			t.Run("RetryExecutes", func(t *testing.T) {
+				want := created(`{"ok":true}`)
+				res, replayed, err := store.Execute(t.Context(), c, insertExec(&calls, h.tenant, "retry", want))
+				if err != nil || replayed {
+					t.Fatalf("retry: replayed = %v, err = %v; want a fresh execution", replayed, err)
+				}
+				if diff := cmp.Diff(want, res); diff != "" {
+					t.Errorf("response mismatch (-want +got):\n%s", diff)
+				}
+				if got := calls.Load(); got != 2 {
+					t.Errorf("exec ran %d times, want 2", got)
+				}
+				if diff := cmp.Diff([]scratchRow{{h.tenant, "retry"}}, h.scratch(t)); diff != "" {
+					t.Errorf("business rows (-want +got):\n%s", diff)
+				}
+				checkCompleted(t, h.onlyKeyRow(t), c, want)
+			})
+		})
+	}
+}
+
+func TestExecuteCancelledMidStatementIsUnavailable(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	store := NewStore(h.pool, Config{})
+	c := h.claim(t, "key-1", `{}`)
+	var calls atomic.Int32
+	bound := deadline(t)
+
+	ctx, cancel := context.WithCancel(bound)
+	defer cancel()
+	sleeping := make(chan struct{})
+	done := make(chan outcome, 1)
+	go func() {
+		res, replayed, err := store.Execute(ctx, c, func(ctx context.Context, tx pgx.Tx) (Response, error) {
+			calls.Add(1)
+			if _, err := tx.Exec(ctx, `INSERT INTO scratch (tenant_id, v) VALUES ($1, 'cancelled')`, h.tenant); err != nil {
+				return Response{}, err
+			}
+			close(sleeping)
+			if _, err := tx.Exec(ctx, `SELECT pg_sleep(300)`); err != nil {
+				return Response{}, err
+			}
+			return created(`{}`), nil
+		})
+		done <- outcome{res, replayed, err}
+	}()
+
+	select {
+	case <-sleeping:
+	case <-bound.Done():
+		t.Fatal("exec never started")
+	}
+	waitUntil(t, bound, h.pool, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+		WHERE datname = current_database() AND wait_event = 'PgSleep')`)
+	cancel()
+	got := <-done
+	if !errors.Is(got.err, ErrUnavailable) {
+		t.Fatalf("Execute cancelled mid-statement = %+v, %v, %v; want ErrUnavailable", got.res, got.replayed, got.err)
+	}
+
+	// The cancelled backend rolls back asynchronously; its uncommitted
+	// claim must be gone before the retry, or the retry would wait on it.
+	waitUntil(t, bound, h.pool, noOtherOpenTransaction)
+	if rows := h.keyRows(t); len(rows) != 0 {
+		t.Errorf("a cancelled execution left key rows: %+v", rows)
+	}
+	if rows := h.scratch(t); len(rows) != 0 {
+		t.Errorf("a cancelled execution left business rows: %+v", rows)
+	}
+
+	t.Run("RetryExecutes", func(t *testing.T) {
+		want := created(`{"ok":true}`)
+		res, replayed, err := store.Execute(bound, c, insertExec(&calls, h.tenant, "retry", want))
+		if err != nil || replayed {
+			t.Fatalf("retry: replayed = %v, err = %v; want a fresh execution", replayed, err)
+		}
+		if diff := cmp.Diff(want, res); diff != "" {
+			t.Errorf("response mismatch (-want +got):\n%s", diff)
+		}
+		if got := calls.Load(); got != 2 {
+			t.Errorf("exec ran %d times, want 2", got)
+		}
+		if diff := cmp.Diff([]scratchRow{{h.tenant, "retry"}}, h.scratch(t)); diff != "" {
+			t.Errorf("business rows (-want +got):\n%s", diff)
+		}
+		checkCompleted(t, h.onlyKeyRow(t), c, want)
+	})
+}
+
+func TestExecuteKeyStoreUnreachableIsUnavailable(t *testing.T) {
+	t.Parallel()
+	// A port nobody listens on: connecting is refused.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(t.Context(), "postgres://nobody@"+addr+"/nothing?sslmode=disable&connect_timeout=10")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+
+	fp, err := Fingerprint(testEndpoint, nil, json.RawMessage(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := Claim{TenantID: uuid.New(), Endpoint: testEndpoint, Key: "key-1", Fingerprint: fp}
+	res, replayed, err := NewStore(pool, Config{}).Execute(deadline(t), c, notCalled(t))
+	if !errors.Is(err, ErrUnavailable) {
+		t.Errorf("Execute without a database = %+v, %v, %v; want ErrUnavailable", res, replayed, err)
+	}
+}
+
+// TestExecuteDuplicateBehindUncommittedClaim holds the key in another
+// transaction that has not committed, as a concurrent first attempt does.
+func TestExecuteDuplicateBehindUncommittedClaim(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		commit bool
+	}{
+		{name: "ReplaysAfterBlockerCommits", commit: true},
+		{name: "ExecutesAfterBlockerRollsBack", commit: false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t)
+			ctx := deadline(t)
+			store := NewStore(h.pool, Config{LockTimeout: 200 * time.Millisecond})
+			c := h.claim(t, "key-1", `{}`)
+			var calls atomic.Int32
+
+			blocker, err := h.pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer blocker.Rollback(context.WithoutCancel(ctx))
+			if _, err := blocker.Exec(ctx, `
+				INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at)
+				VALUES ($1, $2, $3, $4, $5, now() + interval '1 day')`,
+				c.TenantID, c.Endpoint, c.Key, c.Fingerprint, FingerprintVersion); err != nil {
+				t.Fatal(err)
+			}
+
+			res, replayed, err := store.Execute(ctx, c, insertExec(&calls, h.tenant, "duplicate", created(`{}`)))
+			if !errors.Is(err, ErrKeyInUse) {
+				t.Fatalf("Execute behind an uncommitted claim = %+v, %v, %v; want ErrKeyInUse", res, replayed, err)
+			}
+			if got := calls.Load(); got != 0 {
+				t.Errorf("exec ran %d times behind an uncommitted claim, want 0", got)
+			}
+
+			want := created(`{"id":"from the first attempt"}`)
+			if tt.commit {
+				headers, err := json.Marshal(want.Header)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := blocker.Exec(ctx, `
+					UPDATE idempotency_keys
+					SET state = 'completed', response_status = $1, response_headers = $2,
+					    response_body = $3, completed_at = now()`,
+					want.Status, headers, want.Body); err != nil {
+					t.Fatal(err)
+				}
+				if err := blocker.Commit(ctx); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				want = created(`{"id":"from the duplicate"}`)
+				if err := blocker.Rollback(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+
+			res, replayed, err = store.Execute(ctx, c, insertExec(&calls, h.tenant, "duplicate", want))
+			if err != nil {
+				t.Fatalf("Execute after the blocker ended: %v", err)
+			}
+			if replayed != tt.commit {
+				t.Errorf("replayed = %v, want %v", replayed, tt.commit)
+			}
+			if diff := cmp.Diff(want, res); diff != "" {
+				t.Errorf("response mismatch (-want +got):\n%s", diff)
+			}
+			var wantCalls int32
+			wantScratch := []scratchRow{}
+			if !tt.commit {
+				wantCalls, wantScratch = 1, []scratchRow{{h.tenant, "duplicate"}}
+			}
+			if got := calls.Load(); got != wantCalls {
+				t.Errorf("exec ran %d times, want %d", got, wantCalls)
+			}
+			if diff := cmp.Diff(wantScratch, h.scratch(t)); diff != "" {
+				t.Errorf("business rows (-want +got):\n%s", diff)
+			}
+			checkCompleted(t, h.onlyKeyRow(t), c, want)
+		})
+	}
+}
+
+// TestExecuteDuplicateWaitsForFirstAttempt runs two Executes: the first
+// holds its claim inside exec while the duplicate's claim waits on it (a
+// lock timeout long enough not to expire). Under READ COMMITTED the
+// duplicate's next statement sees what the first attempt committed.
+func TestExecuteDuplicateWaitsForFirstAttempt(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name       string
+		firstFails bool
+	}{
+		{name: "ReplaysWhenFirstCommits"},
+		{name: "ExecutesWhenFirstRollsBack", firstFails: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t)
+			ctx := deadline(t)
+			store := NewStore(h.pool, Config{LockTimeout: 10 * time.Minute})
+			c := h.claim(t, "key-1", `{}`)
+			errFirst := errors.New("first attempt failed")
+			resFirst, resSecond := created(`{"attempt":1}`), created(`{"attempt":2}`)
+			var callsFirst, callsSecond atomic.Int32
+
+			entered, release := make(chan struct{}), make(chan struct{})
+			first := make(chan outcome, 1)
+			go func() {
+				res, replayed, err := store.Execute(ctx, c, func(ctx context.Context, tx pgx.Tx) (Response, error) {
+					callsFirst.Add(1)
+					if _, err := tx.Exec(ctx, `INSERT INTO scratch (tenant_id, v) VALUES ($1, 'first')`, h.tenant); err != nil {
+						return Response{}, err
+					}
+					close(entered)
+					select {
+					case <-release:
+					case <-ctx.Done():
+						return Response{}, ctx.Err()
+					}
+					if tt.firstFails {
+						return Response{}, errFirst
+					}
+					return resFirst, nil
+				})
+				first <- outcome{res, replayed, err}
+			}()
+			select {
+			case <-entered:
+			case <-ctx.Done():
+				t.Fatal("the first attempt never ran exec")
+			}
+
+			second := make(chan outcome, 1)
+			go func() {
+				res, replayed, err := store.Execute(ctx, c, insertExec(&callsSecond, h.tenant, "second", resSecond))
+				second <- outcome{res, replayed, err}
+			}()
+			waitUntil(t, ctx, h.pool, lockWaitersAtLeast, 1)
+			close(release)
+
+			a, b := <-first, <-second
+			if tt.firstFails {
+				if !errors.Is(a.err, errFirst) {
+					t.Errorf("first attempt: err = %v, want %v", a.err, errFirst)
+				}
+				if b.err != nil || b.replayed {
+					t.Fatalf("duplicate: replayed = %v, err = %v; want a fresh execution", b.replayed, b.err)
+				}
+				if diff := cmp.Diff(resSecond, b.res); diff != "" {
+					t.Errorf("duplicate's response mismatch (-want +got):\n%s", diff)
+				}
+				if got := callsSecond.Load(); got != 1 {
+					t.Errorf("duplicate's exec ran %d times, want 1", got)
+				}
+				if diff := cmp.Diff([]scratchRow{{h.tenant, "second"}}, h.scratch(t)); diff != "" {
+					t.Errorf("business rows (-want +got):\n%s", diff)
+				}
+				checkCompleted(t, h.onlyKeyRow(t), c, resSecond)
+				return
+			}
+			if a.err != nil || a.replayed {
+				t.Fatalf("first attempt: replayed = %v, err = %v", a.replayed, a.err)
+			}
+			if b.err != nil || !b.replayed {
+				t.Fatalf("duplicate: replayed = %v, err = %v; want the replay", b.replayed, b.err)
+			}
+			if diff := cmp.Diff(resFirst, b.res); diff != "" {
+				t.Errorf("duplicate's response mismatch (-want +got):\n%s", diff)
+			}
+			if got := callsSecond.Load(); got != 0 {
+				t.Errorf("duplicate's exec ran %d times, want 0", got)
+			}
+			if diff := cmp.Diff([]scratchRow{{h.tenant, "first"}}, h.scratch(t)); diff != "" {
+				t.Errorf("business rows (-want +got):\n%s", diff)
+			}
+			checkCompleted(t, h.onlyKeyRow(t), c, resFirst)
+		})
+	}
+}
+
+func TestExecuteConcurrentDuplicatesExecuteOnce(t *testing.T) {
+	t.Parallel()
+	const n = 8
+	h := newHarness(t)
+	ctx := deadline(t)
+	cfg, err := pgxpool.ParseConfig(h.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = n + 2 // every duplicate on its own connection, plus the poller
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	store := NewStore(pool, Config{LockTimeout: 10 * time.Minute})
+	c := h.claim(t, "key-1", `{}`)
+	want := created(`{"id":"t_1"}`)
+	var calls atomic.Int32
+
+	// Whichever request wins the claim holds it until all others wait on
+	// it, so every duplicate goes through the wait on an uncommitted claim.
+	entered, release := make(chan struct{}), make(chan struct{})
+	exec := func(ctx context.Context, tx pgx.Tx) (Response, error) {
+		if calls.Add(1) == 1 {
+			close(entered)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO scratch (tenant_id, v) VALUES ($1, 'v')`, h.tenant); err != nil {
+			return Response{}, err
+		}
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return Response{}, ctx.Err()
+		}
+		return want, nil
+	}
+	start := make(chan struct{})
+	results := make(chan outcome, n)
+	for range n {
+		go func() {
+			<-start
+			res, replayed, err := store.Execute(ctx, c, exec)
+			results <- outcome{res, replayed, err}
+		}()
+	}
+	close(start)
+	select {
+	case <-entered:
+	case <-ctx.Done():
+		t.Fatal("no request ran exec")
+	}
+	waitUntil(t, ctx, pool, lockWaitersAtLeast, n-1)
+	close(release)
+
+	var fresh, replays int
+	for range n {
+		o := <-results
+		if o.err != nil {
+			t.Errorf("Execute: %v", o.err)
+			continue
+		}
+		if o.replayed {
+			replays++
+		} else {
+			fresh++
+		}
+		if diff := cmp.Diff(want, o.res); diff != "" {
+			t.Errorf("response mismatch (-want +got):\n%s", diff)
+		}
+	}
+	if fresh != 1 || replays != n-1 {
+		t.Errorf("%d fresh executions and %d replays, want 1 and %d", fresh, replays, n-1)
+	}
+	if got := calls.Load(); got != 1 {
+		t.Errorf("exec ran %d times, want 1", got)
+	}
+	if diff := cmp.Diff([]scratchRow{{h.tenant, "v"}}, h.scratch(t)); diff != "" {
+		t.Errorf("business rows (-want +got):\n%s", diff)
+	}
+	checkCompleted(t, h.onlyKeyRow(t), c, want)
+}
+
+func TestExecuteCommittedInProgressIsKeyInUse(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	store := NewStore(h.pool, Config{LockTimeout: 200 * time.Millisecond})
+	c := h.claim(t, "key-1", `{}`)
+	if _, err := h.pool.Exec(t.Context(), `
+		INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at)
+		VALUES ($1, $2, $3, $4, $5, now() + interval '1 day')`,
+		c.TenantID, c.Endpoint, c.Key, c.Fingerprint, FingerprintVersion); err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+
+	res, replayed, err := store.Execute(deadline(t), c, insertExec(&calls, h.tenant, "v", created(`{}`)))
+	if !errors.Is(err, ErrKeyInUse) {
+		t.Fatalf("Execute on an in-progress record = %+v, %v, %v; want ErrKeyInUse", res, replayed, err)
+	}
+	if got := calls.Load(); got != 0 {
+		t.Errorf("exec ran %d times, want 0", got)
+	}
+	if rows := h.scratch(t); len(rows) != 0 {
+		t.Errorf("business rows: %+v", rows)
+	}
+	row := h.onlyKeyRow(t)
+	if row.State != "in_progress" || row.ResponseStatus != nil {
+		t.Errorf("the in-progress record changed: state %q, status %v", row.State, row.ResponseStatus)
+	}
+}
+
+func TestExecuteTrustsRecordOfOtherFingerprintVersion(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	store := NewStore(h.pool, Config{})
+	c := h.claim(t, "key-1", `{}`)
+	want := created(`{"id":"made under the old algorithm"}`)
+	headers, err := json.Marshal(want.Header)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The old algorithm's hash cannot be compared with today's (F3).
+	oldFingerprint := make([]byte, 32)
+	if _, err := h.pool.Exec(t.Context(), `
+		INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version,
+		                              state, response_status, response_headers, response_body, completed_at, expires_at)
+		VALUES ($1, $2, $3, $4, $5, 'completed', $6, $7, $8, now(), now() + interval '1 day')`,
+		c.TenantID, c.Endpoint, c.Key, oldFingerprint, FingerprintVersion-1, want.Status, headers, want.Body); err != nil {
+		t.Fatal(err)
+	}
+
+	res, replayed, err := store.Execute(t.Context(), c, notCalled(t))
+	if err != nil || !replayed {
+		t.Fatalf("Execute: replayed = %v, err = %v; want the replay", replayed, err)
+	}
+	if diff := cmp.Diff(want, res); diff != "" {
+		t.Errorf("replayed response mismatch (-want +got):\n%s", diff)
+	}
+	if rows := h.scratch(t); len(rows) != 0 {
+		t.Errorf("business rows: %+v", rows)
+	}
+}
+
+func TestExecuteSetsExpiresAt(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		ttl  time.Duration
+		want time.Duration
+	}{
+		{name: "ConfiguredTTL", ttl: 3 * time.Hour, want: 3 * time.Hour},
+		{name: "DefaultTTL", ttl: 0, want: DefaultTTL},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t)
+			store := NewStore(h.pool, Config{TTL: tt.ttl})
+			c := h.claim(t, "key-1", `{}`)
+			var calls atomic.Int32
+			if _, _, err := store.Execute(t.Context(), c, insertExec(&calls, h.tenant, "v", created(`{}`))); err != nil {
+				t.Fatal(err)
+			}
+			got := time.Until(h.onlyKeyRow(t).ExpiresAt)
+			if got < tt.want-time.Minute || got > tt.want+time.Minute {
+				t.Errorf("expires_at is %v from now, want %v ± 1m", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestExecuteBoundsLockWait checks the setting that keeps a duplicate from
+// waiting unbounded on another transaction's claim (L5).
+func TestExecuteBoundsLockWait(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name        string
+		lockTimeout time.Duration
+		want        string
+	}{
+		{name: "Configured", lockTimeout: 250 * time.Millisecond, want: "250ms"},
+		{name: "Default", lockTimeout: 0, want: "2s"},
+	}
+	h := newHarness(t)
+	// One connection, so a setting that outlived its transaction would be
+	// seen by the next statement.
+	cfg, err := pgxpool.ParseConfig(h.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			store := NewStore(pool, Config{LockTimeout: tt.lockTimeout})
+			var got string
+			_, _, err := store.Execute(t.Context(), h.claim(t, tt.name, `{}`), func(ctx context.Context, tx pgx.Tx) (Response, error) {
+				return created(`{}`), tx.QueryRow(ctx, `SELECT current_setting('lock_timeout')`).Scan(&got)
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != tt.want {
+				t.Errorf("lock_timeout inside Execute = %q, want %q", got, tt.want)
+			}
+		})
+	}
+
+	t.Run("SettingEndsWithTheTransaction", func(t *testing.T) {
+		var got string
+		if err := pool.QueryRow(t.Context(), `SELECT current_setting('lock_timeout')`).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got != "0" {
+			t.Errorf("lock_timeout leaked onto a pooled connection: %q", got)
+		}
+	})
+}
