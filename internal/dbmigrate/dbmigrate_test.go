@@ -19,7 +19,7 @@ func TestUpDownUp(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	url := testdb.CreateEmptyDatabase(t)
-	tables := []string{"tenants", "api_keys", "idempotency_keys", "orders"}
+	tables := []string{"tenants", "api_keys", "idempotency_keys", "orders", "payments", "refunds"}
 
 	if err := dbmigrate.Up(ctx, url); err != nil {
 		t.Fatalf("up: %v", err)
