@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -232,18 +231,13 @@ func (s *Store) apply(ctx context.Context, q *dbsqlc.Queries, l *Lease, step Ste
 	var n int64
 	var err error
 	if step.Response != nil {
-		headers, herr := json.Marshal(pickHeaders(step.Response.Header))
-		if herr != nil {
-			return herr
-		}
-		status := int32(step.Response.Status)
-		body := step.Response.Body
-		if body == nil {
-			body = []byte{} // no body (204) is an empty body, never NULL: see Execute
+		rec, rerr := encodeRecord(*step.Response)
+		if rerr != nil {
+			return rerr
 		}
 		n, err = q.IdemKeyCompleteLease(ctx, dbsqlc.IdemKeyCompleteLeaseParams{
 			TenantID: l.TenantID, Endpoint: l.Endpoint, IdemKey: l.Key, Generation: l.Generation,
-			ResponseStatus: &status, ResponseHeaders: headers, ResponseBody: body,
+			ResponseStatus: &rec.status, ResponseHeaders: rec.headers, ResponseBody: rec.body,
 		})
 		step.RecoveryPoint = RecoveryFinished
 	} else {

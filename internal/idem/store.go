@@ -156,24 +156,18 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Cont
 			return err
 		}
 
-		// 3. Record the exact response before commit (L3). A response
-		// without a body (204) is recorded as an empty body: a NULL body
-		// would violate the completed-row check and roll the work back.
-		if res.Body == nil {
-			res.Body = []byte{}
-		}
-		headers, err := json.Marshal(pickHeaders(res.Header))
+		// 3. Record the exact response before commit (L3).
+		rec, err := encodeRecord(res)
 		if err != nil {
 			return err
 		}
-		status := int32(res.Status)
 		n, err := q.IdemKeyComplete(ctx, dbsqlc.IdemKeyCompleteParams{
 			TenantID:        c.TenantID,
 			Endpoint:        c.Endpoint,
 			IdemKey:         c.Key,
-			ResponseStatus:  &status,
-			ResponseHeaders: headers,
-			ResponseBody:    res.Body,
+			ResponseStatus:  &rec.status,
+			ResponseHeaders: rec.headers,
+			ResponseBody:    rec.body,
 		})
 		if err != nil {
 			return err
@@ -247,6 +241,28 @@ func storedResponse(row dbsqlc.IdempotencyKey) (Response, error) {
 		return Response{}, fmt.Errorf("idem: decode recorded headers: %w", err)
 	}
 	return Response{Status: int(*row.ResponseStatus), Header: header, Body: row.ResponseBody}, nil
+}
+
+// record is a Response in the form its columns store.
+type record struct {
+	status  int32
+	headers []byte
+	body    []byte
+}
+
+// encodeRecord keeps only RecordedHeaders. A response without a body (204)
+// is recorded as an empty body: a NULL body would violate the completed-row
+// check and roll the work back.
+func encodeRecord(res Response) (record, error) {
+	headers, err := json.Marshal(pickHeaders(res.Header))
+	if err != nil {
+		return record{}, err
+	}
+	body := res.Body
+	if body == nil {
+		body = []byte{}
+	}
+	return record{status: int32(res.Status), headers: headers, body: body}, nil
 }
 
 func pickHeaders(h http.Header) http.Header {
