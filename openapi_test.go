@@ -36,6 +36,14 @@ var problemStatus = map[string]int{
 	"invalid_query":           400,
 	"service_unavailable":     503,
 	"internal_error":          500,
+	"order_not_found":         422,
+	"payment_amount_mismatch": 422,
+	"payment_exists":          409,
+	"card_declined":           402,
+	"processor_rejected":      422,
+	"payment_not_refundable":  409,
+	"refund_exceeds_payment":  422,
+	"processor_unavailable":   503,
 }
 
 // postV1Responses are the responses every idempotent POST under /v1 must document.
@@ -133,7 +141,7 @@ func TestOperationsHaveUniqueOperationIDs(t *testing.T) {
 		}
 		seen[id] = o.String()
 	}
-	for _, want := range []string{"createOrder", "getOrder", "listOrders"} {
+	for _, want := range []string{"createOrder", "getOrder", "listOrders", "createPayment", "getPayment", "createRefund"} {
 		if _, ok := seen[want]; !ok {
 			t.Errorf("operationId %q not found", want)
 		}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idemref/payments/internal/idem"
+	"github.com/idemref/payments/internal/processor"
 )
 
 // config is read from the environment. Every variable has a documented
@@ -21,13 +22,23 @@ type config struct {
 	ShutdownTimeout   time.Duration
 	LockTimeout       time.Duration
 	IdempotencyTTL    time.Duration
+	PaymentLease      time.Duration
+	ProcessorURL      string
+	ProcessorTimeout  time.Duration
+	// CompleterInterval is how often the completer looks for abandoned
+	// payments; 0 disables it in this process.
+	CompleterInterval time.Duration
 	LogLevel          slog.Level
 }
 
+// defaultProcessorURL is where `go run ./cmd/processor` listens.
+const defaultProcessorURL = "http://localhost:8090"
+
 func loadConfig(getenv func(string) string) (config, error) {
 	cfg := config{
-		DatabaseURL: getenv("DATABASE_URL"),
-		Addr:        getenv("ADDR"),
+		DatabaseURL:  getenv("DATABASE_URL"),
+		Addr:         getenv("ADDR"),
+		ProcessorURL: getenv("PROCESSOR_URL"),
 	}
 	if cfg.Addr == "" {
 		cfg.Addr = ":8080"
@@ -45,16 +56,24 @@ func loadConfig(getenv func(string) string) (config, error) {
 		{"SHUTDOWN_TIMEOUT", &cfg.ShutdownTimeout, 15 * time.Second},
 		{"IDEMPOTENCY_LOCK_TIMEOUT", &cfg.LockTimeout, idem.DefaultLockTimeout},
 		{"IDEMPOTENCY_TTL", &cfg.IdempotencyTTL, idem.DefaultTTL},
+		{"PAYMENT_LEASE", &cfg.PaymentLease, idem.DefaultLease},
+		{"PROCESSOR_TIMEOUT", &cfg.ProcessorTimeout, processor.DefaultTimeout},
+		{"COMPLETER_INTERVAL", &cfg.CompleterInterval, 5 * time.Second},
 	}
 	for _, d := range durations {
 		*d.dst = d.def
 		if s := getenv(d.name); s != "" {
 			v, err := time.ParseDuration(s)
-			if err != nil || v <= 0 {
+			if err != nil || v < 0 || (v == 0 && d.name != "COMPLETER_INTERVAL") {
 				return config{}, fmt.Errorf("%s=%q: want a positive duration such as 2s or 24h", d.name, s)
 			}
 			*d.dst = v
 		}
+	}
+	// The lease must outlast one step, the processor call included, or a
+	// healthy attempt would be taken over while it waits for the answer.
+	if cfg.PaymentLease <= cfg.ProcessorTimeout {
+		return config{}, fmt.Errorf("PAYMENT_LEASE (%s) must be longer than PROCESSOR_TIMEOUT (%s)", cfg.PaymentLease, cfg.ProcessorTimeout)
 	}
 	if s := getenv("LOG_LEVEL"); s != "" {
 		if err := cfg.LogLevel.UnmarshalText([]byte(s)); err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/dbmigrate"
 	"github.com/idemref/payments/internal/pgtmp"
+	"github.com/idemref/payments/internal/processorsim"
 	"github.com/idemref/payments/internal/tenants"
 )
 
@@ -50,6 +51,16 @@ func dev(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer)
 		cfg.DatabaseURL = cluster.URL("payments")
 		logger.Info("development PostgreSQL running", slog.String("data_dir", devDataDir), slog.Int("port", cluster.Port()))
 	}
+	if cfg.ProcessorURL == "" {
+		// The processor simulator, in this process but over real HTTP.
+		sim, err := processorsim.Start("127.0.0.1:0", processorsim.Config{Logger: logger})
+		if err != nil {
+			return fmt.Errorf("start the processor simulator: %w", err)
+		}
+		defer func() { _ = sim.Shutdown(context.WithoutCancel(ctx)) }()
+		cfg.ProcessorURL = sim.URL()
+		logger.Info("processor simulator running", slog.String("url", cfg.ProcessorURL))
+	}
 	if err := dbmigrate.Up(ctx, cfg.DatabaseURL); err != nil {
 		return err
 	}
@@ -63,7 +74,7 @@ func dev(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer)
 		return err
 	}
 	return serve(ctx, cfg, logger, func(addr string) {
-		fmt.Fprint(stdout, devBanner(addr, key))
+		fmt.Fprint(stdout, devBanner(addr, key, cfg.ProcessorURL))
 	})
 }
 
@@ -82,33 +93,55 @@ func ensureDatabase(ctx context.Context, adminURL, name string) error {
 	return err
 }
 
-func devBanner(addr, key string) string {
+func devBanner(addr, key, processorURL string) string {
 	host, port, _ := net.SplitHostPort(addr)
 	if host == "" || host == "::" || host == "0.0.0.0" {
 		host = "localhost"
 	}
 	base := "http://" + net.JoinHostPort(host, port)
+	auth := `-H "Authorization: Bearer $API_KEY" -H 'Content-Type: application/json'`
+	post := func(path, key, body string) string {
+		return fmt.Sprintf("curl -i -X POST $API%s %s -H 'Idempotency-Key: %s' -d %s", path, auth, key, body)
+	}
+	// idOf captures the "id" of a created resource (the first member of
+	// every body this API returns).
+	idOf := func(name, path, key, body string) string {
+		return fmt.Sprintf(`%s=$(curl -s -X POST $API%s %s -H 'Idempotency-Key: %s' -d %s | sed -E 's/^\{"id":"([^"]+)".*/\1/'); echo $%s`, name, path, auth, key, body, name)
+	}
 	order := `'{"reference":"order-1001","customer_id":"cus_42","amount":2500,"currency":"EUR"}'`
-	post := func(key, body string) string {
-		return fmt.Sprintf("curl -i -X POST %s/v1/orders -H \"Authorization: Bearer $API_KEY\" -H 'Content-Type: application/json' -H 'Idempotency-Key: %s' -d %s", base, key, body)
+	pay := func(order, method string) string {
+		return `"{\"order_id\":\"$` + order + `\",\"amount\":2500,\"currency\":\"EUR\",\"payment_method\":\"` + method + `\"}"`
 	}
 	lines := []string{
 		"",
 		"Payments API (development mode) on " + base,
-		"A demo tenant was created. Its API key:",
+		"Processor simulator on " + processorURL + " (see its calls: curl " + processorURL + "/_sim/calls)",
+		"A demo tenant was created. Paste these two lines first:",
 		"",
+		"  export API=" + base,
 		"  export API_KEY=" + key,
 		"",
 		"Create an order (201 Created):",
-		"  " + post("demo-create-1", order),
+		"  " + post("/v1/orders", "demo-create-1", order),
 		"Send the same request again: the stored 201 is replayed byte for byte, with Idempotent-Replayed: true:",
-		"  " + post("demo-create-1", order),
+		"  " + post("/v1/orders", "demo-create-1", order),
 		"Reuse the key for a different body (422 idempotency_key_reused):",
-		"  " + post("demo-create-1", `'{"reference":"order-1001","customer_id":"cus_42","amount":9999,"currency":"EUR"}'`),
+		"  " + post("/v1/orders", "demo-create-1", `'{"reference":"order-1001","customer_id":"cus_42","amount":9999,"currency":"EUR"}'`),
 		"Same order under a new key: the reference backstop answers 409 order_reference_exists with the order's id:",
-		"  " + post("demo-create-2", order),
+		"  " + post("/v1/orders", "demo-create-2", order),
+		"",
+		"Pay an order (201; the processor is charged once, with a key derived from yours):",
+		"  " + idOf("ORDER_ID", "/v1/orders", "demo-order-2", `'{"reference":"order-1002","customer_id":"cus_42","amount":2500,"currency":"EUR"}'`),
+		"  " + post("/v1/payments", "demo-pay-1", pay("ORDER_ID", "pm_card_visa")),
+		"A declined card (402 card_declined, recorded: the same key replays the decline):",
+		"  " + idOf("ORDER2_ID", "/v1/orders", "demo-order-3", `'{"reference":"order-1003","customer_id":"cus_42","amount":2500,"currency":"EUR"}'`),
+		"  " + post("/v1/payments", "demo-pay-2", pay("ORDER2_ID", "pm_card_chargeDeclined")),
+		"Refund part of the first payment (201; replaying demo-pay-1 gives its id):",
+		"  " + idOf("PAYMENT_ID", "/v1/payments", "demo-pay-1", pay("ORDER_ID", "pm_card_visa")),
+		"  " + post("/v1/payments/$PAYMENT_ID/refunds", "demo-refund-1", `'{"amount":1000}'`),
+		"",
 		"List the orders:",
-		fmt.Sprintf("  curl -s %s/v1/orders -H \"Authorization: Bearer $API_KEY\"", base),
+		`  curl -s $API/v1/orders -H "Authorization: Bearer $API_KEY"`,
 		"",
 		"Press Ctrl-C to stop.",
 		"",

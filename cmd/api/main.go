@@ -4,6 +4,7 @@
 //	api dev                    development mode: a private PostgreSQL when
 //	                           DATABASE_URL is unset, migrations, a demo
 //	                           tenant and ready-to-paste curl commands
+//	api completer              finish abandoned payments (also runs inside serve)
 //	api migrate up|down        apply or roll back the schema
 //	api tenant create NAME     create a tenant; prints its API key last
 //
@@ -24,6 +25,7 @@ import (
 const usage = `usage:
   api serve                 run the HTTP server
   api dev                   development mode (private PostgreSQL when DATABASE_URL is unset)
+  api completer             finish abandoned payments (serve also runs one)
   api migrate up|down       apply or roll back database migrations
   api tenant create NAME    create a tenant and print its API key
 `
@@ -58,7 +60,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		if cfg.DatabaseURL == "" {
 			return errors.New("DATABASE_URL is not set (for a zero-setup local run use 'make run')")
 		}
+		if cfg.ProcessorURL == "" {
+			cfg.ProcessorURL = defaultProcessorURL
+		}
 		return serve(ctx, cfg, logger, nil)
+	case cmd == "completer" && len(rest) == 0:
+		if cfg.DatabaseURL == "" {
+			return errors.New("DATABASE_URL is not set")
+		}
+		if cfg.ProcessorURL == "" {
+			cfg.ProcessorURL = defaultProcessorURL
+		}
+		return runCompleter(ctx, cfg, logger)
 	case cmd == "dev" && len(rest) == 0:
 		return dev(ctx, cfg, logger, stdout)
 	case cmd == "migrate" && len(rest) == 1 && (rest[0] == "up" || rest[0] == "down"):

@@ -155,7 +155,11 @@ type response struct {
 var client = &http.Client{Timeout: 30 * time.Second}
 
 func postOrder(base, apiKey, idemKey, body string) (response, error) {
-	req, err := http.NewRequest(http.MethodPost, base+"/v1/orders", strings.NewReader(body))
+	return post(base, apiKey, "/v1/orders", idemKey, body)
+}
+
+func post(base, apiKey, path, idemKey, body string) (response, error) {
+	req, err := http.NewRequest(http.MethodPost, base+path, strings.NewReader(body))
 	if err != nil {
 		return response{}, err
 	}

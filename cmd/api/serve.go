@@ -9,11 +9,15 @@ import (
 	"net"
 	"net/http"
 
-	payments "github.com/idemref/payments"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	apispec "github.com/idemref/payments"
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/dbmigrate"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
+	"github.com/idemref/payments/internal/payments"
+	"github.com/idemref/payments/internal/processor"
 	"github.com/idemref/payments/internal/tenants"
 )
 
@@ -28,12 +32,14 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 	}
 	defer pool.Close()
 
+	store, paymentsSvc := services(pool, cfg, logger)
 	handler := httpapi.NewHandler(httpapi.Config{
 		Pool:           pool,
-		Idem:           idem.NewStore(pool, idem.Config{LockTimeout: cfg.LockTimeout, TTL: cfg.IdempotencyTTL}),
+		Idem:           store,
+		Payments:       paymentsSvc,
 		Logger:         logger,
 		RequestTimeout: cfg.RequestTimeout,
-		OpenAPI:        payments.OpenAPI,
+		OpenAPI:        apispec.OpenAPI,
 	})
 	srv := &http.Server{
 		Handler:           handler,
@@ -54,6 +60,20 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 		ready(ln.Addr().String())
 	}
 
+	// The completer runs beside the server and stops with it.
+	completerCtx, stopCompleter := context.WithCancel(ctx)
+	completerDone := make(chan struct{})
+	go func() {
+		defer close(completerDone)
+		if cfg.CompleterInterval > 0 {
+			payments.NewCompleter(paymentsSvc, cfg.CompleterInterval).Run(completerCtx)
+		}
+	}()
+	defer func() {
+		stopCompleter()
+		<-completerDone
+	}()
+
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	select {
@@ -71,6 +91,30 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 		return err
 	}
 	logger.Info("stopped")
+	return nil
+}
+
+// services builds the idempotency store and the payments service from cfg.
+func services(pool *pgxpool.Pool, cfg config, logger *slog.Logger) (*idem.Store, *payments.Service) {
+	store := idem.NewStore(pool, idem.Config{LockTimeout: cfg.LockTimeout, TTL: cfg.IdempotencyTTL, Lease: cfg.PaymentLease})
+	proc := processor.NewClient(cfg.ProcessorURL, cfg.ProcessorTimeout)
+	return store, payments.NewService(pool, store, proc, httpapi.Renderer{}, logger)
+}
+
+// runCompleter runs the completer alone, without the HTTP server, until ctx
+// is cancelled.
+func runCompleter(ctx context.Context, cfg config, logger *slog.Logger) error {
+	if cfg.CompleterInterval <= 0 {
+		return errors.New("COMPLETER_INTERVAL must be positive for the completer command")
+	}
+	pool, err := db.Open(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	_, svc := services(pool, cfg, logger)
+	logger.Info("completer running", slog.Duration("interval", cfg.CompleterInterval))
+	payments.NewCompleter(svc, cfg.CompleterInterval).Run(ctx)
 	return nil
 }
 

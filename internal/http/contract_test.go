@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/getkin/kin-openapi/openapi3filter"
@@ -25,6 +26,7 @@ import (
 	payments "github.com/idemref/payments"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
+	"github.com/idemref/payments/internal/processorsim"
 )
 
 // specServer is the origin of the spec's only server; lookup requests are
@@ -151,7 +153,7 @@ func (c *contract) check(t *testing.T, method, target string, res response) {
 // openapi.yaml with statuses, headers and bodies.
 func TestContractResponsesMatchSpec(t *testing.T) {
 	t.Parallel()
-	e := setup(t, withProxy())
+	e := setup(t, withProxy(), withProcessor())
 	c := newContract(t)
 
 	post := func(t *testing.T, name string, want int, apiKey, key, body string, opts ...reqOption) response {
@@ -219,11 +221,82 @@ func TestContractResponsesMatchSpec(t *testing.T) {
 	get(t, "get other tenant", 404, e.b.Key, "/v1/orders/"+id)
 	get(t, "get unauthorized", 401, "", "/v1/orders/"+id)
 
+	// Payments and refunds, against the processor simulator.
+	send := func(t *testing.T, name string, want int, target, apiKey, key, body string, opts ...reqOption) response {
+		t.Helper()
+		if key != "" {
+			opts = append([]reqOption{withHeader(idem.HeaderName, key)}, opts...)
+		}
+		res := e.do(t, http.MethodPost, target, apiKey, []byte(body), opts...)
+		if res.status != want {
+			t.Errorf("%s: status = %d, want %d; body: %s", name, res.status, want, res.body)
+		}
+		c.check(t, http.MethodPost, target, res)
+		return res
+	}
+	const pay = "/v1/payments"
+	toPay := e.newOrder(t, e.a, "inv-pay")
+	toDecline := e.newOrder(t, e.a, "inv-decline")
+	toFail := e.newOrder(t, e.a, "inv-fail")
+
+	paid := send(t, "pay", 201, pay, e.a.Key, "p-create", payBody(toPay.ID, cardVisa))
+	send(t, "pay replay", 201, pay, e.a.Key, "p-create", payBody(toPay.ID, cardVisa))
+	paymentID := decodePayment(t, paid).ID
+	declined := send(t, "card_declined", 402, pay, e.a.Key, "p-declined", payBody(toDecline.ID, cardDeclined))
+	send(t, "card_declined replay", 402, pay, e.a.Key, "p-declined", payBody(toDecline.ID, cardDeclined))
+	declinedID := wantProblem(t, declined, 402, httpapi.CodeCardDeclined).PaymentID
+	send(t, "pay validation_failed", 400, pay, e.a.Key, "p-invalid", paymentBody(toPay.ID, 0, "EUR", "visa"))
+	send(t, "pay invalid_json", 400, pay, e.a.Key, "p-json", `{"order_id":`)
+	send(t, "pay idempotency_key_missing", 400, pay, e.a.Key, "", payBody(toPay.ID, cardVisa))
+	send(t, "pay idempotency_key_invalid", 400, pay, e.a.Key, `"unterminated`, payBody(toPay.ID, cardVisa))
+	send(t, "pay unauthorized", 401, pay, "", "p-auth", payBody(toPay.ID, cardVisa))
+	send(t, "payment_exists", 409, pay, e.a.Key, "p-exists", payBody(toPay.ID, cardVisa))
+	send(t, "payment_exists replay", 409, pay, e.a.Key, "p-exists", payBody(toPay.ID, cardVisa))
+	send(t, "pay body_too_large", 413, pay, e.a.Key, "p-big", `{"payment_method":"`+strings.Repeat("x", httpapi.MaxBodyBytes)+`"}`)
+	send(t, "pay unsupported_media_type", 415, pay, e.a.Key, "p-media", payBody(toPay.ID, cardVisa), withContentType("text/plain"))
+	send(t, "order_not_found", 422, pay, e.a.Key, "p-no-order", payBody(uuid.NewString(), cardVisa))
+	send(t, "payment_amount_mismatch", 422, pay, e.a.Key, "p-mismatch", paymentBody(toFail.ID, 1, "EUR", cardVisa))
+	send(t, "processor_rejected", 422, pay, e.a.Key, "p-rejected", payBody(toFail.ID, "pm_card_unknown"))
+	send(t, "pay idempotency_key_reused", 422, pay, e.a.Key, "p-create", payBody(toFail.ID, cardVisa))
+	e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: processorsim.FaultServerError})
+	send(t, "processor_unavailable", 503, pay, e.a.Key, "p-fault", payBody(toFail.ID, cardVisa))
+	// Another attempt holds the released key's lease now.
+	e.setLease(t, e.a.ID, endpointPayments, "p-fault", time.Hour)
+	send(t, "pay idempotency_key_in_use", 409, pay, e.a.Key, "p-fault", payBody(toFail.ID, cardVisa))
+
+	get(t, "get payment", 200, e.a.Key, "/v1/payments/"+paymentID)
+	get(t, "get declined payment", 200, e.a.Key, "/v1/payments/"+declinedID)
+	get(t, "get payment other tenant", 404, e.b.Key, "/v1/payments/"+paymentID)
+	get(t, "get payment malformed id", 404, e.a.Key, "/v1/payments/not-a-uuid")
+	get(t, "get payment unauthorized", 401, "", "/v1/payments/"+paymentID)
+
+	refunds := "/v1/payments/" + paymentID + "/refunds"
+	send(t, "refund", 201, refunds, e.a.Key, "r-create", refundBody(1000))
+	send(t, "refund replay", 201, refunds, e.a.Key, "r-create", refundBody(1000))
+	send(t, "refund validation_failed", 400, refunds, e.a.Key, "r-invalid", refundBody(0))
+	send(t, "refund invalid_json", 400, refunds, e.a.Key, "r-json", `{"amount":"1"}`)
+	send(t, "refund idempotency_key_missing", 400, refunds, e.a.Key, "", refundBody(1))
+	send(t, "refund unauthorized", 401, refunds, "", "r-auth", refundBody(1))
+	unknown := "/v1/payments/" + uuid.NewString() + "/refunds"
+	send(t, "refund not_found", 404, unknown, e.a.Key, "r-unknown", refundBody(1))
+	send(t, "refund not_found replay", 404, unknown, e.a.Key, "r-unknown", refundBody(1))
+	send(t, "refund malformed id", 404, "/v1/payments/not-a-uuid/refunds", e.a.Key, "r-malformed", refundBody(1))
+	send(t, "payment_not_refundable", 409, "/v1/payments/"+declinedID+"/refunds", e.a.Key, "r-declined", refundBody(1))
+	send(t, "refund body_too_large", 413, refunds, e.a.Key, "r-big", `{"amount":1,"x":"`+strings.Repeat("x", httpapi.MaxBodyBytes)+`"}`)
+	send(t, "refund unsupported_media_type", 415, refunds, e.a.Key, "r-media", refundBody(1), withContentType("text/plain"))
+	send(t, "refund_exceeds_payment", 422, refunds, e.a.Key, "r-exceeds", refundBody(orderAmount))
+	send(t, "refund idempotency_key_reused", 422, refunds, e.a.Key, "r-create", refundBody(2))
+	e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathRefunds, Kind: processorsim.FaultServerError})
+	send(t, "refund processor_unavailable", 503, refunds, e.a.Key, "r-fault", refundBody(1))
+
 	e.proxy.Cut()
 	post(t, "service_unavailable", 503, e.a.Key, "k-outage", orderBody("inv-4"))
 	get(t, "readyz down", 503, "", "/readyz")
 	get(t, "list down", 503, e.a.Key, "/v1/orders")
 	get(t, "get down", 503, e.a.Key, "/v1/orders/"+uuid.NewString())
+	send(t, "pay down", 503, pay, e.a.Key, "p-outage", payBody(toFail.ID, cardVisa))
+	get(t, "get payment down", 503, e.a.Key, "/v1/payments/"+paymentID)
+	send(t, "refund down", 503, refunds, e.a.Key, "r-outage", refundBody(1))
 	e.proxy.Restore()
 
 	t.Run("EveryDocumentedResponseWasExercised", func(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -24,6 +25,9 @@ import (
 	payments "github.com/idemref/payments"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
+	paymentsvc "github.com/idemref/payments/internal/payments"
+	"github.com/idemref/payments/internal/processor"
+	"github.com/idemref/payments/internal/processorsim"
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/testdb"
 )
@@ -56,16 +60,35 @@ type env struct {
 	// proxy sits between the server's pool and PostgreSQL when setup was
 	// given withProxy; nil otherwise.
 	proxy *tcpProxy
+	// sim is the payment processor the server calls when setup was given
+	// withProcessor, and payments the service that calls it; nil otherwise.
+	sim      *processorsim.Simulator
+	payments *paymentsvc.Service
 }
 
 type setupOptions struct {
-	proxy bool
+	proxy     bool
+	processor bool
 }
 
 type setupOption func(*setupOptions)
 
 // withProxy routes the server's pool through a TCP proxy the test can cut.
 func withProxy() setupOption { return func(o *setupOptions) { o.proxy = true } }
+
+// withProcessor serves the payments endpoints: it starts a processor
+// simulator in this process, over real HTTP, and wires the payments service
+// to it as cmd/api does.
+func withProcessor() setupOption { return func(o *setupOptions) { o.processor = true } }
+
+const (
+	// processorTimeout bounds one call to the simulator: short, so the
+	// timeout fault costs the tests little.
+	processorTimeout = 500 * time.Millisecond
+	// paymentLease is how long a payment attempt owns its key: well above
+	// processorTimeout, as the lease must outlast one step (S3).
+	paymentLease = 10 * time.Second
+)
 
 func setup(t *testing.T, opts ...setupOption) *env {
 	t.Helper()
@@ -111,10 +134,20 @@ func setup(t *testing.T, opts ...setupOption) *env {
 		t.Fatal(err)
 	}
 
+	logger := testLogger(t)
+	store := idem.NewStore(serverPool, idem.Config{LockTimeout: lockTimeout, Lease: paymentLease})
+	if o.processor {
+		e.sim = processorsim.New(processorsim.Config{Logger: logger.With(slog.String("component", "processorsim"))})
+		simSrv := httptest.NewServer(e.sim.Handler())
+		t.Cleanup(simSrv.Close) // runs after the API server's Close: no call is cut short
+		e.payments = paymentsvc.NewService(serverPool, store,
+			processor.NewClient(simSrv.URL, processorTimeout), httpapi.Renderer{}, logger)
+	}
 	e.handler = httpapi.NewHandler(httpapi.Config{
 		Pool:           serverPool,
-		Idem:           idem.NewStore(serverPool, idem.Config{LockTimeout: lockTimeout}),
-		Logger:         testLogger(t),
+		Idem:           store,
+		Payments:       e.payments,
+		Logger:         logger,
 		RequestTimeout: 10 * time.Second,
 		OpenAPI:        payments.OpenAPI,
 	})
@@ -196,13 +229,23 @@ func withAuthorization(v string) reqOption {
 // do sends one request. apiKey "" sends no Authorization header.
 func (e *env) do(t *testing.T, method, path, apiKey string, body []byte, opts ...reqOption) response {
 	t.Helper()
+	res, err := e.send(t.Context(), method, path, apiKey, body, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// send is do for other goroutines than the test's: it reports failures
+// instead of ending the test.
+func (e *env) send(ctx context.Context, method, path, apiKey string, body []byte, opts ...reqOption) (response, error) {
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
 	}
-	req, err := http.NewRequestWithContext(t.Context(), method, e.srv.URL+path, rd)
+	req, err := http.NewRequestWithContext(ctx, method, e.srv.URL+path, rd)
 	if err != nil {
-		t.Fatal(err)
+		return response{}, err
 	}
 	if apiKey != "" {
 		req.Header.Set("Authorization", "Bearer "+apiKey)
@@ -215,14 +258,14 @@ func (e *env) do(t *testing.T, method, path, apiKey string, body []byte, opts ..
 	}
 	res, err := e.client.Do(req)
 	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
+		return response{}, fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	defer res.Body.Close()
 	data, err := io.ReadAll(res.Body)
 	if err != nil {
-		t.Fatalf("%s %s: read body: %v", method, path, err)
+		return response{}, fmt.Errorf("%s %s: read body: %w", method, path, err)
 	}
-	return response{status: res.StatusCode, header: res.Header, body: data}
+	return response{status: res.StatusCode, header: res.Header, body: data}, nil
 }
 
 // post creates an order. idemKey "" sends no Idempotency-Key header.
@@ -258,6 +301,9 @@ type problem struct {
 	Code    string       `json:"code"`
 	Errors  []fieldError `json:"errors"`
 	OrderID string       `json:"order_id"`
+	// PaymentID and DeclineCode come with payment problems.
+	PaymentID   string `json:"payment_id"`
+	DeclineCode string `json:"decline_code"`
 }
 
 // wantProblem checks that res is a problem with the given status and code,

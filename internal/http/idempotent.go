@@ -34,7 +34,8 @@ type success struct {
 	location string
 }
 
-// idempotent adapts op into a handler that follows the whole pattern:
+// idempotent adapts op into a handler that follows the whole
+// one-transaction pattern:
 //
 //	key → body (F4) → fingerprint → claim/execute/record or replay (idem.Store.Execute)
 //
@@ -44,36 +45,12 @@ func idempotent[T any, PT interface {
 	request
 }](a *api, op idempotentOp[T]) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		key, err := idem.ParseKey(r.Header.Values(idem.HeaderName))
-		if err != nil {
-			writeError(w, r, err)
+		claim, req, ok := prepare[T, PT](w, r)
+		if !ok {
 			return
 		}
-		req := PT(new(T))
-		if err := decodeBody(r, req); err != nil {
-			writeError(w, r, err)
-			return
-		}
-		req.applyDefaults()
-
-		// The endpoint is the route template, not the path (K2), and the path
-		// parameters are part of the fingerprint (F2).
-		rctx := chi.RouteContext(r.Context())
-		endpoint := r.Method + " " + rctx.RoutePattern()
-		params := map[string]string{}
-		for i, k := range rctx.URLParams.Keys {
-			params[k] = rctx.URLParams.Values[i]
-		}
-		fingerprint, err := idem.Fingerprint(endpoint, params, req)
-		if err != nil {
-			writeError(w, r, err)
-			return
-		}
-
-		tenantID := tenantFrom(r.Context())
-		claim := idem.Claim{TenantID: tenantID, Endpoint: endpoint, Key: key, Fingerprint: fingerprint}
 		res, replayed, err := a.idem.Execute(r.Context(), claim, func(ctx context.Context, tx pgx.Tx) (idem.Response, error) {
-			out, err := op(ctx, tx, tenantID, (*T)(req))
+			out, err := op(ctx, tx, claim.TenantID, req)
 			if err != nil {
 				p := problemFor(err)
 				if p.Status >= 500 {
@@ -84,13 +61,71 @@ func idempotent[T any, PT interface {
 			}
 			return encodeJSON(out.status, out.body, out.location)
 		})
-		if err != nil {
-			writeError(w, r, err)
+		respond(w, r, res, replayed, err)
+	}
+}
+
+// multiStep adapts an operation that leaves our database (a payment) and
+// runs its own phases on idem's multi-step keys. The steps before the claim
+// are the same as for idempotent.
+func multiStep[T any, PT interface {
+	*T
+	request
+}](run func(ctx context.Context, c idem.Claim, req *T) (idem.Response, bool, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		claim, req, ok := prepare[T, PT](w, r)
+		if !ok {
 			return
 		}
-		if replayed {
-			res.Header.Set(ReplayedHeader, "true")
-		}
-		writeResponse(w, res)
+		res, replayed, err := run(r.Context(), claim, req)
+		respond(w, r, res, replayed, err)
 	}
+}
+
+// prepare does everything that comes before the claim: parse the key,
+// reject ambiguous bodies, apply defaults, take the fingerprint. When it
+// returns false it has already answered, and nothing was recorded (O3).
+func prepare[T any, PT interface {
+	*T
+	request
+}](w http.ResponseWriter, r *http.Request) (idem.Claim, *T, bool) {
+	key, err := idem.ParseKey(r.Header.Values(idem.HeaderName))
+	if err != nil {
+		writeError(w, r, err)
+		return idem.Claim{}, nil, false
+	}
+	req := PT(new(T))
+	if err := decodeBody(r, req); err != nil {
+		writeError(w, r, err)
+		return idem.Claim{}, nil, false
+	}
+	req.applyDefaults()
+
+	// The endpoint is the route template, not the path (K2), and the path
+	// parameters are part of the fingerprint (F2).
+	rctx := chi.RouteContext(r.Context())
+	endpoint := r.Method + " " + rctx.RoutePattern()
+	params := map[string]string{}
+	for i, k := range rctx.URLParams.Keys {
+		params[k] = rctx.URLParams.Values[i]
+	}
+	fingerprint, err := idem.Fingerprint(endpoint, params, req)
+	if err != nil {
+		writeError(w, r, err)
+		return idem.Claim{}, nil, false
+	}
+	claim := idem.Claim{TenantID: tenantFrom(r.Context()), Endpoint: endpoint, Key: key, Fingerprint: fingerprint}
+	return claim, (*T)(req), true
+}
+
+// respond writes a recorded (or replayed) response, or the problem for err.
+func respond(w http.ResponseWriter, r *http.Request, res idem.Response, replayed bool, err error) {
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	if replayed {
+		res.Header.Set(ReplayedHeader, "true")
+	}
+	writeResponse(w, res)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/orders"
+	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/tenants"
 )
 
@@ -36,6 +38,14 @@ const (
 	CodeInvalidQuery         = "invalid_query"
 	CodeUnavailable          = "service_unavailable"
 	CodeInternal             = "internal_error"
+	CodeOrderNotFound        = "order_not_found"
+	CodeAmountMismatch       = "payment_amount_mismatch"
+	CodePaymentExists        = "payment_exists"
+	CodeCardDeclined         = "card_declined"
+	CodeProcessorRejected    = "processor_rejected"
+	CodeNotRefundable        = "payment_not_refundable"
+	CodeRefundExceeds        = "refund_exceeds_payment"
+	CodeProcessorUnavailable = "processor_unavailable"
 )
 
 // retryAfterSeconds is sent with 409 idempotency_key_in_use and 503.
@@ -50,7 +60,10 @@ type Problem struct {
 	Code    string              `json:"code"`
 	Errors  []orders.FieldError `json:"errors,omitempty"`
 	OrderID *uuid.UUID          `json:"order_id,omitempty"`
-	header  map[string]string   // extra response headers, e.g. Retry-After
+	// PaymentID and DeclineCode detail payment problems.
+	PaymentID   *uuid.UUID        `json:"payment_id,omitempty"`
+	DeclineCode string            `json:"decline_code,omitempty"`
+	header      map[string]string // extra response headers, e.g. Retry-After
 }
 
 func newProblem(status int, code, title, detail string) Problem {
@@ -70,6 +83,11 @@ func problemFor(err error) Problem {
 		validation *orders.ValidationError
 		refExists  *orders.ReferenceExistsError
 		bodyErr    *bodyError
+		mismatch   *payments.AmountMismatchError
+		payExists  *payments.PaymentExistsError
+		declined   *payments.DeclinedError
+		rejected   *payments.ProcessorRejectedError
+		exceeds    *payments.RefundExceedsError
 	)
 	switch {
 	case errors.Is(err, tenants.ErrUnauthenticated):
@@ -81,7 +99,7 @@ func problemFor(err error) Problem {
 		return newProblem(http.StatusBadRequest, CodeKeyInvalid, "Invalid Idempotency-Key", err.Error())
 	case errors.As(err, &bodyErr):
 		return newProblem(bodyErr.status, bodyErr.code, bodyErr.title, bodyErr.Error())
-	case errors.Is(err, idem.ErrKeyInUse):
+	case errors.Is(err, idem.ErrKeyInUse), errors.Is(err, idem.ErrLeaseLost):
 		p := newProblem(http.StatusConflict, CodeKeyInUse, "Request in progress",
 			"A request with this Idempotency-Key is still being processed. Retry with the same key after the Retry-After delay.")
 		p.header = map[string]string{"Retry-After": retryAfterSeconds}
@@ -99,7 +117,36 @@ func problemFor(err error) Problem {
 			"An order with this reference already exists; see order_id.")
 		p.OrderID = &refExists.OrderID
 		return p
-	case errors.Is(err, orders.ErrNotFound), errors.Is(err, errRouteNotFound):
+	case errors.Is(err, payments.ErrOrderNotFound):
+		return newProblem(http.StatusUnprocessableEntity, CodeOrderNotFound, "Order not found",
+			"The order_id names no order of this tenant.")
+	case errors.As(err, &mismatch):
+		return newProblem(http.StatusUnprocessableEntity, CodeAmountMismatch, "Amount does not match the order",
+			fmt.Sprintf("The order still owes %d %s; amount and currency must match it.", mismatch.Owed, mismatch.Currency))
+	case errors.As(err, &payExists):
+		p := newProblem(http.StatusConflict, CodePaymentExists, "Order already has a payment",
+			"The order already has a payment that has not failed; see payment_id.")
+		p.PaymentID = &payExists.PaymentID
+		return p
+	case errors.As(err, &declined):
+		p := newProblem(http.StatusPaymentRequired, CodeCardDeclined, "Card declined",
+			"The processor declined the card. Retrying this request replays the decline; pay with a new Idempotency-Key to try again.")
+		p.PaymentID, p.DeclineCode = &declined.PaymentID, declined.DeclineCode
+		return p
+	case errors.As(err, &rejected):
+		return newProblem(http.StatusUnprocessableEntity, CodeProcessorRejected, "Rejected by the processor", rejected.Message)
+	case errors.Is(err, payments.ErrNotRefundable):
+		return newProblem(http.StatusConflict, CodeNotRefundable, "Payment not refundable", err.Error())
+	case errors.As(err, &exceeds):
+		return newProblem(http.StatusUnprocessableEntity, CodeRefundExceeds, "Refund exceeds the payment",
+			fmt.Sprintf("At most %d can still be refunded.", exceeds.Refundable))
+	case errors.Is(err, payments.ErrProcessorUnavailable):
+		// Shared by payments and refunds, so it names neither.
+		p := newProblem(http.StatusServiceUnavailable, CodeProcessorUnavailable, "Payment processor unavailable",
+			"The payment processor did not confirm the request. Nothing was recorded as final: retry with the same Idempotency-Key and the request resumes where it stopped, without charging or refunding twice.")
+		p.header = map[string]string{"Retry-After": retryAfterSeconds}
+		return p
+	case errors.Is(err, orders.ErrNotFound), errors.Is(err, payments.ErrNotFound), errors.Is(err, errRouteNotFound):
 		return newProblem(http.StatusNotFound, CodeNotFound, "Not found", "")
 	case errors.Is(err, errMethodNotAllowed):
 		return newProblem(http.StatusMethodNotAllowed, CodeMethodNotAllowed, "Method not allowed", "")
@@ -107,7 +154,7 @@ func problemFor(err error) Problem {
 		return newProblem(http.StatusBadRequest, CodeInvalidQuery, "Invalid query parameter", err.Error())
 	case errors.Is(err, idem.ErrUnavailable), errors.Is(err, errUnavailable):
 		p := newProblem(http.StatusServiceUnavailable, CodeUnavailable, "Service unavailable",
-			"A temporary failure stopped the request before anything was recorded. Retry with the same Idempotency-Key.")
+			"A temporary failure interrupted the request and no final outcome was recorded. Retry with the same Idempotency-Key.")
 		p.header = map[string]string{"Retry-After": retryAfterSeconds}
 		return p
 	}

@@ -12,13 +12,16 @@ import (
 
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/idem"
+	"github.com/idemref/payments/internal/payments"
 )
 
 // Config is what the HTTP layer needs.
 type Config struct {
-	Pool   *pgxpool.Pool
-	Idem   *idem.Store
-	Logger *slog.Logger
+	Pool *pgxpool.Pool
+	Idem *idem.Store
+	// Payments runs payments and refunds (built with Renderer{}).
+	Payments *payments.Service
+	Logger   *slog.Logger
 	// RequestTimeout bounds every request's context, database work
 	// included. A request that runs out of time is rolled back: 503.
 	RequestTimeout time.Duration
@@ -27,13 +30,14 @@ type Config struct {
 }
 
 type api struct {
-	pool *pgxpool.Pool
-	idem *idem.Store
+	pool     *pgxpool.Pool
+	idem     *idem.Store
+	payments *payments.Service
 }
 
 // NewHandler returns the service's HTTP handler.
 func NewHandler(cfg Config) http.Handler {
-	a := &api{pool: cfg.Pool, idem: cfg.Idem}
+	a := &api{pool: cfg.Pool, idem: cfg.Idem, payments: cfg.Payments}
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = 30 * time.Second
 	}
@@ -64,6 +68,11 @@ func NewHandler(cfg Config) http.Handler {
 			r.Post("/", idempotent[createOrderRequest](a, createOrder))
 			r.Get("/", a.listOrders)
 			r.Get("/{id}", a.getOrder)
+		})
+		r.Route("/payments", func(r chi.Router) {
+			r.Post("/", multiStep[createPaymentRequest](a.createPayment))
+			r.Get("/{id}", a.getPayment)
+			r.Post("/{id}/refunds", a.createRefund)
 		})
 	})
 	allow = routeIndex(r)

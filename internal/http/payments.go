@@ -1,0 +1,133 @@
+package httpapi
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/google/uuid"
+
+	"github.com/idemref/payments/internal/idem"
+	"github.com/idemref/payments/internal/payments"
+)
+
+// createPaymentRequest is the body of POST /v1/payments.
+type createPaymentRequest struct {
+	OrderID       uuid.UUID `json:"order_id"`
+	Amount        int64     `json:"amount"`
+	Currency      string    `json:"currency"`
+	PaymentMethod string    `json:"payment_method"`
+}
+
+func (*createPaymentRequest) applyDefaults() {}
+
+// createRefundRequest is the body of POST /v1/payments/{id}/refunds.
+type createRefundRequest struct {
+	Amount int64 `json:"amount"`
+}
+
+func (*createRefundRequest) applyDefaults() {}
+
+type paymentJSON struct {
+	ID             uuid.UUID `json:"id"`
+	OrderID        uuid.UUID `json:"order_id"`
+	Amount         int64     `json:"amount"`
+	Currency       string    `json:"currency"`
+	PaymentMethod  string    `json:"payment_method"`
+	Status         string    `json:"status"`
+	ChargeID       *string   `json:"charge_id"`
+	DeclineCode    *string   `json:"decline_code"`
+	RefundedAmount int64     `json:"refunded_amount"`
+	CreatedAt      string    `json:"created_at"`
+}
+
+func toPaymentJSON(p payments.Payment) paymentJSON {
+	return paymentJSON{
+		ID:             p.ID,
+		OrderID:        p.OrderID,
+		Amount:         p.Amount,
+		Currency:       p.Currency,
+		PaymentMethod:  p.PaymentMethod,
+		Status:         p.Status,
+		ChargeID:       optional(p.ChargeID),
+		DeclineCode:    optional(p.DeclineCode),
+		RefundedAmount: p.RefundedAmount,
+		CreatedAt:      p.CreatedAt.UTC().Format(time.RFC3339Nano),
+	}
+}
+
+type refundJSON struct {
+	ID        uuid.UUID `json:"id"`
+	PaymentID uuid.UUID `json:"payment_id"`
+	Amount    int64     `json:"amount"`
+	Status    string    `json:"status"`
+	CreatedAt string    `json:"created_at"`
+}
+
+func optional(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// Renderer renders payment outcomes exactly as this layer answers them. The
+// payments package records its output under idempotency keys, from a
+// request or from the completer, so both record the same bytes.
+type Renderer struct{}
+
+var _ payments.Renderer = Renderer{}
+
+// Payment renders a finished payment: 201 with its Location.
+func (Renderer) Payment(p payments.Payment) idem.Response {
+	res, err := encodeJSON(http.StatusCreated, toPaymentJSON(p), "/v1/payments/"+p.ID.String())
+	if err != nil {
+		panic(err) // our own types always encode
+	}
+	return res
+}
+
+// Refund renders a finished refund: 201.
+func (Renderer) Refund(r payments.Refund) idem.Response {
+	res, err := encodeJSON(http.StatusCreated, refundJSON{
+		ID: r.ID, PaymentID: r.PaymentID, Amount: r.Amount, Status: r.Status,
+		CreatedAt: r.CreatedAt.UTC().Format(time.RFC3339Nano),
+	}, "")
+	if err != nil {
+		panic(err)
+	}
+	return res
+}
+
+// Failure renders a deterministic failure as its problem.
+func (Renderer) Failure(err error) idem.Response { return problemFor(err).encode() }
+
+func (a *api) createPayment(ctx context.Context, c idem.Claim, req *createPaymentRequest) (idem.Response, bool, error) {
+	return a.payments.Pay(ctx, c, payments.PayInput(*req))
+}
+
+func (a *api) createRefund(w http.ResponseWriter, r *http.Request) {
+	paymentID, err := uuid.Parse(chi.URLParam(r, "id"))
+	if err != nil {
+		writeError(w, r, payments.ErrNotFound)
+		return
+	}
+	multiStep[createRefundRequest](func(ctx context.Context, c idem.Claim, req *createRefundRequest) (idem.Response, bool, error) {
+		return a.payments.Refund(ctx, c, paymentID, req.Amount)
+	})(w, r)
+}
+
+func (a *api) getPayment(w http.ResponseWriter, r *http.Request) {
+	id, err := uuid.Parse(chi.URLParam(r, "id"))
+	if err != nil {
+		writeError(w, r, payments.ErrNotFound)
+		return
+	}
+	p, err := a.payments.Get(r.Context(), tenantFrom(r.Context()), id)
+	if err != nil {
+		writeError(w, r, readError(err))
+		return
+	}
+	writeJSON(w, http.StatusOK, toPaymentJSON(p))
+}

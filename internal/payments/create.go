@@ -1,0 +1,114 @@
+package payments
+
+import (
+	"context"
+	"errors"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemref/payments/internal/db/dbsqlc"
+	"github.com/idemref/payments/internal/idem"
+	"github.com/idemref/payments/internal/orders"
+)
+
+// createPayment is transaction 1's business write: checks against the order
+// and the payment row, committed with the claim.
+func createPayment(ctx context.Context, tx pgx.Tx, c idem.Claim, in PayInput) (dbsqlc.Payment, error) {
+	if err := Validate(in); err != nil {
+		return dbsqlc.Payment{}, err
+	}
+	q := dbsqlc.New(tx)
+	// Locking the order serialises payments of one order, so the amount
+	// owed and the existing payment are read consistently.
+	order, err := q.OrderGetForUpdate(ctx, dbsqlc.OrderGetForUpdateParams{TenantID: c.TenantID, ID: in.OrderID})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return dbsqlc.Payment{}, ErrOrderNotFound
+	}
+	if err != nil {
+		return dbsqlc.Payment{}, err
+	}
+	if live, err := q.PaymentGetLiveForOrder(ctx, dbsqlc.PaymentGetLiveForOrderParams{TenantID: c.TenantID, OrderID: in.OrderID}); err == nil {
+		return dbsqlc.Payment{}, &PaymentExistsError{PaymentID: live.ID}
+	} else if !errors.Is(err, pgx.ErrNoRows) {
+		return dbsqlc.Payment{}, err
+	}
+	if owed := order.Amount - order.AmountPaid; in.Amount != owed || in.Currency != order.Currency {
+		return dbsqlc.Payment{}, &AmountMismatchError{Owed: owed, Currency: order.Currency}
+	}
+	id, err := uuid.NewV7()
+	if err != nil {
+		return dbsqlc.Payment{}, err
+	}
+	p, err := q.PaymentCreate(ctx, dbsqlc.PaymentCreateParams{
+		TenantID:      c.TenantID,
+		ID:            id,
+		OrderID:       in.OrderID,
+		Amount:        in.Amount,
+		Currency:      in.Currency,
+		PaymentMethod: in.PaymentMethod,
+		ChargeKey:     idem.DeriveKey(c, stepCharge),
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		// The partial unique index fired: the order lock makes this
+		// unreachable today, and the index keeps it true if that changes.
+		live, err := q.PaymentGetLiveForOrder(ctx, dbsqlc.PaymentGetLiveForOrderParams{TenantID: c.TenantID, OrderID: in.OrderID})
+		if err != nil {
+			return dbsqlc.Payment{}, err
+		}
+		return dbsqlc.Payment{}, &PaymentExistsError{PaymentID: live.ID}
+	}
+	return p, err
+}
+
+// createRefund is the refund's first transaction: checks against the
+// payment and the refunds so far, under the payment's row lock.
+func createRefund(ctx context.Context, tx pgx.Tx, c idem.Claim, paymentID uuid.UUID, amount int64) (dbsqlc.Refund, error) {
+	if amount <= 0 {
+		return dbsqlc.Refund{}, &orders.ValidationError{Fields: []orders.FieldError{{Field: "amount", Message: "must be a positive integer amount in minor units"}}}
+	}
+	q := dbsqlc.New(tx)
+	p, err := q.PaymentGetForUpdate(ctx, dbsqlc.PaymentGetForUpdateParams{TenantID: c.TenantID, ID: paymentID})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return dbsqlc.Refund{}, ErrNotFound
+	}
+	if err != nil {
+		return dbsqlc.Refund{}, err
+	}
+	if p.Status != StatusSucceeded {
+		return dbsqlc.Refund{}, ErrNotRefundable
+	}
+	// Refunds in flight count too: the total never exceeds the payment.
+	committed, err := q.RefundSumLive(ctx, dbsqlc.RefundSumLiveParams{TenantID: c.TenantID, PaymentID: paymentID})
+	if err != nil {
+		return dbsqlc.Refund{}, err
+	}
+	if committed+amount > p.Amount {
+		return dbsqlc.Refund{}, &RefundExceedsError{Refundable: p.Amount - committed}
+	}
+	id, err := uuid.NewV7()
+	if err != nil {
+		return dbsqlc.Refund{}, err
+	}
+	return q.RefundCreate(ctx, dbsqlc.RefundCreateParams{
+		TenantID:  c.TenantID,
+		ID:        id,
+		PaymentID: paymentID,
+		Amount:    amount,
+		RefundKey: idem.DeriveKey(c, stepRefund),
+	})
+}
+
+// isDeterministic reports whether err is a failure of the request itself,
+// recorded and replayed (O1), rather than a transient one.
+func isDeterministic(err error) bool {
+	var (
+		validation *orders.ValidationError
+		mismatch   *AmountMismatchError
+		exists     *PaymentExistsError
+		exceeds    *RefundExceedsError
+	)
+	return errors.As(err, &validation) || errors.As(err, &mismatch) || errors.As(err, &exists) ||
+		errors.As(err, &exceeds) || errors.Is(err, ErrOrderNotFound) || errors.Is(err, ErrNotFound) ||
+		errors.Is(err, ErrNotRefundable)
+}
