@@ -15,6 +15,7 @@ import (
 	"github.com/idemref/payments/internal/orders"
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/tenants"
+	"github.com/idemref/payments/internal/validation"
 )
 
 // ProblemTypeBase prefixes every problem type URI; the rest is the code
@@ -53,13 +54,13 @@ const retryAfterSeconds = "1"
 
 // Problem is an RFC 9457 problem detail.
 type Problem struct {
-	Type    string              `json:"type"`
-	Title   string              `json:"title"`
-	Status  int                 `json:"status"`
-	Detail  string              `json:"detail,omitempty"`
-	Code    string              `json:"code"`
-	Errors  []orders.FieldError `json:"errors,omitempty"`
-	OrderID *uuid.UUID          `json:"order_id,omitempty"`
+	Type    string                  `json:"type"`
+	Title   string                  `json:"title"`
+	Status  int                     `json:"status"`
+	Detail  string                  `json:"detail,omitempty"`
+	Code    string                  `json:"code"`
+	Errors  []validation.FieldError `json:"errors,omitempty"`
+	OrderID *uuid.UUID              `json:"order_id,omitempty"`
 	// PaymentID and DeclineCode detail payment problems.
 	PaymentID   *uuid.UUID        `json:"payment_id,omitempty"`
 	DeclineCode string            `json:"decline_code,omitempty"`
@@ -80,14 +81,14 @@ func newProblem(status int, code, title, detail string) Problem {
 // 5xx answers are logged by the caller, never serialised.
 func problemFor(err error) Problem {
 	var (
-		validation *orders.ValidationError
-		refExists  *orders.ReferenceExistsError
-		bodyErr    *bodyError
-		mismatch   *payments.AmountMismatchError
-		payExists  *payments.PaymentExistsError
-		declined   *payments.DeclinedError
-		rejected   *payments.ProcessorRejectedError
-		exceeds    *payments.RefundExceedsError
+		invalid   *validation.Error
+		refExists *orders.ReferenceExistsError
+		bodyErr   *bodyError
+		mismatch  *payments.AmountMismatchError
+		payExists *payments.PaymentExistsError
+		declined  *payments.DeclinedError
+		rejected  *payments.ProcessorRejectedError
+		exceeds   *payments.RefundExceedsError
 	)
 	switch {
 	case errors.Is(err, tenants.ErrUnauthenticated):
@@ -107,10 +108,10 @@ func problemFor(err error) Problem {
 	case errors.Is(err, idem.ErrKeyReused):
 		return newProblem(http.StatusUnprocessableEntity, CodeKeyReused, "Idempotency-Key reused",
 			"This Idempotency-Key was already used with a different request. Use a new key for a new request.")
-	case errors.As(err, &validation):
+	case errors.As(err, &invalid):
 		p := newProblem(http.StatusBadRequest, CodeValidationFailed, "Validation failed",
 			"One or more fields are invalid; see errors.")
-		p.Errors = validation.Fields
+		p.Errors = invalid.Fields
 		return p
 	case errors.As(err, &refExists):
 		p := newProblem(http.StatusConflict, CodeReferenceExists, "Order reference already used",

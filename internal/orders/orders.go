@@ -16,9 +16,9 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"golang.org/x/text/currency"
 
 	"github.com/idemref/payments/internal/db/dbsqlc"
+	"github.com/idemref/payments/internal/validation"
 )
 
 // Order statuses.
@@ -67,23 +67,6 @@ func (e *ReferenceExistsError) Error() string {
 	return fmt.Sprintf("an order with this reference already exists: %s", e.OrderID)
 }
 
-// FieldError names one invalid field.
-type FieldError struct {
-	Field   string `json:"field"`
-	Message string `json:"message"`
-}
-
-// ValidationError lists every invalid field of a request.
-type ValidationError struct{ Fields []FieldError }
-
-func (e *ValidationError) Error() string {
-	parts := make([]string, len(e.Fields))
-	for i, f := range e.Fields {
-		parts[i] = f.Field + ": " + f.Message
-	}
-	return "invalid order: " + strings.Join(parts, "; ")
-}
-
 // Limits on create requests.
 const (
 	maxIDLength          = 128
@@ -94,60 +77,41 @@ const (
 )
 
 // Validate checks the meaning of a create request and returns a
-// *ValidationError listing every problem, or nil.
+// *validation.Error listing every problem, or nil.
 func Validate(in CreateInput) error {
-	var errs []FieldError
-	add := func(field, msg string) { errs = append(errs, FieldError{field, msg}) }
-	checkID := func(field, v string) {
-		switch n := utf8.RuneCountInString(v); {
+	var v validation.Errors
+	checkID := func(field, value string) {
+		switch n := utf8.RuneCountInString(value); {
 		case n == 0:
-			add(field, "is required")
+			v.Add(field, "is required")
 		case n > maxIDLength:
-			add(field, fmt.Sprintf("must be at most %d characters", maxIDLength))
+			v.Add(field, fmt.Sprintf("must be at most %d characters", maxIDLength))
 		}
 	}
 	checkID("reference", in.Reference)
 	checkID("customer_id", in.CustomerID)
-	if in.Amount <= 0 {
-		add("amount", "must be a positive integer amount in minor units")
-	}
-	if !IsCurrency(in.Currency) {
-		add("currency", "must be an ISO 4217 currency code in upper case, such as EUR")
-	}
+	v.Money(in.Amount, in.Currency)
 	if utf8.RuneCountInString(in.Description) > maxDescriptionLength {
-		add("description", fmt.Sprintf("must be at most %d characters", maxDescriptionLength))
+		v.Add("description", fmt.Sprintf("must be at most %d characters", maxDescriptionLength))
 	}
 	if len(in.Metadata) > maxMetadataKeys {
-		add("metadata", fmt.Sprintf("must have at most %d keys", maxMetadataKeys))
+		v.Add("metadata", fmt.Sprintf("must have at most %d keys", maxMetadataKeys))
 	}
-	for k, v := range in.Metadata {
-		if n := utf8.RuneCountInString(k); n == 0 || n > maxMetadataKeyLength {
-			add("metadata", fmt.Sprintf("keys must be 1 to %d characters", maxMetadataKeyLength))
+	for key, value := range in.Metadata {
+		if n := utf8.RuneCountInString(key); n == 0 || n > maxMetadataKeyLength {
+			v.Add("metadata", fmt.Sprintf("keys must be 1 to %d characters", maxMetadataKeyLength))
 			break
 		}
-		if utf8.RuneCountInString(v) > maxMetadataValLength {
-			add("metadata", fmt.Sprintf("values must be at most %d characters", maxMetadataValLength))
+		if utf8.RuneCountInString(value) > maxMetadataValLength {
+			v.Add("metadata", fmt.Sprintf("values must be at most %d characters", maxMetadataValLength))
 			break
 		}
 	}
-	if len(errs) > 0 {
-		return &ValidationError{Fields: errs}
-	}
-	return nil
+	return v.Err()
 }
 
-// IsCurrency reports whether code is an ISO 4217 currency code, written in
-// upper case as the standard does.
-func IsCurrency(code string) bool {
-	if len(code) != 3 || strings.ToUpper(code) != code {
-		return false
-	}
-	_, err := currency.ParseISO(code)
-	return err == nil
-}
-
-// Create validates in and inserts the order. It returns *ValidationError or
-// *ReferenceExistsError for deterministic failures.
+// Create validates in and inserts the order. It returns *validation.Error
+// or *ReferenceExistsError for deterministic failures.
 func Create(ctx context.Context, tx dbsqlc.DBTX, tenantID uuid.UUID, in CreateInput) (Order, error) {
 	if err := Validate(in); err != nil {
 		return Order{}, err

@@ -9,7 +9,7 @@ import (
 
 	"github.com/idemref/payments/internal/db/dbsqlc"
 	"github.com/idemref/payments/internal/idem"
-	"github.com/idemref/payments/internal/orders"
+	"github.com/idemref/payments/internal/validation"
 )
 
 // createPayment is transaction 1's business write: checks against the order
@@ -65,7 +65,9 @@ func createPayment(ctx context.Context, tx pgx.Tx, c idem.Claim, in PayInput) (d
 // payment and the refunds so far, under the payment's row lock.
 func createRefund(ctx context.Context, tx pgx.Tx, c idem.Claim, paymentID uuid.UUID, amount int64) (dbsqlc.Refund, error) {
 	if amount <= 0 {
-		return dbsqlc.Refund{}, &orders.ValidationError{Fields: []orders.FieldError{{Field: "amount", Message: "must be a positive integer amount in minor units"}}}
+		var v validation.Errors
+		v.Add("amount", "must be a positive integer amount in minor units")
+		return dbsqlc.Refund{}, v.Err()
 	}
 	q := dbsqlc.New(tx)
 	p, err := q.PaymentGetForUpdate(ctx, dbsqlc.PaymentGetForUpdateParams{TenantID: c.TenantID, ID: paymentID})
@@ -103,12 +105,12 @@ func createRefund(ctx context.Context, tx pgx.Tx, c idem.Claim, paymentID uuid.U
 // recorded and replayed (O1), rather than a transient one.
 func isDeterministic(err error) bool {
 	var (
-		validation *orders.ValidationError
-		mismatch   *AmountMismatchError
-		exists     *PaymentExistsError
-		exceeds    *RefundExceedsError
+		invalid  *validation.Error
+		mismatch *AmountMismatchError
+		exists   *PaymentExistsError
+		exceeds  *RefundExceedsError
 	)
-	return errors.As(err, &validation) || errors.As(err, &mismatch) || errors.As(err, &exists) ||
+	return errors.As(err, &invalid) || errors.As(err, &mismatch) || errors.As(err, &exists) ||
 		errors.As(err, &exceeds) || errors.Is(err, ErrOrderNotFound) || errors.Is(err, ErrNotFound) ||
 		errors.Is(err, ErrNotRefundable)
 }

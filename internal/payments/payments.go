@@ -14,8 +14,8 @@ import (
 
 	"github.com/idemref/payments/internal/db/dbsqlc"
 	"github.com/idemref/payments/internal/idem"
-	"github.com/idemref/payments/internal/orders"
 	"github.com/idemref/payments/internal/processor"
+	"github.com/idemref/payments/internal/validation"
 )
 
 // Endpoints whose keys this package runs. The completer resumes keys of
@@ -168,23 +168,15 @@ func NewService(pool *pgxpool.Pool, store *idem.Store, proc *processor.Client, r
 
 // Validate checks a payment request's meaning.
 func Validate(in PayInput) error {
-	var errs []orders.FieldError
+	var v validation.Errors
 	if in.OrderID == uuid.Nil {
-		errs = append(errs, orders.FieldError{Field: "order_id", Message: "is required"})
+		v.Add("order_id", "is required")
 	}
-	if in.Amount <= 0 {
-		errs = append(errs, orders.FieldError{Field: "amount", Message: "must be a positive integer amount in minor units"})
-	}
-	if !orders.IsCurrency(in.Currency) {
-		errs = append(errs, orders.FieldError{Field: "currency", Message: "must be an ISO 4217 currency code in upper case, such as EUR"})
-	}
+	v.Money(in.Amount, in.Currency)
 	if !strings.HasPrefix(in.PaymentMethod, "pm_") || len(in.PaymentMethod) > 255 {
-		errs = append(errs, orders.FieldError{Field: "payment_method", Message: "must be a payment method id such as pm_card_visa"})
+		v.Add("payment_method", "must be a payment method id such as pm_card_visa")
 	}
-	if len(errs) > 0 {
-		return &orders.ValidationError{Fields: errs}
-	}
-	return nil
+	return v.Err()
 }
 
 // Get returns one of the tenant's payments.
