@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -97,15 +98,23 @@ func Validate(in CreateInput) error {
 	if len(in.Metadata) > maxMetadataKeys {
 		v.Add("metadata", fmt.Sprintf("must have at most %d keys", maxMetadataKeys))
 	}
+	// Each rule is checked over every entry and reported once, key rule
+	// first: stopping at the first bad entry would let map iteration order
+	// decide which problems the client hears about.
+	var badKey, badValue bool
 	for key, value := range in.Metadata {
 		if n := utf8.RuneCountInString(key); n == 0 || n > maxMetadataKeyLength {
-			v.Add("metadata", fmt.Sprintf("keys must be 1 to %d characters", maxMetadataKeyLength))
-			break
+			badKey = true
 		}
 		if utf8.RuneCountInString(value) > maxMetadataValLength {
-			v.Add("metadata", fmt.Sprintf("values must be at most %d characters", maxMetadataValLength))
-			break
+			badValue = true
 		}
+	}
+	if badKey {
+		v.Add("metadata", fmt.Sprintf("keys must be 1 to %d characters", maxMetadataKeyLength))
+	}
+	if badValue {
+		v.Add("metadata", fmt.Sprintf("values must be at most %d characters", maxMetadataValLength))
 	}
 	return v.Err()
 }
@@ -119,6 +128,10 @@ func Create(ctx context.Context, tx dbsqlc.DBTX, tenantID uuid.UUID, in CreateIn
 	id, err := uuid.NewV7()
 	if err != nil {
 		return Order{}, err
+	}
+	// A nil map would marshal to JSON null, not the column's {} default.
+	if in.Metadata == nil {
+		in.Metadata = map[string]string{}
 	}
 	metadata, err := json.Marshal(in.Metadata)
 	if err != nil {
@@ -173,6 +186,9 @@ type Page struct {
 // List returns up to limit of the tenant's orders after cursor (empty for
 // the first page).
 func List(ctx context.Context, q dbsqlc.DBTX, tenantID uuid.UUID, cursor string, limit int) (Page, error) {
+	if limit < 1 {
+		return Page{}, fmt.Errorf("orders: page size %d must be positive", limit)
+	}
 	params := dbsqlc.OrderListParams{TenantID: tenantID, RowLimit: int32(limit) + 1}
 	if cursor != "" {
 		at, id, err := decodeCursor(cursor)
@@ -213,8 +229,10 @@ func decodeCursor(cursor string) (time.Time, uuid.UUID, error) {
 		return time.Time{}, uuid.Nil, ErrInvalidCursor
 	}
 	nanos, idText, ok := strings.Cut(string(raw), "_")
-	var n int64
-	if _, err := fmt.Sscan(nanos, &n); !ok || err != nil {
+	// ParseInt, not fmt.Sscan: Sscan skips spaces and stops at the first
+	// non-digit, so it would accept "17x" as 17.
+	n, err := strconv.ParseInt(nanos, 10, 64)
+	if !ok || err != nil {
 		return time.Time{}, uuid.Nil, ErrInvalidCursor
 	}
 	id, err := uuid.Parse(idText)

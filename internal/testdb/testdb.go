@@ -60,6 +60,7 @@ var (
 func Main(m *testing.M) {
 	mainCalled = true
 	code := m.Run()
+	closeShared()
 	if cluster != nil {
 		if err := cluster.Stop(); err != nil {
 			log.Error("stop test PostgreSQL", "err", err)
@@ -88,11 +89,18 @@ func AdminURL(t testing.TB) string {
 func New(t testing.TB) string {
 	t.Helper()
 	admin := AdminURL(t)
-	templateOnce.Do(func() { templateName, templateErr = buildTemplate(admin) })
-	if templateErr != nil {
-		t.Fatal(templateErr)
+	template, err := migratedTemplate(admin)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return createDatabase(t, admin, templateName)
+	return createDatabase(t, admin, template)
+}
+
+// migratedTemplate returns the name of the template for the current
+// migrations, building it on first use.
+func migratedTemplate(admin string) (string, error) {
+	templateOnce.Do(func() { templateName, templateErr = buildTemplate(admin) })
+	return templateName, templateErr
 }
 
 // NewPool is New plus a pool on the new database, closed when the test
@@ -247,10 +255,25 @@ func migrationsHash() (string, error) {
 // URL.
 func createDatabase(t testing.TB, admin, template string) string {
 	t.Helper()
-	name := "t_" + randomHex(8)
-	dbURL, err := databaseURL(admin, name)
+	name, dbURL, err := cloneDatabase(admin, template)
 	if err != nil {
 		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := dropDatabase(admin, name); err != nil {
+			t.Error(err)
+		}
+	})
+	return dbURL
+}
+
+// cloneDatabase creates a database named t_<random> from template (the
+// server's default when empty) and returns its name and URL.
+func cloneDatabase(admin, template string) (name, dbURL string, err error) {
+	name = "t_" + randomHex(8)
+	dbURL, err = databaseURL(admin, name)
+	if err != nil {
+		return "", "", err
 	}
 	sql := "CREATE DATABASE " + ident(name)
 	if template != "" {
@@ -259,19 +282,22 @@ func createDatabase(t testing.TB, admin, template string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := adminExec(ctx, admin, sql); err != nil {
-		t.Fatalf("testdb: %s: %v", sql, err)
+		return "", "", fmt.Errorf("testdb: %s: %w", sql, err)
 	}
-	t.Cleanup(func() {
-		// t.Context is already cancelled when cleanups run.
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		// FORCE ends sessions a test left open, such as a leaked pool.
-		sql := "DROP DATABASE IF EXISTS " + ident(name) + " WITH (FORCE)"
-		if err := adminExec(ctx, admin, sql); err != nil {
-			t.Errorf("testdb: %s: %v", sql, err)
-		}
-	})
-	return dbURL
+	return name, dbURL, nil
+}
+
+// dropDatabase drops the database name. It runs from cleanups, when
+// t.Context is already cancelled, so it brings its own context.
+func dropDatabase(admin, name string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// FORCE ends sessions a test left open, such as a leaked pool.
+	sql := "DROP DATABASE IF EXISTS " + ident(name) + " WITH (FORCE)"
+	if err := adminExec(ctx, admin, sql); err != nil {
+		return fmt.Errorf("testdb: %s: %w", sql, err)
+	}
+	return nil
 }
 
 func adminExec(ctx context.Context, admin, sql string) error {
