@@ -63,6 +63,8 @@ func TestConfigurationErrorsAreClear(t *testing.T) {
 		{"ServeWithoutDatabaseURL", []string{"serve"}, nil, "DATABASE_URL is not set"},
 		{"BadDuration", []string{"serve"}, map[string]string{"DATABASE_URL": "postgres://x/y", "IDEMPOTENCY_TTL": "forever"}, "IDEMPOTENCY_TTL"},
 		{"BadLogLevel", []string{"serve"}, map[string]string{"LOG_LEVEL": "loud"}, "LOG_LEVEL"},
+		{"LeaseShorterThanProcessorCall", []string{"serve"}, map[string]string{"PAYMENT_LEASE": "5s", "PROCESSOR_TIMEOUT": "10s"}, "PAYMENT_LEASE"},
+		{"ProcessorCallLongerThanRequest", []string{"serve"}, map[string]string{"PROCESSOR_TIMEOUT": "30s", "PAYMENT_LEASE": "60s"}, "REQUEST_TIMEOUT"},
 		{"UnknownCommand", []string{"launch"}, nil, "invalid command line"},
 		{"NoCommand", nil, nil, "invalid command line"},
 	}

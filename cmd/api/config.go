@@ -48,7 +48,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		dst  *time.Duration
 		def  time.Duration
 	}{
-		{"REQUEST_TIMEOUT", &cfg.RequestTimeout, 10 * time.Second},
+		{"REQUEST_TIMEOUT", &cfg.RequestTimeout, 20 * time.Second},
 		{"READ_HEADER_TIMEOUT", &cfg.ReadHeaderTimeout, 5 * time.Second},
 		{"READ_TIMEOUT", &cfg.ReadTimeout, 15 * time.Second},
 		{"WRITE_TIMEOUT", &cfg.WriteTimeout, 30 * time.Second},
@@ -72,6 +72,10 @@ func loadConfig(getenv func(string) string) (config, error) {
 	}
 	// The lease must outlast one step, the processor call included, or a
 	// healthy attempt would be taken over while it waits for the answer.
+	// A payment request makes one processor call; it needs time for it.
+	if cfg.ProcessorTimeout >= cfg.RequestTimeout {
+		return config{}, fmt.Errorf("PROCESSOR_TIMEOUT (%s) must be shorter than REQUEST_TIMEOUT (%s)", cfg.ProcessorTimeout, cfg.RequestTimeout)
+	}
 	if cfg.PaymentLease <= cfg.ProcessorTimeout {
 		return config{}, fmt.Errorf("PAYMENT_LEASE (%s) must be longer than PROCESSOR_TIMEOUT (%s)", cfg.PaymentLease, cfg.ProcessorTimeout)
 	}
