@@ -42,25 +42,31 @@ func (c *Completer) Run(ctx context.Context) {
 	}
 }
 
-// RunOnce takes over one batch of expired keys, resumes each, and returns
-// how many it finished.
+// RunOnce finishes up to one batch of expired keys and returns how many it
+// finished. It takes keys over one at a time, right before resuming each:
+// a lease taken for a whole batch up front could run out while earlier keys
+// are still being worked on, and another completer would take it over.
 func (c *Completer) RunOnce(ctx context.Context) int {
 	log := c.svc.log
-	leases, err := c.svc.store.TakeOverExpired(ctx, []string{EndpointPay, EndpointRefund}, c.batch)
-	if err != nil {
-		if ctx.Err() == nil {
-			log.WarnContext(ctx, "completer: take over expired keys", slog.Any("error", err))
-		}
-		return 0
-	}
 	finished := 0
-	for i := range leases {
-		l := &leases[i]
-		res, err := c.svc.resume(ctx, l)
-		attrs := []any{slog.String("endpoint", l.Endpoint), slog.String("tenant_id", l.TenantID.String()), slog.String("resource_id", l.ResourceID.String())}
+	for range c.batch {
+		leases, err := c.svc.store.TakeOverExpired(ctx, []string{EndpointPay, EndpointRefund}, 1)
 		if err != nil {
+			if ctx.Err() == nil {
+				log.WarnContext(ctx, "completer: take over expired keys", slog.Any("error", err))
+			}
+			return finished
+		}
+		if len(leases) == 0 {
+			return finished
+		}
+		l := &leases[0]
+		attrs := []any{slog.String("endpoint", l.Endpoint), slog.String("tenant_id", l.TenantID.String()), slog.String("resource_id", l.ResourceID.String())}
+		res, err := c.svc.resume(ctx, l)
+		if err != nil {
+			// The key was released; waiting for the next tick is the backoff.
 			log.WarnContext(ctx, "completer: resume failed; will retry", append(attrs, slog.Any("error", err))...)
-			continue
+			return finished
 		}
 		log.InfoContext(ctx, "completer: finished", append(attrs, slog.Int("status", res.Status))...)
 		finished++

@@ -1,0 +1,448 @@
+package payments_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	httpapi "github.com/idemref/payments/internal/http"
+	"github.com/idemref/payments/internal/idem"
+	"github.com/idemref/payments/internal/orders"
+	"github.com/idemref/payments/internal/payments"
+	"github.com/idemref/payments/internal/processor"
+	"github.com/idemref/payments/internal/processorsim"
+	"github.com/idemref/payments/internal/tenants"
+	"github.com/idemref/payments/internal/testdb"
+)
+
+// world is one test's payments service: a database of its own, a tenant,
+// and a processor simulator in this process, called over real HTTP as
+// cmd/api calls it.
+type world struct {
+	pool   *pgxpool.Pool // direct to the database: fixtures and assertions
+	dbURL  string
+	tenant uuid.UUID
+	sim    *processorsim.Simulator
+	// gate sits in front of the simulator, so a test can take the
+	// processor down and bring it back.
+	gate    *processorGate
+	procURL string
+	// lease is how long a payment attempt owns its key; timeout bounds one
+	// processor call and is shorter, as it must be (S3).
+	lease, timeout time.Duration
+	log            *slog.Logger
+	// svc is the service of the process the test plays the client of.
+	svc *payments.Service
+}
+
+func newWorld(t *testing.T, lease, timeout time.Duration) *world {
+	t.Helper()
+	pool, dbURL := testdb.NewPool(t)
+	w := &world{pool: pool, dbURL: dbURL, lease: lease, timeout: timeout, log: testLogger(t)}
+	var err error
+	w.tenant, _, err = tenants.Create(t.Context(), pool, "tenant "+uuid.NewString())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.sim = processorsim.New(processorsim.Config{})
+	w.gate = &processorGate{next: w.sim.Handler()}
+	srv := httptest.NewServer(w.gate)
+	t.Cleanup(srv.Close)
+	w.procURL = srv.URL
+	w.svc = w.service(pool)
+	return w
+}
+
+// service wires a Service over pool as cmd/api does.
+func (w *world) service(pool *pgxpool.Pool) *payments.Service {
+	store := idem.NewStore(pool, idem.Config{Lease: w.lease})
+	return payments.NewService(pool, store, processor.NewClient(w.procURL, w.timeout), httpapi.Renderer{}, w.log)
+}
+
+// process returns the Service of another API process on the same
+// database and processor: its own pool, key store and processor client.
+func (w *world) process(t *testing.T) *payments.Service {
+	t.Helper()
+	pool, err := pgxpool.New(t.Context(), w.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return w.service(pool)
+}
+
+// processorGate passes calls to the simulator, or answers every call 503
+// while down, as a processor in an outage does. Refused calls never reach
+// the simulator, so they are counted here.
+type processorGate struct {
+	next    http.Handler
+	down    atomic.Bool
+	refused atomic.Int32
+}
+
+func (g *processorGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if g.down.Load() {
+		g.refused.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte(`{"error":{"type":"api_error","message":"The processor is down."}}`))
+		return
+	}
+	g.next.ServeHTTP(w, r)
+}
+
+// newOrder creates an order of amount EUR cents.
+func (w *world) newOrder(t *testing.T, ref string, amount int64) orders.Order {
+	t.Helper()
+	o, err := orders.Create(t.Context(), w.pool, w.tenant, orders.CreateInput{
+		Reference: ref, CustomerID: "cus_1", Amount: amount, Currency: "EUR",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+// payment is one client's payment request: the order, the request and
+// its claim under the client's key.
+type payment struct {
+	order orders.Order
+	in    payments.PayInput
+	claim idem.Claim
+}
+
+// newPayment creates an order and the request that pays it in full with a
+// card that succeeds, under key.
+func (w *world) newPayment(t *testing.T, key string, amount int64) payment {
+	t.Helper()
+	o := w.newOrder(t, "order-"+key, amount)
+	in := payments.PayInput{OrderID: o.ID, Amount: o.Amount, Currency: o.Currency, PaymentMethod: processorsim.PaymentMethodVisa}
+	fp, err := idem.Fingerprint(payments.EndpointPay, nil, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return payment{order: o, in: in, claim: idem.Claim{TenantID: w.tenant, Endpoint: payments.EndpointPay, Key: key, Fingerprint: fp}}
+}
+
+// chargeKey is the derived key (S2) the payment's charge must carry.
+func (p payment) chargeKey() string {
+	return idem.DeriveKey(idem.Claim{TenantID: p.claim.TenantID, Endpoint: p.claim.Endpoint, Key: p.claim.Key}, "charge")
+}
+
+// abandon runs p's Pay with fault queued for its charge call, so it stops
+// at charge_sent with its key released, as a client that gave up after a
+// 503 leaves it.
+func (w *world) abandon(t *testing.T, ctx context.Context, p payment, fault processorsim.FaultKind) {
+	t.Helper()
+	w.sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: fault})
+	res, replayed, err := w.svc.Pay(ctx, p.claim, p.in)
+	if !errors.Is(err, payments.ErrProcessorUnavailable) {
+		t.Fatalf("Pay(%s) with a %s fault = %d %s, replayed %v, %v; want ErrProcessorUnavailable",
+			p.claim.Key, fault, res.Status, res.Body, replayed, err)
+	}
+	w.wantKey(t, p.claim, keyRow{State: "in_progress", RecoveryPoint: "charge_sent", Generation: 1, Lock: "expired"})
+	w.wantPaymentStatus(t, p, payments.StatusChargeSent)
+}
+
+// --- Rows ---
+
+// keyRow is a multi-step key row; its response is read separately.
+type keyRow struct {
+	State         string
+	RecoveryPoint string
+	Generation    int64
+	// Lock is "none" (locked_until NULL), "live" or "expired".
+	Lock string
+}
+
+func (w *world) key(t *testing.T, c idem.Claim) keyRow {
+	t.Helper()
+	var row keyRow
+	err := w.pool.QueryRow(context.Background(), `
+		SELECT state, coalesce(recovery_point, ''), lease_generation,
+		       CASE WHEN locked_until IS NULL THEN 'none'
+		            WHEN locked_until > now() THEN 'live'
+		            ELSE 'expired' END
+		FROM idempotency_keys WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3`,
+		c.TenantID, c.Endpoint, c.Key).Scan(&row.State, &row.RecoveryPoint, &row.Generation, &row.Lock)
+	if err != nil {
+		t.Fatalf("read key row %q: %v", c.Key, err)
+	}
+	return row
+}
+
+func (w *world) wantKey(t *testing.T, c idem.Claim, want keyRow) {
+	t.Helper()
+	if diff := cmp.Diff(want, w.key(t, c)); diff != "" {
+		t.Errorf("key row %q (-want +got):\n%s", c.Key, diff)
+	}
+}
+
+// recorded returns the response recorded on c's completed key row, and the
+// resource the key names.
+func (w *world) recorded(t *testing.T, c idem.Claim) (idem.Response, uuid.UUID) {
+	t.Helper()
+	var status *int32
+	var headers []byte
+	var body []byte
+	var resource *uuid.UUID
+	err := w.pool.QueryRow(context.Background(), `
+		SELECT response_status, response_headers, response_body, resource_id
+		FROM idempotency_keys WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3`,
+		c.TenantID, c.Endpoint, c.Key).Scan(&status, &headers, &body, &resource)
+	if err != nil {
+		t.Fatalf("read recorded response of %q: %v", c.Key, err)
+	}
+	if status == nil || resource == nil {
+		t.Fatalf("key %q has no recorded response or no resource", c.Key)
+	}
+	res := idem.Response{Status: int(*status), Body: body}
+	if err := json.Unmarshal(headers, &res.Header); err != nil {
+		t.Fatalf("decode recorded headers %s: %v", headers, err)
+	}
+	return res, *resource
+}
+
+// waitLeaseExpired waits until the lease on c's key has expired (or was
+// released), so a completer may take it.
+func (w *world) waitLeaseExpired(t *testing.T, ctx context.Context, c idem.Claim) {
+	t.Helper()
+	waitFor(t, ctx, w.pool, `
+		SELECT coalesce(locked_until < now(), false) FROM idempotency_keys
+		WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3`, c.TenantID, c.Endpoint, c.Key)
+}
+
+// snapshot returns c's whole key row as JSON, to check that something
+// changed nothing at all.
+func (w *world) snapshot(t *testing.T, c idem.Claim) string {
+	t.Helper()
+	var s string
+	err := w.pool.QueryRow(context.Background(), `
+		SELECT row_to_json(k)::text FROM idempotency_keys k
+		WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3`, c.TenantID, c.Endpoint, c.Key).Scan(&s)
+	if err != nil {
+		t.Fatalf("snapshot key row %q: %v", c.Key, err)
+	}
+	return s
+}
+
+// paymentRow is a payments row; NULLs read as "".
+type paymentRow struct {
+	ID        uuid.UUID
+	Status    string
+	Amount    int64
+	ChargeKey string
+	ChargeID  string
+}
+
+// paymentRows returns the payments of p's order.
+func (w *world) paymentRows(t *testing.T, p payment) []paymentRow {
+	t.Helper()
+	rows, err := w.pool.Query(context.Background(), `
+		SELECT id, status, amount, charge_key, coalesce(charge_id, '')
+		FROM payments WHERE tenant_id = $1 AND order_id = $2 ORDER BY created_at, id`, w.tenant, p.order.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[paymentRow])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// onePayment returns the only payment of p's order.
+func (w *world) onePayment(t *testing.T, p payment) paymentRow {
+	t.Helper()
+	rows := w.paymentRows(t, p)
+	if len(rows) != 1 {
+		t.Fatalf("order %s has %d payments, want 1: %+v", p.order.Reference, len(rows), rows)
+	}
+	return rows[0]
+}
+
+func (w *world) wantPaymentStatus(t *testing.T, p payment, status string) {
+	t.Helper()
+	if got := w.onePayment(t, p); got.Status != status {
+		t.Errorf("payment of %s is %q, want %q", p.order.Reference, got.Status, status)
+	}
+}
+
+// orderRow is the part of an orders row a payment changes.
+type orderRow struct {
+	Status     string
+	Amount     int64
+	AmountPaid int64
+}
+
+func (w *world) orderOf(t *testing.T, p payment) orderRow {
+	t.Helper()
+	var o orderRow
+	err := w.pool.QueryRow(context.Background(),
+		`SELECT status, amount, amount_paid FROM orders WHERE tenant_id = $1 AND id = $2`,
+		w.tenant, p.order.ID).Scan(&o.Status, &o.Amount, &o.AmountPaid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+// --- The processor's side ---
+
+// chargesWithKey returns the charges the simulator created under key.
+func (w *world) chargesWithKey(key string) []processor.Charge {
+	var out []processor.Charge
+	for _, ch := range w.sim.Charges() {
+		if ch.IdempotencyKey == key {
+			out = append(out, ch)
+		}
+	}
+	return out
+}
+
+// chargeCalls returns the POST /v1/charges calls that carried key.
+func (w *world) chargeCalls(key string) []processorsim.Call {
+	var out []processorsim.Call
+	for _, c := range w.sim.Calls() {
+		if c.Method == http.MethodPost && c.Path == processorsim.PathCharges && c.IdempotencyKey == key {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// wantPaid checks every side effect of p having been paid exactly once:
+// one succeeded charge at the processor under p's derived key, the payment
+// succeeded with that charge, the order paid once, and the key completed
+// with a 201 that names the payment. It returns the recorded response.
+func (w *world) wantPaid(t *testing.T, p payment) idem.Response {
+	t.Helper()
+	pay := w.onePayment(t, p)
+	if pay.ChargeKey != p.chargeKey() {
+		t.Errorf("payment of %s has charge key %q, want the derived %q", p.order.Reference, pay.ChargeKey, p.chargeKey())
+	}
+	charges := w.chargesWithKey(p.chargeKey())
+	if len(charges) != 1 {
+		t.Fatalf("the processor has %d charges for %s, want 1: %+v", len(charges), p.order.Reference, charges)
+	}
+	ch := charges[0]
+	if ch.Status != processor.StatusSucceeded || ch.Amount != p.order.Amount || ch.Currency != p.order.Currency {
+		t.Errorf("charge for %s = %+v; want a succeeded charge of %d %s", p.order.Reference, ch, p.order.Amount, p.order.Currency)
+	}
+	wantPay := paymentRow{ID: pay.ID, Status: payments.StatusSucceeded, Amount: p.order.Amount, ChargeKey: p.chargeKey(), ChargeID: ch.ID}
+	if diff := cmp.Diff(wantPay, pay); diff != "" {
+		t.Errorf("payment of %s (-want +got):\n%s", p.order.Reference, diff)
+	}
+	wantOrder := orderRow{Status: orders.StatusPaid, Amount: p.order.Amount, AmountPaid: p.order.Amount}
+	if diff := cmp.Diff(wantOrder, w.orderOf(t, p)); diff != "" {
+		t.Errorf("order %s (-want +got):\n%s", p.order.Reference, diff)
+	}
+
+	w.wantKey(t, p.claim, keyRow{State: "completed", RecoveryPoint: idem.RecoveryFinished, Generation: w.key(t, p.claim).Generation, Lock: "none"})
+	res, resource := w.recorded(t, p.claim)
+	if resource != pay.ID {
+		t.Errorf("key %q names resource %s, want the payment %s", p.claim.Key, resource, pay.ID)
+	}
+	if res.Status != http.StatusCreated {
+		t.Fatalf("key %q recorded status %d, want 201; body: %s", p.claim.Key, res.Status, res.Body)
+	}
+	if got, want := res.Header.Get("Location"), "/v1/payments/"+pay.ID.String(); got != want {
+		t.Errorf("recorded Location = %q, want %q", got, want)
+	}
+	type paymentBody struct {
+		ID       uuid.UUID `json:"id"`
+		OrderID  uuid.UUID `json:"order_id"`
+		Status   string    `json:"status"`
+		ChargeID string    `json:"charge_id"`
+	}
+	var body paymentBody
+	if err := json.Unmarshal(res.Body, &body); err != nil {
+		t.Fatalf("decode recorded body %s: %v", res.Body, err)
+	}
+	wantBody := paymentBody{ID: pay.ID, OrderID: p.order.ID, Status: payments.StatusSucceeded, ChargeID: ch.ID}
+	if diff := cmp.Diff(wantBody, body); diff != "" {
+		t.Errorf("recorded body of %q (-want +got):\n%s", p.claim.Key, diff)
+	}
+	return res
+}
+
+// --- Waiting and logging ---
+
+// deadline bounds a test that waits on other goroutines or processes, so
+// a bug that makes a wait unbounded fails the test instead of hanging it.
+// It is never compared with how long anything took.
+func deadline(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// waitFor polls query (which returns one boolean) until it is true or ctx
+// ends.
+func waitFor(t *testing.T, ctx context.Context, pool *pgxpool.Pool, query string, args ...any) {
+	t.Helper()
+	eventually(t, ctx, query, func() bool {
+		var ok bool
+		if err := pool.QueryRow(ctx, query, args...).Scan(&ok); err != nil && ctx.Err() == nil {
+			t.Fatalf("%s: %v", query, err)
+		}
+		return ok
+	})
+}
+
+// eventually polls cond until it holds or ctx ends. It synchronises with
+// state, never with the clock.
+func eventually(t *testing.T, ctx context.Context, what string, cond func() bool) {
+	t.Helper()
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("gave up waiting for %s: %v", strings.TrimSpace(what), ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// testLogger sends the service's log to t.Log, so it shows with a failing
+// test (and with -v), and drops whatever comes after the test ended.
+func testLogger(t *testing.T) *slog.Logger {
+	w := &testLogWriter{t: t}
+	t.Cleanup(w.stop)
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type testLogWriter struct {
+	mu   sync.Mutex
+	t    *testing.T
+	done bool
+}
+
+func (w *testLogWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.done {
+		w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	}
+	return len(p), nil
+}
+
+func (w *testLogWriter) stop() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.done = true
+}
