@@ -100,7 +100,7 @@ func (s *Store) Begin(ctx context.Context, c Claim, first func(ctx context.Conte
 	var b Begun
 	err := db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
 		q := dbsqlc.New(tx)
-		if err := q.IdemSetLockTimeout(ctx, fmt.Sprintf("%dms", s.cfg.LockTimeout.Milliseconds())); err != nil {
+		if err := s.boundLockWaits(ctx, q); err != nil {
 			return err
 		}
 		gen, err := q.IdemKeyClaimLease(ctx, dbsqlc.IdemKeyClaimLeaseParams{
@@ -123,19 +123,14 @@ func (s *Store) Begin(ctx context.Context, c Claim, first func(ctx context.Conte
 		}
 
 		b.Lease = Lease{Claim: c, Generation: gen, RecoveryPoint: RecoveryStarted}
-		sp, err := tx.Begin(ctx)
-		if err != nil {
-			return err
-		}
-		step, err := first(ctx, sp, b.Lease)
-		if err != nil {
-			return err
-		}
-		if step.Response != nil && step.Response.Status >= 400 {
-			if err := sp.Rollback(ctx); err != nil {
-				return err
+		var step Step
+		if _, err := executeInSavepoint(ctx, tx, func(ctx context.Context, sp pgx.Tx) (Response, error) {
+			var err error
+			if step, err = first(ctx, sp, b.Lease); err != nil || step.Response == nil {
+				return Response{}, err // advancing: the savepoint is released
 			}
-		} else if err := sp.Commit(ctx); err != nil {
+			return *step.Response, nil
+		}); err != nil {
 			return err
 		}
 		b.Response = step.Response
@@ -205,7 +200,7 @@ func (s *Store) Phase(ctx context.Context, l *Lease, fn func(ctx context.Context
 	var step Step
 	err := db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
 		q := dbsqlc.New(tx)
-		if err := q.IdemSetLockTimeout(ctx, fmt.Sprintf("%dms", s.cfg.LockTimeout.Milliseconds())); err != nil {
+		if err := s.boundLockWaits(ctx, q); err != nil {
 			return err
 		}
 		row, err := q.IdemKeyGetForUpdate(ctx, dbsqlc.IdemKeyGetForUpdateParams{TenantID: l.TenantID, Endpoint: l.Endpoint, IdemKey: l.Key})

@@ -118,11 +118,7 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Cont
 	err = db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
 		q := dbsqlc.New(tx)
 
-		// A duplicate of a request whose transaction is still open blocks on
-		// that transaction's uncommitted row in the primary key index. Never
-		// wait unbounded (L5): after lock_timeout the insert fails with
-		// 55P03 and the duplicate gets 409.
-		if err := q.IdemSetLockTimeout(ctx, fmt.Sprintf("%dms", s.cfg.LockTimeout.Milliseconds())); err != nil {
+		if err := s.boundLockWaits(ctx, q); err != nil {
 			return err
 		}
 
@@ -185,6 +181,15 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Cont
 	// stored response.
 	failpoint.Inject("idem-after-commit")
 	return res, replayed, nil
+}
+
+// boundLockWaits sets lock_timeout for the rest of the transaction. A
+// duplicate of a request whose transaction is still open blocks on that
+// transaction's uncommitted row in the primary key index. Never wait
+// unbounded (L5): after lock_timeout the statement fails with 55P03 and the
+// duplicate gets 409.
+func (s *Store) boundLockWaits(ctx context.Context, q *dbsqlc.Queries) error {
+	return q.IdemSetLockTimeout(ctx, fmt.Sprintf("%dms", s.cfg.LockTimeout.Milliseconds()))
 }
 
 // executeInSavepoint runs exec inside a savepoint and rolls the savepoint
