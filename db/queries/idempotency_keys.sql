@@ -8,11 +8,17 @@ SELECT set_config('lock_timeout', @timeout::text, true);
 -- The claim (L1). The primary key decides who owns the key: no
 -- check-then-insert. Returns no row when the key already exists; when
 -- another transaction holds an uncommitted claim on it, the insert waits
--- for that transaction (bounded by lock_timeout).
-INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at)
-VALUES (@tenant_id, @endpoint, @idem_key, @fingerprint, @fingerprint_version, @expires_at)
+-- for that transaction (bounded by lock_timeout). A multi-step key (S3) is
+-- claimed holding a lease of lease_seconds, generation 1, at recovery point
+-- 'started'; a one-transaction key passes NULL and holds no lease.
+INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at,
+                              recovery_point, locked_until, lease_generation)
+VALUES (@tenant_id, @endpoint, @idem_key, @fingerprint, @fingerprint_version, @expires_at,
+        CASE WHEN sqlc.narg('lease_seconds')::float8 IS NOT NULL THEN 'started' END,
+        now() + make_interval(0, 0, 0, 0, 0, 0, sqlc.narg('lease_seconds')::float8),
+        CASE WHEN sqlc.narg('lease_seconds')::float8 IS NOT NULL THEN 1 ELSE 0 END)
 ON CONFLICT (tenant_id, endpoint, idem_key) DO NOTHING
-RETURNING created_at;
+RETURNING lease_generation;
 
 -- name: IdemKeyGet :one
 SELECT * FROM idempotency_keys
@@ -29,28 +35,16 @@ SET state = 'completed',
 WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key
   AND state = 'in_progress';
 
--- name: IdemKeyClaimLease :one
--- The claim (L1) for a multi-step key: the same insert, holding a lease
--- (generation 1) from the start.
-INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at,
-                              recovery_point, locked_until, lease_generation)
-VALUES (@tenant_id, @endpoint, @idem_key, @fingerprint, @fingerprint_version, @expires_at,
-        'started', now() + make_interval(0, 0, 0, 0, 0, 0, @lease_seconds::float8), 1)
-ON CONFLICT (tenant_id, endpoint, idem_key) DO NOTHING
-RETURNING lease_generation;
-
 -- name: IdemKeyGetForUpdate :one
 -- Locks the key row for the rest of a phase's transaction: a takeover
 -- (which updates this row) waits for the phase to commit, or the phase
--- sees the takeover's new generation.
-SELECT * FROM idempotency_keys
+-- sees the takeover's new generation. lease_expired is read on the
+-- database clock, which every API process shares.
+SELECT sqlc.embed(idempotency_keys),
+       coalesce(locked_until <= now(), true)::boolean AS lease_expired
+FROM idempotency_keys
 WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key
 FOR UPDATE;
-
--- name: IdemKeyLeaseExpired :one
-SELECT coalesce(locked_until <= now(), true)::boolean AS expired
-FROM idempotency_keys
-WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key;
 
 -- name: IdemKeyTakeOver :one
 -- Takes over an expired lease: the new generation fences off the attempt

@@ -105,10 +105,13 @@ func setup(t *testing.T, opts ...setupOption) *env {
 		if err != nil {
 			t.Fatalf("parse database URL: %v", err)
 		}
+		// The proxy listens on TCP and dials the database however the test
+		// URL reaches it: host:port, or a Unix socket directory.
+		network, target := "tcp", net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
 		if strings.HasPrefix(cfg.ConnConfig.Host, "/") {
-			t.Skip("the test database is reached over a Unix socket; the TCP proxy cannot sit in between")
+			network, target = "unix", fmt.Sprintf("%s/.s.PGSQL.%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port)
 		}
-		e.proxy = newTCPProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+		e.proxy = newTCPProxy(t, network, target)
 		host, port, _ := net.SplitHostPort(e.proxy.Addr())
 		p, _ := strconv.Atoi(port)
 		cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
@@ -480,9 +483,10 @@ func (e *env) countOrdersWithReference(t *testing.T, tenantID uuid.UUID, ref str
 // listener and every open connection, so the pool behind it sees the
 // database vanish; Restore listens on the same address again.
 type tcpProxy struct {
-	t      testing.TB
-	target string
-	addr   string
+	t       testing.TB
+	network string
+	target  string
+	addr    string
 
 	mu    sync.Mutex
 	ln    net.Listener
@@ -490,13 +494,13 @@ type tcpProxy struct {
 	wg    sync.WaitGroup
 }
 
-func newTCPProxy(t testing.TB, target string) *tcpProxy {
+func newTCPProxy(t testing.TB, network, target string) *tcpProxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("proxy listen: %v", err)
 	}
-	p := &tcpProxy{t: t, target: target, addr: ln.Addr().String(), conns: map[net.Conn]struct{}{}}
+	p := &tcpProxy{t: t, network: network, target: target, addr: ln.Addr().String(), conns: map[net.Conn]struct{}{}}
 	p.serve(ln)
 	t.Cleanup(func() {
 		p.Cut()
@@ -520,7 +524,7 @@ func (p *tcpProxy) serve(ln net.Listener) {
 			if err != nil {
 				return // listener closed by Cut
 			}
-			up, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+			up, err := net.DialTimeout(p.network, p.target, 5*time.Second)
 			if err != nil {
 				down.Close()
 				continue

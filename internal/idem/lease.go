@@ -1,13 +1,11 @@
 package idem
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -103,15 +101,7 @@ func (s *Store) Begin(ctx context.Context, c Claim, first func(ctx context.Conte
 		if err := s.boundLockWaits(ctx, q); err != nil {
 			return err
 		}
-		gen, err := q.IdemKeyClaimLease(ctx, dbsqlc.IdemKeyClaimLeaseParams{
-			TenantID:           c.TenantID,
-			Endpoint:           c.Endpoint,
-			IdemKey:            c.Key,
-			Fingerprint:        c.Fingerprint,
-			FingerprintVersion: FingerprintVersion,
-			ExpiresAt:          time.Now().Add(s.cfg.TTL),
-			LeaseSeconds:       s.cfg.Lease.Seconds(),
-		})
+		gen, err := s.claim(ctx, q, c, &s.cfg.Lease)
 		switch {
 		case db.IsLockTimeout(err):
 			return ErrKeyInUse
@@ -155,8 +145,7 @@ type Begun struct {
 
 // takeOver handles a claim that found the key already there.
 func (s *Store) takeOver(ctx context.Context, q *dbsqlc.Queries, c Claim) (Begun, error) {
-	scope := dbsqlc.IdemKeyGetForUpdateParams{TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key}
-	row, err := q.IdemKeyGetForUpdate(ctx, scope)
+	locked, err := q.IdemKeyGetForUpdate(ctx, dbsqlc.IdemKeyGetForUpdateParams{TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key})
 	switch {
 	case db.IsLockTimeout(err):
 		return Begun{}, ErrKeyInUse
@@ -165,19 +154,13 @@ func (s *Store) takeOver(ctx context.Context, q *dbsqlc.Queries, c Claim) (Begun
 	case err != nil:
 		return Begun{}, err
 	}
-	if row.FingerprintVersion == FingerprintVersion && !bytes.Equal(row.Fingerprint, c.Fingerprint) {
-		// Never take over, or replay, another request's key (S3, L5).
-		return Begun{}, ErrKeyReused
+	row := locked.IdempotencyKey
+	// Never take over, or replay, another request's key (S3, L5).
+	res, err := settled(row, c)
+	if err != nil || res != nil {
+		return Begun{Response: res, Replayed: res != nil}, err
 	}
-	if row.State == "completed" {
-		res, err := storedResponse(row)
-		return Begun{Response: &res, Replayed: true}, err
-	}
-	expired, err := q.IdemKeyLeaseExpired(ctx, dbsqlc.IdemKeyLeaseExpiredParams(scope))
-	if err != nil {
-		return Begun{}, err
-	}
-	if !expired || row.RecoveryPoint == nil {
+	if !locked.LeaseExpired || row.RecoveryPoint == nil {
 		return Begun{}, ErrKeyInUse
 	}
 	taken, err := q.IdemKeyTakeOver(ctx, dbsqlc.IdemKeyTakeOverParams{
@@ -203,11 +186,11 @@ func (s *Store) Phase(ctx context.Context, l *Lease, fn func(ctx context.Context
 		if err := s.boundLockWaits(ctx, q); err != nil {
 			return err
 		}
-		row, err := q.IdemKeyGetForUpdate(ctx, dbsqlc.IdemKeyGetForUpdateParams{TenantID: l.TenantID, Endpoint: l.Endpoint, IdemKey: l.Key})
+		locked, err := q.IdemKeyGetForUpdate(ctx, dbsqlc.IdemKeyGetForUpdateParams{TenantID: l.TenantID, Endpoint: l.Endpoint, IdemKey: l.Key})
 		if err != nil {
 			return err
 		}
-		if row.LeaseGeneration != l.Generation || row.State != "in_progress" {
+		if row := locked.IdempotencyKey; row.LeaseGeneration != l.Generation || row.State != "in_progress" {
 			return ErrLeaseLost
 		}
 		if step, err = fn(ctx, tx); err != nil {

@@ -124,14 +124,7 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Cont
 
 		// 1. Claim. The unique primary key decides who owns the key; a
 		// SELECT-then-INSERT would let two requests both see "no row".
-		_, err := q.IdemKeyClaim(ctx, dbsqlc.IdemKeyClaimParams{
-			TenantID:           c.TenantID,
-			Endpoint:           c.Endpoint,
-			IdemKey:            c.Key,
-			Fingerprint:        c.Fingerprint,
-			FingerprintVersion: FingerprintVersion,
-			ExpiresAt:          time.Now().Add(s.cfg.TTL),
-		})
+		_, err := s.claim(ctx, q, c, nil)
 		switch {
 		case db.IsLockTimeout(err):
 			return ErrKeyInUse
@@ -226,17 +219,51 @@ func (s *Store) existing(ctx context.Context, q *dbsqlc.Queries, c Claim) (Respo
 	if err != nil {
 		return Response{}, err
 	}
-	// A different request under the same key is never answered with the
-	// first request's result (L5). Records made under another fingerprint
-	// version cannot be compared; they are trusted rather than turned into
-	// 422s for honest retries (F3).
-	if row.FingerprintVersion == FingerprintVersion && !bytes.Equal(row.Fingerprint, c.Fingerprint) {
-		return Response{}, ErrKeyReused
+	res, err := settled(row, c)
+	if err != nil {
+		return Response{}, err
 	}
-	if row.State != "completed" {
+	if res == nil {
 		return Response{}, ErrKeyInUse
 	}
-	return storedResponse(row)
+	return *res, nil
+}
+
+// claim inserts the key row (L1). lease is nil for a one-transaction key;
+// a multi-step key is claimed holding a lease of that length. pgx.ErrNoRows
+// means the key exists already.
+func (s *Store) claim(ctx context.Context, q *dbsqlc.Queries, c Claim, lease *time.Duration) (generation int64, err error) {
+	var seconds *float64
+	if lease != nil {
+		v := lease.Seconds()
+		seconds = &v
+	}
+	return q.IdemKeyClaim(ctx, dbsqlc.IdemKeyClaimParams{
+		TenantID:           c.TenantID,
+		Endpoint:           c.Endpoint,
+		IdemKey:            c.Key,
+		Fingerprint:        c.Fingerprint,
+		FingerprintVersion: FingerprintVersion,
+		ExpiresAt:          time.Now().Add(s.cfg.TTL),
+		LeaseSeconds:       seconds,
+	})
+}
+
+// settled decides what an existing key row means for claim c, in both
+// paths: another request's key is ErrKeyReused (L5: never answered with
+// another request's result); a completed key gives its recorded response;
+// a key still in progress gives nil. Records made under another
+// fingerprint version cannot be compared; they are trusted rather than
+// turned into 422s for honest retries (F3).
+func settled(row dbsqlc.IdempotencyKey, c Claim) (*Response, error) {
+	if row.FingerprintVersion == FingerprintVersion && !bytes.Equal(row.Fingerprint, c.Fingerprint) {
+		return nil, ErrKeyReused
+	}
+	if row.State != "completed" {
+		return nil, nil
+	}
+	res, err := storedResponse(row)
+	return &res, err
 }
 
 // storedResponse decodes a completed row's stored response.

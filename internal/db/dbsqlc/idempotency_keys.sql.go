@@ -51,10 +51,14 @@ func (q *Queries) IdemKeyAdvance(ctx context.Context, arg IdemKeyAdvanceParams) 
 }
 
 const idemKeyClaim = `-- name: IdemKeyClaim :one
-INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at)
-VALUES ($1, $2, $3, $4, $5, $6)
+INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at,
+                              recovery_point, locked_until, lease_generation)
+VALUES ($1, $2, $3, $4, $5, $6,
+        CASE WHEN $7::float8 IS NOT NULL THEN 'started' END,
+        now() + make_interval(0, 0, 0, 0, 0, 0, $7::float8),
+        CASE WHEN $7::float8 IS NOT NULL THEN 1 ELSE 0 END)
 ON CONFLICT (tenant_id, endpoint, idem_key) DO NOTHING
-RETURNING created_at
+RETURNING lease_generation
 `
 
 type IdemKeyClaimParams struct {
@@ -64,49 +68,17 @@ type IdemKeyClaimParams struct {
 	Fingerprint        []byte
 	FingerprintVersion int16
 	ExpiresAt          time.Time
+	LeaseSeconds       *float64
 }
 
 // The claim (L1). The primary key decides who owns the key: no
 // check-then-insert. Returns no row when the key already exists; when
 // another transaction holds an uncommitted claim on it, the insert waits
-// for that transaction (bounded by lock_timeout).
-func (q *Queries) IdemKeyClaim(ctx context.Context, arg IdemKeyClaimParams) (time.Time, error) {
+// for that transaction (bounded by lock_timeout). A multi-step key (S3) is
+// claimed holding a lease of lease_seconds, generation 1, at recovery point
+// 'started'; a one-transaction key passes NULL and holds no lease.
+func (q *Queries) IdemKeyClaim(ctx context.Context, arg IdemKeyClaimParams) (int64, error) {
 	row := q.db.QueryRow(ctx, idemKeyClaim,
-		arg.TenantID,
-		arg.Endpoint,
-		arg.IdemKey,
-		arg.Fingerprint,
-		arg.FingerprintVersion,
-		arg.ExpiresAt,
-	)
-	var created_at time.Time
-	err := row.Scan(&created_at)
-	return created_at, err
-}
-
-const idemKeyClaimLease = `-- name: IdemKeyClaimLease :one
-INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at,
-                              recovery_point, locked_until, lease_generation)
-VALUES ($1, $2, $3, $4, $5, $6,
-        'started', now() + make_interval(0, 0, 0, 0, 0, 0, $7::float8), 1)
-ON CONFLICT (tenant_id, endpoint, idem_key) DO NOTHING
-RETURNING lease_generation
-`
-
-type IdemKeyClaimLeaseParams struct {
-	TenantID           uuid.UUID
-	Endpoint           string
-	IdemKey            string
-	Fingerprint        []byte
-	FingerprintVersion int16
-	ExpiresAt          time.Time
-	LeaseSeconds       float64
-}
-
-// The claim (L1) for a multi-step key: the same insert, holding a lease
-// (generation 1) from the start.
-func (q *Queries) IdemKeyClaimLease(ctx context.Context, arg IdemKeyClaimLeaseParams) (int64, error) {
-	row := q.db.QueryRow(ctx, idemKeyClaimLease,
 		arg.TenantID,
 		arg.Endpoint,
 		arg.IdemKey,
@@ -232,7 +204,9 @@ func (q *Queries) IdemKeyGet(ctx context.Context, arg IdemKeyGetParams) (Idempot
 }
 
 const idemKeyGetForUpdate = `-- name: IdemKeyGetForUpdate :one
-SELECT tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, state, response_status, response_headers, response_body, created_at, completed_at, expires_at, recovery_point, locked_until, lease_generation, resource_id FROM idempotency_keys
+SELECT idempotency_keys.tenant_id, idempotency_keys.endpoint, idempotency_keys.idem_key, idempotency_keys.fingerprint, idempotency_keys.fingerprint_version, idempotency_keys.state, idempotency_keys.response_status, idempotency_keys.response_headers, idempotency_keys.response_body, idempotency_keys.created_at, idempotency_keys.completed_at, idempotency_keys.expires_at, idempotency_keys.recovery_point, idempotency_keys.locked_until, idempotency_keys.lease_generation, idempotency_keys.resource_id,
+       coalesce(locked_until <= now(), true)::boolean AS lease_expired
+FROM idempotency_keys
 WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
 FOR UPDATE
 `
@@ -243,50 +217,38 @@ type IdemKeyGetForUpdateParams struct {
 	IdemKey  string
 }
 
+type IdemKeyGetForUpdateRow struct {
+	IdempotencyKey IdempotencyKey
+	LeaseExpired   bool
+}
+
 // Locks the key row for the rest of a phase's transaction: a takeover
 // (which updates this row) waits for the phase to commit, or the phase
-// sees the takeover's new generation.
-func (q *Queries) IdemKeyGetForUpdate(ctx context.Context, arg IdemKeyGetForUpdateParams) (IdempotencyKey, error) {
+// sees the takeover's new generation. lease_expired is read on the
+// database clock, which every API process shares.
+func (q *Queries) IdemKeyGetForUpdate(ctx context.Context, arg IdemKeyGetForUpdateParams) (IdemKeyGetForUpdateRow, error) {
 	row := q.db.QueryRow(ctx, idemKeyGetForUpdate, arg.TenantID, arg.Endpoint, arg.IdemKey)
-	var i IdempotencyKey
+	var i IdemKeyGetForUpdateRow
 	err := row.Scan(
-		&i.TenantID,
-		&i.Endpoint,
-		&i.IdemKey,
-		&i.Fingerprint,
-		&i.FingerprintVersion,
-		&i.State,
-		&i.ResponseStatus,
-		&i.ResponseHeaders,
-		&i.ResponseBody,
-		&i.CreatedAt,
-		&i.CompletedAt,
-		&i.ExpiresAt,
-		&i.RecoveryPoint,
-		&i.LockedUntil,
-		&i.LeaseGeneration,
-		&i.ResourceID,
+		&i.IdempotencyKey.TenantID,
+		&i.IdempotencyKey.Endpoint,
+		&i.IdempotencyKey.IdemKey,
+		&i.IdempotencyKey.Fingerprint,
+		&i.IdempotencyKey.FingerprintVersion,
+		&i.IdempotencyKey.State,
+		&i.IdempotencyKey.ResponseStatus,
+		&i.IdempotencyKey.ResponseHeaders,
+		&i.IdempotencyKey.ResponseBody,
+		&i.IdempotencyKey.CreatedAt,
+		&i.IdempotencyKey.CompletedAt,
+		&i.IdempotencyKey.ExpiresAt,
+		&i.IdempotencyKey.RecoveryPoint,
+		&i.IdempotencyKey.LockedUntil,
+		&i.IdempotencyKey.LeaseGeneration,
+		&i.IdempotencyKey.ResourceID,
+		&i.LeaseExpired,
 	)
 	return i, err
-}
-
-const idemKeyLeaseExpired = `-- name: IdemKeyLeaseExpired :one
-SELECT coalesce(locked_until <= now(), true)::boolean AS expired
-FROM idempotency_keys
-WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
-`
-
-type IdemKeyLeaseExpiredParams struct {
-	TenantID uuid.UUID
-	Endpoint string
-	IdemKey  string
-}
-
-func (q *Queries) IdemKeyLeaseExpired(ctx context.Context, arg IdemKeyLeaseExpiredParams) (bool, error) {
-	row := q.db.QueryRow(ctx, idemKeyLeaseExpired, arg.TenantID, arg.Endpoint, arg.IdemKey)
-	var expired bool
-	err := row.Scan(&expired)
-	return expired, err
 }
 
 const idemKeyListExpiredLeases = `-- name: IdemKeyListExpiredLeases :many
