@@ -44,6 +44,8 @@ var problemStatus = map[string]int{
 	"payment_not_refundable":  409,
 	"refund_exceeds_payment":  422,
 	"processor_unavailable":   503,
+	// processor_outcome_unknown: the charge or refund may still land (S6).
+	"processor_outcome_unknown": 503,
 }
 
 // postV1Responses are the responses every idempotent POST under /v1 must document.

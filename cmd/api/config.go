@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idemref/payments/internal/idem"
+	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
 )
 
@@ -25,6 +26,9 @@ type config struct {
 	PaymentLease      time.Duration
 	ProcessorURL      string
 	ProcessorTimeout  time.Duration
+	// SettleWindow is how long a processor call may still land after it
+	// was sent (S6); see docs/payments.md.
+	SettleWindow time.Duration
 	// CompleterInterval is how often the completer looks for abandoned
 	// payments; 0 disables it in this process.
 	CompleterInterval time.Duration
@@ -58,6 +62,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		{"IDEMPOTENCY_TTL", &cfg.IdempotencyTTL, idem.DefaultTTL},
 		{"PAYMENT_LEASE", &cfg.PaymentLease, idem.DefaultLease},
 		{"PROCESSOR_TIMEOUT", &cfg.ProcessorTimeout, processor.DefaultTimeout},
+		{"PROCESSOR_SETTLE_WINDOW", &cfg.SettleWindow, payments.DefaultSettleWindow},
 		{"COMPLETER_INTERVAL", &cfg.CompleterInterval, 5 * time.Second},
 	}
 	for _, d := range durations {
@@ -78,6 +83,10 @@ func loadConfig(getenv func(string) string) (config, error) {
 	}
 	if cfg.PaymentLease <= cfg.ProcessorTimeout {
 		return config{}, fmt.Errorf("PAYMENT_LEASE (%s) must be longer than PROCESSOR_TIMEOUT (%s)", cfg.PaymentLease, cfg.ProcessorTimeout)
+	}
+	// A call can land after we stopped waiting for it, never before.
+	if cfg.SettleWindow <= cfg.ProcessorTimeout {
+		return config{}, fmt.Errorf("PROCESSOR_SETTLE_WINDOW (%s) must be longer than PROCESSOR_TIMEOUT (%s)", cfg.SettleWindow, cfg.ProcessorTimeout)
 	}
 	if s := getenv("LOG_LEVEL"); s != "" {
 		if err := cfg.LogLevel.UnmarshalText([]byte(s)); err != nil {

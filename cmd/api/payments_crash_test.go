@@ -66,10 +66,12 @@ func newPaymentEnv(t *testing.T) *paymentEnv {
 	return e
 }
 
-// start runs an API process for this environment. Leases are short so
-// takeovers happen within the test; the completer is off unless asked for.
+// start runs an API process for this environment. Leases and the settle
+// window are short so takeovers and resends happen within the test; the
+// completer is off unless asked for.
 func (e *paymentEnv) start(t *testing.T, env ...string) *serverProcess {
-	base := []string{"PROCESSOR_URL=" + e.simURL, "PROCESSOR_TIMEOUT=500ms", "PAYMENT_LEASE=1500ms", "COMPLETER_INTERVAL=0"}
+	base := []string{"PROCESSOR_URL=" + e.simURL, "PROCESSOR_TIMEOUT=500ms", "PAYMENT_LEASE=1500ms",
+		"PROCESSOR_SETTLE_WINDOW=1s", "COMPLETER_INTERVAL=0"}
 	return startServer(t, e.url, append(base, env...)...)
 }
 
@@ -81,8 +83,9 @@ func (e *paymentEnv) pay(base, key string) (response, error) {
 	return post(base, e.apiKey, "/v1/payments", key, e.payBody())
 }
 
-// payUntilDone retries like a well-behaved client: on 409 in progress it
-// waits for the lease to run out and tries again with the same key.
+// payUntilDone retries like a well-behaved client: on 409 in progress, or
+// 503 while the charge's outcome is not known yet, it waits and tries again
+// with the same key.
 func (e *paymentEnv) payUntilDone(t *testing.T, base, key string) response {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
@@ -91,7 +94,10 @@ func (e *paymentEnv) payUntilDone(t *testing.T, base, key string) response {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res.status != http.StatusConflict || problemCode(t, res.body) != "idempotency_key_in_use" {
+		switch code := problemCode(t, res.body); {
+		case res.status == http.StatusConflict && code == "idempotency_key_in_use":
+		case res.status == http.StatusServiceUnavailable && code == "processor_outcome_unknown":
+		default:
 			return res
 		}
 		if time.Now().After(deadline) {
@@ -320,7 +326,7 @@ func TestStandaloneCompleterFinishesAbandonedPayment(t *testing.T) {
 
 	cmd := exec.Command(apiBinary(t), "completer")
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+e.url, "PROCESSOR_URL="+e.simURL,
-		"PROCESSOR_TIMEOUT=500ms", "PAYMENT_LEASE=1500ms", "COMPLETER_INTERVAL=100ms")
+		"PROCESSOR_TIMEOUT=500ms", "PAYMENT_LEASE=1500ms", "PROCESSOR_SETTLE_WINDOW=1s", "COMPLETER_INTERVAL=100ms")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

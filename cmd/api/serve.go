@@ -98,7 +98,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 func services(pool *pgxpool.Pool, cfg config, logger *slog.Logger) (*idem.Store, *payments.Service) {
 	store := idem.NewStore(pool, idem.Config{LockTimeout: cfg.LockTimeout, TTL: cfg.IdempotencyTTL, Lease: cfg.PaymentLease})
 	proc := processor.NewClient(cfg.ProcessorURL, cfg.ProcessorTimeout)
-	return store, payments.NewService(pool, store, proc, httpapi.Renderer{}, logger)
+	return store, payments.NewService(pool, store, proc, httpapi.Renderer{}, logger, payments.Config{SettleWindow: cfg.SettleWindow})
 }
 
 // runCompleter runs the completer alone, without the HTTP server, until ctx

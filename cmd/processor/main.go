@@ -12,7 +12,8 @@
 //	                                    deduplicate (requirement S4)
 //	                                    (default false)
 //	PROCESSOR_LATENCY                   added to every call, e.g. 200ms
-//	                                    (default 0)
+//	                                    (default 0, at most 30s: see
+//	                                    processorsim.MaxExecution)
 //
 // State is kept in memory: it survives restarts of the API, because this
 // is a separate process, and is lost when this process stops.
@@ -22,6 +23,9 @@
 // modes at run time, is described in internal/processorsim. For example:
 //
 //	curl -X POST localhost:8090/_sim/faults -d '{"path":"/v1/charges","kind":"lost_response"}'
+//	curl -X POST localhost:8090/_sim/faults -d '{"path":"/v1/charges","kind":"late_execution","latency_ms":5000}'
+//	curl -X POST localhost:8090/_sim/faults -d '{"path":"/v1/charges","kind":"status","status":429,"retry_after_ms":2000}'
+//	curl localhost:8090/_sim/idle
 //	curl localhost:8090/_sim/calls
 package main
 
@@ -44,7 +48,7 @@ const usage = `usage: processor
 Runs the payment processor simulator. Environment:
   PROCESSOR_ADDR                      listen address (default :8090)
   PROCESSOR_IGNORE_IDEMPOTENCY_KEYS   true: execute every call, never deduplicate (default false)
-  PROCESSOR_LATENCY                   added to every call, e.g. 200ms (default 0)
+  PROCESSOR_LATENCY                   added to every call, e.g. 200ms (default 0, at most 30s)
 
 State is in memory: it survives restarts of the API, not of this process.
 Faults and modes can be changed at run time through /_sim/faults and /_sim/mode.
@@ -88,8 +92,10 @@ func loadConfig(getenv func(string) string) (config, error) {
 	}
 	if s := getenv("PROCESSOR_LATENCY"); s != "" {
 		v, err := time.ParseDuration(s)
-		if err != nil || v < 0 {
-			return config{}, fmt.Errorf("PROCESSOR_LATENCY=%q: want a duration such as 0 or 200ms", s)
+		// Above MaxExecution every call would be dropped unexecuted, which
+		// is the timeout fault, not a latency.
+		if err != nil || v < 0 || v > processorsim.MaxExecution {
+			return config{}, fmt.Errorf("PROCESSOR_LATENCY=%q: want a duration from 0 to %s, such as 200ms", s, processorsim.MaxExecution)
 		}
 		cfg.Latency = v
 	}

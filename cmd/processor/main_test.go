@@ -36,6 +36,8 @@ func TestLoadConfig(t *testing.T) {
 		{name: "BadBool", vars: map[string]string{"PROCESSOR_IGNORE_IDEMPOTENCY_KEYS": "yes please"}, wantErr: true},
 		{name: "BadLatency", vars: map[string]string{"PROCESSOR_LATENCY": "soon"}, wantErr: true},
 		{name: "NegativeLatency", vars: map[string]string{"PROCESSOR_LATENCY": "-1s"}, wantErr: true},
+		{name: "LatencyAtMaxExecution", vars: map[string]string{"PROCESSOR_LATENCY": "30s"}, want: config{Addr: ":8090", Latency: processorsim.MaxExecution}},
+		{name: "LatencyAboveMaxExecution", vars: map[string]string{"PROCESSOR_LATENCY": "30.001s"}, wantErr: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -81,9 +81,10 @@ WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key
 
 -- name: IdemKeyRelease :execrows
 -- Gives the key back at its recovery point after a transient failure (O2):
--- not completed, not deleted, so the retry resumes from there at once.
+-- not completed, not deleted, so the retry resumes from there once
+-- hold_seconds have passed (0: at once).
 UPDATE idempotency_keys
-SET locked_until = now()
+SET locked_until = now() + make_interval(secs => @hold_seconds::float8)
 WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key
   AND state = 'in_progress' AND lease_generation = @generation;
 

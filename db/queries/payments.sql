@@ -8,6 +8,15 @@ RETURNING *;
 -- name: PaymentGet :one
 SELECT * FROM payments WHERE tenant_id = @tenant_id AND id = @id;
 
+-- name: PaymentGetUnsettled :one
+-- The payment, and for how many more seconds its latest charge call may
+-- still land at the processor (S6): zero or less means it cannot any more.
+-- Measured on the database's clock, the one charge_sent_at was written
+-- with, so API processes with skewed clocks agree.
+SELECT sqlc.embed(payments),
+       coalesce(extract(epoch FROM charge_sent_at + make_interval(secs => @settle_seconds::float8) - now()), 0)::float8 AS unsettled_seconds
+FROM payments WHERE tenant_id = @tenant_id AND id = @id;
+
 -- name: PaymentGetForUpdate :one
 SELECT * FROM payments WHERE tenant_id = @tenant_id AND id = @id FOR UPDATE;
 
@@ -15,12 +24,33 @@ SELECT * FROM payments WHERE tenant_id = @tenant_id AND id = @id FOR UPDATE;
 SELECT * FROM payments
 WHERE tenant_id = @tenant_id AND order_id = @order_id AND status NOT IN ('declined', 'failed');
 
--- name: PaymentSetStatus :one
+-- name: PaymentMarkChargeSent :one
+-- Committed before every charge call: from here a call may be in flight,
+-- and a crash cannot hide it from the attempt that resumes.
+UPDATE payments
+SET status = 'charge_sent', charge_sent_at = now(), charge_calls = charge_calls + 1, updated_at = now()
+WHERE tenant_id = @tenant_id AND id = @id
+RETURNING *;
+
+-- name: PaymentUnmarkChargeSent :exec
+-- The processor said the call did not execute (429, connection refused):
+-- it cannot land, so the settle window goes back to the call before it.
+UPDATE payments
+SET charge_sent_at = sqlc.narg('previous_sent_at'), charge_calls = charge_calls - 1, updated_at = now()
+WHERE tenant_id = @tenant_id AND id = @id;
+
+-- name: PaymentFinish :one
+-- Records the final outcome. A payment whose charge was sent more than once
+-- may still see a late charge land beside the recorded one: the sweep
+-- looks again once the last call can no longer land. sweep_now: a double
+-- charge was found already, so the sweep refunds it at once.
 UPDATE payments
 SET status = @status,
     charge_id = coalesce(sqlc.narg('charge_id'), charge_id),
     decline_code = coalesce(sqlc.narg('decline_code'), decline_code),
     failure_message = coalesce(sqlc.narg('failure_message'), failure_message),
+    sweep_at = CASE WHEN @sweep_now::boolean THEN now()
+                    WHEN charge_calls > 1 THEN charge_sent_at + make_interval(secs => @sweep_delay_seconds::float8) END,
     updated_at = now()
 WHERE tenant_id = @tenant_id AND id = @id
 RETURNING *;
@@ -28,3 +58,48 @@ RETURNING *;
 -- name: PaymentAddRefunded :exec
 UPDATE payments SET refunded_amount = refunded_amount + @amount, updated_at = now()
 WHERE tenant_id = @tenant_id AND id = @id;
+
+-- name: PaymentsClaimSweep :many
+-- The reconciliation sweep's claim: due payments, pushed out by hold_seconds
+-- so that no other sweeper takes them meanwhile (SKIP LOCKED: several
+-- processes share the work) and a sweeper that crashes leaves them due again.
+UPDATE payments p
+SET sweep_at = now() + make_interval(secs => @hold_seconds::float8)
+FROM (
+    SELECT tenant_id, id FROM payments
+    WHERE sweep_at <= now()
+    ORDER BY sweep_at
+    LIMIT @max_rows
+    FOR UPDATE SKIP LOCKED
+) due
+WHERE p.tenant_id = due.tenant_id AND p.id = due.id
+RETURNING p.*;
+
+-- name: PaymentSweepDone :exec
+-- Ends a sweep's look: again in retry_seconds when it could not finish, at
+-- the end of the settle window when it looked early (a double charge or
+-- refund found while calls could still land), else never. Only the sweeper
+-- that claimed the row (same sweep_at) writes.
+UPDATE payments SET sweep_at = CASE
+        WHEN @retry_seconds::float8 > 0 THEN now() + make_interval(secs => @retry_seconds::float8)
+        WHEN charge_sent_at + make_interval(secs => @sweep_delay_seconds::float8) > now()
+            THEN charge_sent_at + make_interval(secs => @sweep_delay_seconds::float8)
+    END
+WHERE tenant_id = @tenant_id AND id = @id AND sweep_at = @claimed_until;
+
+-- name: CompensationCreate :exec
+-- One row per extra charge (the primary key), so a compensation found
+-- twice is recorded once.
+INSERT INTO payment_compensations (tenant_id, payment_id, charge_id, amount, reason, refund_key)
+VALUES (@tenant_id, @payment_id, @charge_id, @amount, @reason, @refund_key)
+ON CONFLICT DO NOTHING;
+
+-- name: CompensationSucceeded :exec
+UPDATE payment_compensations
+SET status = 'succeeded', processor_refund_id = coalesce(sqlc.narg('processor_refund_id'), processor_refund_id), updated_at = now()
+WHERE tenant_id = @tenant_id AND payment_id = @payment_id AND charge_id = @charge_id;
+
+-- name: CompensationsForPayment :many
+SELECT * FROM payment_compensations
+WHERE tenant_id = @tenant_id AND payment_id = @payment_id
+ORDER BY created_at, charge_id;

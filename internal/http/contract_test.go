@@ -258,11 +258,14 @@ func TestContractResponsesMatchSpec(t *testing.T) {
 	send(t, "payment_amount_mismatch", 422, pay, e.a.Key, "p-mismatch", paymentBody(toFail.ID, 1, "EUR", cardVisa))
 	send(t, "processor_rejected", 422, pay, e.a.Key, "p-rejected", payBody(toFail.ID, "pm_card_unknown"))
 	send(t, "pay idempotency_key_reused", 422, pay, e.a.Key, "p-create", payBody(toFail.ID, cardVisa))
+	e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: processorsim.FaultStatus, Status: http.StatusTooManyRequests})
+	send(t, "processor_unavailable", 503, pay, e.a.Key, "p-limited", payBody(toFail.ID, cardVisa))
 	e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: processorsim.FaultServerError})
-	send(t, "processor_unavailable", 503, pay, e.a.Key, "p-fault", payBody(toFail.ID, cardVisa))
+	e.setLease(t, e.a.ID, endpointPayments, "p-limited", -time.Second) // its Retry-After passed
+	send(t, "processor_outcome_unknown", 503, pay, e.a.Key, "p-limited", payBody(toFail.ID, cardVisa))
 	// Another attempt holds the released key's lease now.
-	e.setLease(t, e.a.ID, endpointPayments, "p-fault", time.Hour)
-	send(t, "pay idempotency_key_in_use", 409, pay, e.a.Key, "p-fault", payBody(toFail.ID, cardVisa))
+	e.setLease(t, e.a.ID, endpointPayments, "p-limited", time.Hour)
+	send(t, "pay idempotency_key_in_use", 409, pay, e.a.Key, "p-limited", payBody(toFail.ID, cardVisa))
 
 	get(t, "get payment", 200, e.a.Key, "/v1/payments/"+paymentID)
 	get(t, "get declined payment", 200, e.a.Key, "/v1/payments/"+declinedID)
@@ -287,7 +290,7 @@ func TestContractResponsesMatchSpec(t *testing.T) {
 	send(t, "refund_exceeds_payment", 422, refunds, e.a.Key, "r-exceeds", refundBody(orderAmount))
 	send(t, "refund idempotency_key_reused", 422, refunds, e.a.Key, "r-create", refundBody(2))
 	e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathRefunds, Kind: processorsim.FaultServerError})
-	send(t, "refund processor_unavailable", 503, refunds, e.a.Key, "r-fault", refundBody(1))
+	send(t, "refund processor_outcome_unknown", 503, refunds, e.a.Key, "r-fault", refundBody(1))
 
 	e.proxy.Cut()
 	post(t, "service_unavailable", 503, e.a.Key, "k-outage", orderBody("inv-4"))

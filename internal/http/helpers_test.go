@@ -67,8 +67,9 @@ type env struct {
 }
 
 type setupOptions struct {
-	proxy     bool
-	processor bool
+	proxy        bool
+	processor    bool
+	settleWindow time.Duration
 }
 
 type setupOption func(*setupOptions)
@@ -81,6 +82,13 @@ func withProxy() setupOption { return func(o *setupOptions) { o.proxy = true } }
 // to it as cmd/api does.
 func withProcessor() setupOption { return func(o *setupOptions) { o.processor = true } }
 
+// withSettleWindow sets the payments service's settle window (default
+// settleWindow): shorter than the processor's execution, to play a
+// processor slower than the API was configured for.
+func withSettleWindow(d time.Duration) setupOption {
+	return func(o *setupOptions) { o.settleWindow = d }
+}
+
 const (
 	// processorTimeout bounds one call to the simulator: short, so the
 	// timeout fault costs the tests little.
@@ -88,11 +96,18 @@ const (
 	// paymentLease is how long a payment attempt owns its key: well above
 	// processorTimeout, as the lease must outlast one step (S3).
 	paymentLease = 10 * time.Second
+	// settleWindow is how long a processor call may still land after it was
+	// sent (S6): above processorTimeout and above lateDelay, the longest the
+	// tests' processor takes to execute a call, as it must be.
+	settleWindow = 1500 * time.Millisecond
+	// lateDelay is how long a late_execution fault holds a call before it
+	// executes: after the caller gave up, within the settle window.
+	lateDelay = time.Second
 )
 
 func setup(t *testing.T, opts ...setupOption) *env {
 	t.Helper()
-	var o setupOptions
+	o := setupOptions{settleWindow: settleWindow}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -144,7 +159,8 @@ func setup(t *testing.T, opts ...setupOption) *env {
 		simSrv := httptest.NewServer(e.sim.Handler())
 		t.Cleanup(simSrv.Close) // runs after the API server's Close: no call is cut short
 		e.payments = paymentsvc.NewService(serverPool, store,
-			processor.NewClient(simSrv.URL, processorTimeout), httpapi.Renderer{}, logger)
+			processor.NewClient(simSrv.URL, processorTimeout), httpapi.Renderer{}, logger,
+			paymentsvc.Config{SettleWindow: o.settleWindow})
 	}
 	e.handler = httpapi.NewHandler(httpapi.Config{
 		Pool:           serverPool,

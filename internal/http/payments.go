@@ -39,22 +39,48 @@ type paymentJSON struct {
 	ChargeID       *string   `json:"charge_id"`
 	DeclineCode    *string   `json:"decline_code"`
 	RefundedAmount int64     `json:"refunded_amount"`
-	CreatedAt      string    `json:"created_at"`
+	// Compensations are refunds of extra charges reconciliation found
+	// (a late duplicate); never null.
+	Compensations []compensationJSON `json:"compensations"`
+	CreatedAt     string             `json:"created_at"`
 }
 
+type compensationJSON struct {
+	ChargeID string  `json:"charge_id"`
+	Amount   int64   `json:"amount"`
+	Reason   string  `json:"reason"`
+	Status   string  `json:"status"`
+	RefundID *string `json:"refund_id"`
+}
+
+// statusProcessing is what a payment whose charge outcome is not known yet
+// shows: never failed, since the charge may still land (S6).
+const statusProcessing = "processing"
+
 func toPaymentJSON(p payments.Payment) paymentJSON {
-	return paymentJSON{
+	status := p.Status
+	if !p.Settled() {
+		status = statusProcessing
+	}
+	out := paymentJSON{
 		ID:             p.ID,
 		OrderID:        p.OrderID,
 		Amount:         p.Amount,
 		Currency:       p.Currency,
 		PaymentMethod:  p.PaymentMethod,
-		Status:         p.Status,
+		Status:         status,
 		ChargeID:       optional(p.ChargeID),
 		DeclineCode:    optional(p.DeclineCode),
 		RefundedAmount: p.RefundedAmount,
+		Compensations:  []compensationJSON{},
 		CreatedAt:      p.CreatedAt.UTC().Format(time.RFC3339Nano),
 	}
+	for _, c := range p.Compensations {
+		out.Compensations = append(out.Compensations, compensationJSON{
+			ChargeID: c.ChargeID, Amount: c.Amount, Reason: c.Reason, Status: c.Status, RefundID: optional(c.ProcessorRefundID),
+		})
+	}
+	return out
 }
 
 type refundJSON struct {

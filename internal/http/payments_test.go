@@ -103,7 +103,18 @@ type payment struct {
 	ChargeID       *string `json:"charge_id"`
 	DeclineCode    *string `json:"decline_code"`
 	RefundedAmount int64   `json:"refunded_amount"`
-	CreatedAt      string  `json:"created_at"`
+	// Compensations: refunds of extra charges reconciliation found.
+	Compensations []compensation `json:"compensations"`
+	CreatedAt     string         `json:"created_at"`
+}
+
+// compensation is the client's view of a compensating refund.
+type compensation struct {
+	ChargeID string  `json:"charge_id"`
+	Amount   int64   `json:"amount"`
+	Reason   string  `json:"reason"`
+	Status   string  `json:"status"`
+	RefundID *string `json:"refund_id"`
 }
 
 func decodePayment(t *testing.T, res response) payment {
@@ -313,7 +324,43 @@ func (e *env) setLease(t *testing.T, tenantID uuid.UUID, endpoint, key string, d
 	}
 }
 
+// passSettleWindow makes the settle window (S6) of the key's payment or
+// refund pass now, as if its last processor call had been sent a window
+// ago, and ends the lease a key holds between two lookups: what waiting
+// would do, without the wait.
+func (e *env) passSettleWindow(t *testing.T, tenantID uuid.UUID, endpoint, key string) {
+	t.Helper()
+	ctx := context.Background()
+	for _, sql := range []string{
+		`UPDATE payments SET charge_sent_at = charge_sent_at - make_interval(secs => $4)
+		 FROM idempotency_keys k
+		 WHERE k.tenant_id = $1 AND k.endpoint = $2 AND k.idem_key = $3 AND payments.tenant_id = k.tenant_id AND payments.id = k.resource_id`,
+		`UPDATE refunds SET refund_sent_at = refund_sent_at - make_interval(secs => $4)
+		 FROM idempotency_keys k
+		 WHERE k.tenant_id = $1 AND k.endpoint = $2 AND k.idem_key = $3 AND refunds.tenant_id = k.tenant_id AND refunds.id = k.resource_id`,
+		`UPDATE idempotency_keys SET locked_until = now()
+		 WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3 AND state = 'in_progress' AND $4 > 0`,
+	} {
+		if _, err := e.pool.Exec(ctx, sql, tenantID, endpoint, key, settleWindow.Seconds()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // --- The processor's records ---
+
+// netCharged is the money the processor moved for an order: its succeeded
+// charges less what was refunded of them, read from the simulator's own
+// records (the metadata the API puts on every charge names the order).
+func (e *env) netCharged(orderID string) int64 {
+	var net int64
+	for _, ch := range e.sim.Charges() {
+		if ch.Metadata["order_id"] == orderID && ch.Status == processor.StatusSucceeded {
+			net += ch.Amount - ch.RefundedAmount
+		}
+	}
+	return net
+}
 
 // call is what the tests compare of a call the simulator recorded.
 type call struct {
@@ -404,7 +451,7 @@ func TestPayOrder(t *testing.T) {
 	t.Run("AnswersWithTheSucceededPayment", func(t *testing.T) {
 		want := payment{
 			ID: p.ID, OrderID: o.ID, Amount: orderAmount, Currency: "EUR", PaymentMethod: cardVisa,
-			Status: "succeeded", ChargeID: &ch.ID, DeclineCode: nil, RefundedAmount: 0, CreatedAt: p.CreatedAt,
+			Status: "succeeded", ChargeID: &ch.ID, DeclineCode: nil, RefundedAmount: 0, Compensations: []compensation{}, CreatedAt: p.CreatedAt,
 		}
 		if diff := cmp.Diff(want, p); diff != "" {
 			t.Errorf("payment (-want +got):\n%s", diff)
@@ -758,21 +805,34 @@ func TestPayRejectedBeforeTheClaim(t *testing.T) {
 	})
 }
 
-// T4, O2, S1-S3: when the processor times out, fails or loses its answer,
-// the key is released at charge_sent (not completed, not deleted); the
-// retry with the same key resumes with the same derived key, and the card
-// is charged exactly once.
+// T4, O2, S1-S3, S6: when the processor times out, fails, loses its
+// answer or rate-limits, the key is released at charge_sent (not
+// completed, not deleted) and the payment shows processing; the retry with
+// the same key looks the charge up, sends again with the same derived key
+// only once the first call can no longer land (or, after a 429, at once),
+// and the card is charged exactly once.
 func TestPayProcessorFailure(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name  string
-		fault processorsim.FaultKind
+		fault processorsim.Fault
+		code  string
 		// charged: the failed call made the charge; only its answer was lost.
 		charged bool
+		// unknown: the failed call's outcome is unknown, so the retry looks
+		// it up and, finding nothing, waits out the settle window.
+		unknown bool
+		// held: the key is held for the processor's Retry-After, so that
+		// neither a retry nor the completer calls it sooner.
+		held bool
 	}{
-		{name: "Timeout", fault: processorsim.FaultTimeout},
-		{name: "ServerError", fault: processorsim.FaultServerError},
-		{name: "LostResponse", fault: processorsim.FaultLostResponse, charged: true},
+		{name: "Timeout", fault: processorsim.Fault{Kind: processorsim.FaultTimeout}, code: httpapi.CodeOutcomeUnknown, unknown: true},
+		{name: "ServerError", fault: processorsim.Fault{Kind: processorsim.FaultServerError}, code: httpapi.CodeOutcomeUnknown, unknown: true},
+		{name: "BadGateway", fault: processorsim.Fault{Kind: processorsim.FaultStatus, Status: http.StatusBadGateway}, code: httpapi.CodeOutcomeUnknown, unknown: true},
+		{name: "RequestTimeout", fault: processorsim.Fault{Kind: processorsim.FaultStatus, Status: http.StatusRequestTimeout}, code: httpapi.CodeOutcomeUnknown, unknown: true},
+		{name: "TooEarly", fault: processorsim.Fault{Kind: processorsim.FaultStatus, Status: http.StatusTooEarly}, code: httpapi.CodeOutcomeUnknown, unknown: true},
+		{name: "LostResponse", fault: processorsim.Fault{Kind: processorsim.FaultLostResponse}, code: httpapi.CodeOutcomeUnknown, charged: true, unknown: true},
+		{name: "RateLimited", fault: processorsim.Fault{Kind: processorsim.FaultStatus, Status: http.StatusTooManyRequests, RetryAfter: 2 * time.Second}, code: httpapi.CodeProcessorUnavailable, held: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -782,12 +842,18 @@ func TestPayProcessorFailure(t *testing.T) {
 			const key = "pay-key"
 			body := payBody(o.ID, cardVisa)
 			derived := chargeKey(e.a.ID, key)
-			failed := chargeCall(derived, tt.fault, tt.charged)
+			failed := chargeCall(derived, tt.fault.Kind, tt.charged)
 
-			e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: tt.fault})
+			tt.fault.Path = processorsim.PathCharges
+			e.sim.InjectFault(tt.fault)
 			res := e.pay(t, e.a.Key, key, body)
-			wantProblem(t, res, http.StatusServiceUnavailable, httpapi.CodeProcessorUnavailable)
+			wantProblem(t, res, http.StatusServiceUnavailable, tt.code)
 			wantRetryAfter(t, res)
+			if tt.fault.RetryAfter > 0 {
+				if got := res.header.Get("Retry-After"); got != "2" {
+					t.Errorf("Retry-After = %q, want the processor's 2", got)
+				}
+			}
 			if res.header.Get(httpapi.ReplayedHeader) != "" {
 				t.Error("a 503 must not be marked as a replay")
 			}
@@ -795,7 +861,7 @@ func TestPayProcessorFailure(t *testing.T) {
 
 			t.Run("KeyIsReleasedAtChargeSent", func(t *testing.T) {
 				e.wantKeyState(t, e.a.ID, endpointPayments, key, keyState{
-					State: "in_progress", RecoveryPoint: "charge_sent", LeaseHeld: false, ResourceID: row.ID,
+					State: "in_progress", RecoveryPoint: "charge_sent", LeaseHeld: tt.held, ResourceID: row.ID,
 				})
 				want := paymentRow{ID: row.ID, Status: "charge_sent", Amount: orderAmount, Currency: "EUR", PaymentMethod: cardVisa, ChargeKey: derived}
 				if diff := cmp.Diff(want, row); diff != "" {
@@ -803,6 +869,9 @@ func TestPayProcessorFailure(t *testing.T) {
 				}
 				if diff := cmp.Diff(orderRow{Status: "pending"}, e.orderRow(t, o.ID)); diff != "" {
 					t.Errorf("order row (-want +got):\n%s", diff)
+				}
+				if got := decodePayment(t, e.get(t, e.a.Key, "/v1/payments/"+row.ID)).Status; got != "processing" {
+					t.Errorf("GET payment status = %q, want processing: the charge may still land", got)
 				}
 				e.wantCalls(t, failed)
 				wantCharges := 0
@@ -813,6 +882,25 @@ func TestPayProcessorFailure(t *testing.T) {
 					t.Errorf("charges at the processor = %d, want %d", n, wantCharges)
 				}
 			})
+
+			calls := []call{failed}
+			if tt.unknown && !tt.charged {
+				// Nothing found, and the first call may still land: no
+				// second charge call, nothing final.
+				res := e.pay(t, e.a.Key, key, body)
+				wantProblem(t, res, http.StatusServiceUnavailable, httpapi.CodeOutcomeUnknown)
+				wantRetryAfter(t, res)
+				calls = append(calls, lookupCall)
+				e.wantCalls(t, calls...)
+				e.wantKeyState(t, e.a.ID, endpointPayments, key, keyState{
+					State: "in_progress", RecoveryPoint: "charge_sent", LeaseHeld: true, ResourceID: row.ID,
+				})
+				e.passSettleWindow(t, e.a.ID, endpointPayments, key)
+			}
+			if tt.held {
+				// The client waits out Retry-After.
+				e.setLease(t, e.a.ID, endpointPayments, key, -time.Second)
+			}
 
 			retry := e.pay(t, e.a.Key, key, body)
 			wantStatus(t, retry, http.StatusCreated)
@@ -827,15 +915,23 @@ func TestPayProcessorFailure(t *testing.T) {
 				}
 				// The resumed attempt asks the processor first (S4); it
 				// charges again, with the same derived key, only when there
-				// is no charge yet.
-				if tt.charged {
-					e.wantCalls(t, failed, lookupCall)
-				} else {
-					e.wantCalls(t, failed, lookupCall, chargeCall(derived, "", true))
+				// is no charge and the first call can no longer land. After
+				// a 429 nothing can land, so it charges at once.
+				switch {
+				case tt.charged:
+					calls = append(calls, lookupCall)
+				case tt.unknown:
+					calls = append(calls, lookupCall, chargeCall(derived, "", true))
+				default:
+					calls = append(calls, chargeCall(derived, "", true))
 				}
+				e.wantCalls(t, calls...)
 				ch := e.oneCharge(t, derived)
 				if n := len(e.sim.Charges()); n != 1 || ch.Status != processor.StatusSucceeded {
 					t.Errorf("charges at the processor = %+v, want one succeeded charge", e.sim.Charges())
+				}
+				if net := e.netCharged(o.ID); net != orderAmount {
+					t.Errorf("net charged for the order = %d, want %d", net, orderAmount)
 				}
 				if p.ChargeID == nil || *p.ChargeID != ch.ID {
 					t.Errorf("charge_id = %v, want %s", p.ChargeID, ch.ID)
@@ -907,7 +1003,9 @@ func TestPayTransientDatabaseFailureReleasesTheKey(t *testing.T) {
 		if p := decodePayment(t, res); p.ID != row.ID {
 			t.Errorf("the retry answered payment %s, want the resumed payment %s", p.ID, row.ID)
 		}
-		e.wantCalls(t, lookupCall, chargeCall(derived, "", true))
+		// No charge call was ever marked as sent, so there is nothing to
+		// look up: the resumed attempt charges at once.
+		e.wantCalls(t, chargeCall(derived, "", true))
 		e.oneCharge(t, derived)
 		e.wantKeyState(t, e.a.ID, endpointPayments, key, completed(http.StatusCreated, row.ID))
 		if n := e.count(t, "SELECT last_value FROM fail_once"); n != 2 {
@@ -927,7 +1025,7 @@ func TestPayLostDeclineIsFound(t *testing.T) {
 	derived := chargeKey(e.a.ID, key)
 
 	e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: processorsim.FaultLostResponse})
-	wantProblem(t, e.pay(t, e.a.Key, key, body), http.StatusServiceUnavailable, httpapi.CodeProcessorUnavailable)
+	wantProblem(t, e.pay(t, e.a.Key, key, body), http.StatusServiceUnavailable, httpapi.CodeOutcomeUnknown)
 
 	res := e.pay(t, e.a.Key, key, body)
 	p := wantProblem(t, res, http.StatusPaymentRequired, httpapi.CodeCardDeclined)
@@ -977,7 +1075,7 @@ func TestPayKeyInUseWhileTheLeaseIsHeld(t *testing.T) {
 	e.wantCalls(t, chargeCall(derived, processorsim.FaultServerError, false))
 
 	t.Run("RetryAfterTheLeaseExpiredTakesOver", func(t *testing.T) {
-		e.setLease(t, e.a.ID, endpointPayments, key, -time.Second)
+		e.passSettleWindow(t, e.a.ID, endpointPayments, key) // ends the lease too
 		res := e.pay(t, e.a.Key, key, body)
 		wantStatus(t, res, http.StatusCreated)
 		if got := e.leaseGeneration(t, e.a.ID, endpointPayments, key); got != gen+1 {
@@ -1035,6 +1133,7 @@ func TestPayKeyReuse(t *testing.T) {
 		}
 
 		// The original request still resumes.
+		e.passSettleWindow(t, e.a.ID, endpointPayments, key)
 		wantStatus(t, e.pay(t, e.a.Key, key, payBody(o2.ID, cardVisa)), http.StatusCreated)
 		e.oneCharge(t, derived)
 	})
@@ -1071,7 +1170,7 @@ func TestPayAgainstAProcessorWithoutIdempotency(t *testing.T) {
 		derived := chargeKey(e.a.ID, key)
 
 		e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: processorsim.FaultLostResponse})
-		wantProblem(t, e.pay(t, e.a.Key, key, body), http.StatusServiceUnavailable, httpapi.CodeProcessorUnavailable)
+		wantProblem(t, e.pay(t, e.a.Key, key, body), http.StatusServiceUnavailable, httpapi.CodeOutcomeUnknown)
 		res := e.pay(t, e.a.Key, key, body)
 		wantStatus(t, res, http.StatusCreated)
 
@@ -1100,7 +1199,7 @@ func TestPayAgainstAProcessorWithoutIdempotency(t *testing.T) {
 		body := payBody(o.ID, cardVisa)
 
 		e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: processorsim.FaultLostResponse})
-		wantProblem(t, e.pay(t, e.a.Key, key, body), http.StatusServiceUnavailable, httpapi.CodeProcessorUnavailable)
+		wantProblem(t, e.pay(t, e.a.Key, key, body), http.StatusServiceUnavailable, httpapi.CodeOutcomeUnknown)
 		calls := e.sim.Calls()
 		if len(calls) != 1 {
 			t.Fatalf("processor calls = %+v, want the one lost charge", calls)
@@ -1119,6 +1218,10 @@ func TestPayAgainstAProcessorWithoutIdempotency(t *testing.T) {
 		retry := e.pay(t, e.a.Key, key, body)
 		wantStatus(t, retry, http.StatusCreated)
 		p := decodePayment(t, retry)
+		// The lookup saw the double charge: the sweep is due at once.
+		if n, err := e.payments.Sweep(t.Context(), 10); err != nil || n != 1 {
+			t.Fatalf("Sweep = %d, %v; want the one payment swept", n, err)
+		}
 
 		t.Run("TheFirstChargeIsKept", func(t *testing.T) {
 			if p.ChargeID == nil || *p.ChargeID != kept.ID {
@@ -1152,16 +1255,19 @@ func TestPayAgainstAProcessorWithoutIdempotency(t *testing.T) {
 			e.wantCalls(t,
 				chargeCall(derived, processorsim.FaultLostResponse, true),
 				lookupCall,
+				lookupCall, // the sweep's
 				refundCall(re.IdempotencyKey, "", true))
-
-			var net int64
-			for _, ch := range e.sim.Charges() {
-				if ch.Status == processor.StatusSucceeded {
-					net += ch.Amount - ch.RefundedAmount
-				}
-			}
-			if net != orderAmount {
+			if net := e.netCharged(o.ID); net != orderAmount {
 				t.Errorf("net charged = %d, want %d", net, orderAmount)
+			}
+		})
+
+		t.Run("ThePaymentShowsTheCompensation", func(t *testing.T) {
+			got := decodePayment(t, e.get(t, e.a.Key, "/v1/payments/"+p.ID)).Compensations
+			refundID := e.sim.Refunds()[0].ID
+			want := []compensation{{ChargeID: dup.ID, Amount: dup.Amount, Reason: "duplicate_charge", Status: "succeeded", RefundID: &refundID}}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("compensations (-want +got):\n%s", diff)
 			}
 		})
 
@@ -1189,6 +1295,7 @@ func TestCompleterFinishesAnAbandonedPayment(t *testing.T) {
 	e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: processorsim.FaultServerError})
 	wantStatus(t, e.pay(t, e.a.Key, key, body), http.StatusServiceUnavailable)
 	row := e.onePayment(t, o.ID)
+	e.passSettleWindow(t, e.a.ID, endpointPayments, key)
 
 	if n := paymentsvc.NewCompleter(e.payments, time.Hour).RunOnce(t.Context()); n != 1 {
 		t.Fatalf("the completer took over %d keys, want 1", n)
@@ -1610,7 +1717,7 @@ func TestRefundProcessorFailure(t *testing.T) {
 
 			e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathRefunds, Kind: tt.fault})
 			res := e.refund(t, e.a.Key, key, p.ID, refundBody(1000))
-			wantProblem(t, res, http.StatusServiceUnavailable, httpapi.CodeProcessorUnavailable)
+			wantProblem(t, res, http.StatusServiceUnavailable, httpapi.CodeOutcomeUnknown)
 			wantRetryAfter(t, res)
 			rows := e.refundRows(t, p.ID)
 			if len(rows) != 1 || rows[0].Status != "refund_sent" || rows[0].RefundKey != derived {
@@ -1619,6 +1726,15 @@ func TestRefundProcessorFailure(t *testing.T) {
 			e.wantKeyState(t, e.a.ID, endpointRefunds, key, keyState{State: "in_progress", RecoveryPoint: "refund_sent", ResourceID: rows[0].ID})
 			if got := e.onePayment(t, p.OrderID).RefundedAmount; got != 0 {
 				t.Errorf("refunded_amount = %d, want 0 before the refund is confirmed", got)
+			}
+			lookup := call{Method: http.MethodGet, Path: processorsim.PathRefunds}
+			retried := []call{lookup}
+			if !tt.executed {
+				// Nothing found, and the failed call may still land: no
+				// second refund call until the settle window has passed.
+				wantProblem(t, e.refund(t, e.a.Key, key, p.ID, refundBody(1000)), http.StatusServiceUnavailable, httpapi.CodeOutcomeUnknown)
+				e.passSettleWindow(t, e.a.ID, endpointRefunds, key)
+				retried = append(retried, lookup, refundCall(derived, "", true))
 			}
 
 			retry := e.refund(t, e.a.Key, key, p.ID, refundBody(1000))
@@ -1631,10 +1747,6 @@ func TestRefundProcessorFailure(t *testing.T) {
 			}
 			// The resumed attempt looks the refund up first; it sends it
 			// again only when the failed call never executed.
-			retried := []call{{Method: http.MethodGet, Path: processorsim.PathRefunds}, refundCall(derived, "", true)}
-			if tt.executed {
-				retried = retried[:1]
-			}
 			e.wantCalls(t, append(append(calls, refundCall(derived, tt.fault, tt.executed)), retried...)...)
 			wantRows := []refundRow{{ID: r.ID, Amount: 1000, Status: "succeeded", RefundKey: derived, ProcessorRefundID: refunds[0].ID}}
 			if diff := cmp.Diff(wantRows, e.refundRows(t, p.ID)); diff != "" {
@@ -1690,7 +1802,7 @@ func TestRefundAgainstAProcessorWithoutIdempotency(t *testing.T) {
 	derived := refundKey(e.a.ID, key)
 
 	e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathRefunds, Kind: processorsim.FaultLostResponse})
-	wantProblem(t, e.refund(t, e.a.Key, key, p.ID, refundBody(1000)), http.StatusServiceUnavailable, httpapi.CodeProcessorUnavailable)
+	wantProblem(t, e.refund(t, e.a.Key, key, p.ID, refundBody(1000)), http.StatusServiceUnavailable, httpapi.CodeOutcomeUnknown)
 	res := e.refund(t, e.a.Key, key, p.ID, refundBody(1000))
 	wantStatus(t, res, http.StatusCreated)
 

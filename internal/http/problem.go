@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -47,10 +49,16 @@ const (
 	CodeNotRefundable        = "payment_not_refundable"
 	CodeRefundExceeds        = "refund_exceeds_payment"
 	CodeProcessorUnavailable = "processor_unavailable"
+	CodeOutcomeUnknown       = "processor_outcome_unknown"
 )
 
 // retryAfterSeconds is sent with 409 idempotency_key_in_use and 503.
 const retryAfterSeconds = "1"
+
+// retryAfter renders d as Retry-After delay-seconds: rounded up, at least 1.
+func retryAfter(d time.Duration) string {
+	return strconv.FormatInt(max(int64((d+time.Second-1)/time.Second), 1), 10)
+}
 
 // Problem is an RFC 9457 problem detail.
 type Problem struct {
@@ -144,8 +152,13 @@ func problemFor(err error) Problem {
 	case errors.Is(err, payments.ErrProcessorUnavailable):
 		// Shared by payments and refunds, so it names neither.
 		p := newProblem(http.StatusServiceUnavailable, CodeProcessorUnavailable, "Payment processor unavailable",
-			"The payment processor did not confirm the request. Nothing was recorded as final: retry with the same Idempotency-Key and the request resumes where it stopped, without charging or refunding twice.")
-		p.header = map[string]string{"Retry-After": retryAfterSeconds}
+			"The payment processor did not execute the request. Nothing was recorded as final: retry with the same Idempotency-Key after the Retry-After delay and the request resumes where it stopped.")
+		p.header = map[string]string{"Retry-After": retryAfter(payments.RetryAfter(err))}
+		return p
+	case errors.Is(err, payments.ErrOutcomeUnknown):
+		p := newProblem(http.StatusServiceUnavailable, CodeOutcomeUnknown, "Outcome not known yet",
+			"The payment processor has not confirmed whether the request took effect, and it may still do so. Nothing was recorded as final and the payment shows status processing: retry with the same Idempotency-Key after the Retry-After delay. The request resumes where it stopped and never charges or refunds twice.")
+		p.header = map[string]string{"Retry-After": retryAfter(payments.RetryAfter(err))}
 		return p
 	case errors.Is(err, orders.ErrNotFound), errors.Is(err, payments.ErrNotFound), errors.Is(err, errRouteNotFound):
 		return newProblem(http.StatusNotFound, CodeNotFound, "Not found", "")

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -78,6 +79,18 @@ func DeriveKey(c Claim, step string) string {
 	h := sha256.New()
 	for _, part := range []string{"idem-derived/v1", c.TenantID.String(), c.Endpoint, c.Key, step} {
 		// Length-prefixed, so no two different tuples hash the same input.
+		fmt.Fprintf(h, "%d:%s", len(part), part)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// DeriveChildKey returns the key for a further call made on behalf of a
+// call that already has a derived key (a refund compensating a duplicate
+// charge): a hash of parent and step, as deterministic as DeriveKey, so
+// every attempt at the further call sends the same key.
+func DeriveChildKey(parent, step string) string {
+	h := sha256.New()
+	for _, part := range []string{"idem-derived-child/v1", parent, step} {
 		fmt.Fprintf(h, "%d:%s", len(part), part)
 	}
 	return hex.EncodeToString(h.Sum(nil))
@@ -242,15 +255,17 @@ func (s *Store) apply(ctx context.Context, q *dbsqlc.Queries, l *Lease, step Ste
 }
 
 // Release gives the key back at its recovery point after a transient
-// failure (O2): neither completed nor deleted, with its lease ended now, so
-// the client's retry (or the completer) resumes at once. A lease already
-// lost is not an error: the attempt that took over owns the key.
-func (s *Store) Release(ctx context.Context, l Lease) error {
+// failure (O2): neither completed nor deleted, with its lease ending after
+// hold (0: now), so the client's retry (or the completer) resumes then. A
+// retry that comes earlier gets ErrKeyInUse. A lease already lost is not an
+// error: the attempt that took over owns the key.
+func (s *Store) Release(ctx context.Context, l Lease, hold time.Duration) error {
 	// The request may have failed because its context ended; releasing
 	// must still happen.
 	ctx = context.WithoutCancel(ctx)
 	_, err := dbsqlc.New(s.pool).IdemKeyRelease(ctx, dbsqlc.IdemKeyReleaseParams{
 		TenantID: l.TenantID, Endpoint: l.Endpoint, IdemKey: l.Key, Generation: l.Generation,
+		HoldSeconds: max(hold, 0).Seconds(),
 	})
 	return err
 }

@@ -600,7 +600,7 @@ func TestRelease(t *testing.T) {
 	resource := uuid.New()
 	first := h.mustBegin(t, store, c, "created", pointCreated, resource)
 
-	if err := store.Release(t.Context(), first); err != nil {
+	if err := store.Release(t.Context(), first, 0); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 	t.Run("EndsTheLeaseKeepsThePoint", func(t *testing.T) {
@@ -627,7 +627,7 @@ func TestRelease(t *testing.T) {
 
 	t.Run("StaleGenerationChangesNothing", func(t *testing.T) {
 		before := h.snapshot(t, c)
-		if err := store.Release(t.Context(), first); err != nil {
+		if err := store.Release(t.Context(), first, 0); err != nil {
 			t.Fatalf("stale Release: %v", err)
 		}
 		if diff := cmp.Diff(before, h.snapshot(t, c)); diff != "" {
@@ -645,7 +645,7 @@ func TestRelease(t *testing.T) {
 			t.Fatalf("Phase: %v", err)
 		}
 		before := h.snapshot(t, c)
-		if err := store.Release(t.Context(), second); err != nil {
+		if err := store.Release(t.Context(), second, 0); err != nil {
 			t.Fatalf("Release of a completed key: %v", err)
 		}
 		if diff := cmp.Diff(before, h.snapshot(t, c)); diff != "" {

@@ -2,18 +2,21 @@ package payments
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 )
 
-// Completer finishes payments and refunds whose client went away: it takes
-// over keys whose lease expired at a recovery point short of finished and
-// resumes them, using only what is in the database. The recorded response is
-// the one the client would have got, so a late retry replays it.
+// Completer finishes payments and refunds whose client went away, and runs
+// the reconciliation sweep. It takes over keys whose lease expired at a
+// recovery point short of finished and resumes them, using only what is in
+// the database. The recorded response is the one the client would have
+// got, so a late retry replays it.
 //
 // Any number of processes may run a Completer: the takeover skips rows
 // another completer holds (FOR UPDATE SKIP LOCKED) and bumps the lease
-// generation, which fences off any attempt still running elsewhere.
+// generation, which fences off any attempt still running elsewhere; the
+// sweep claims its rows the same way.
 type Completer struct {
 	svc      *Service
 	interval time.Duration
@@ -30,8 +33,8 @@ func (c *Completer) Run(ctx context.Context) {
 	ticker := time.NewTicker(c.interval)
 	defer ticker.Stop()
 	for {
-		// A full batch finished: more may be waiting. Any failure waits for
-		// the next tick instead, so a processor outage is not hammered.
+		// A full batch was handled: more may be waiting. Any failure waits
+		// for the next tick instead, so a processor outage is not hammered.
 		for c.RunOnce(ctx) == c.batch {
 		}
 		select {
@@ -42,11 +45,22 @@ func (c *Completer) Run(ctx context.Context) {
 	}
 }
 
-// RunOnce finishes up to one batch of expired keys and returns how many it
-// finished. It takes keys over one at a time, right before resuming each:
-// a lease taken for a whole batch up front could run out while earlier keys
-// are still being worked on, and another completer would take it over.
+// RunOnce handles up to one batch of expired keys, then one batch of the
+// sweep, and returns how many keys it finished. It takes keys over one at a time, right before
+// resuming each: a lease taken for a whole batch up front could run out
+// while earlier keys are still being worked on, and another completer
+// would take it over.
 func (c *Completer) RunOnce(ctx context.Context) int {
+	finished := c.resumeExpired(ctx)
+	if _, err := c.svc.Sweep(ctx, c.batch); err != nil && ctx.Err() == nil {
+		c.svc.log.WarnContext(ctx, "completer: sweep", slog.Any("error", err))
+	}
+	return finished
+}
+
+// resumeExpired takes over and resumes up to one batch of expired keys and
+// returns how many it finished.
+func (c *Completer) resumeExpired(ctx context.Context) int {
 	log := c.svc.log
 	finished := 0
 	for range c.batch {
@@ -63,7 +77,12 @@ func (c *Completer) RunOnce(ctx context.Context) int {
 		l := &leases[0]
 		attrs := []any{slog.String("endpoint", l.Endpoint), slog.String("tenant_id", l.TenantID.String()), slog.String("resource_id", l.ResourceID.String())}
 		res, err := c.svc.resume(ctx, l)
-		if err != nil {
+		switch {
+		case isWaitingToSettle(err):
+			// The key is held until its next look: go on with the others.
+			log.InfoContext(ctx, "completer: outcome not settled yet", append(attrs, slog.Any("error", err))...)
+			continue
+		case err != nil:
 			// The key was released; waiting for the next tick is the backoff.
 			log.WarnContext(ctx, "completer: resume failed; will retry", append(attrs, slog.Any("error", err))...)
 			return finished
@@ -73,3 +92,7 @@ func (c *Completer) RunOnce(ctx context.Context) int {
 	}
 	return finished
 }
+
+// isWaitingToSettle reports whether err says only that an earlier call may
+// still land: nothing is wrong with the processor.
+func isWaitingToSettle(err error) bool { return errors.Is(err, errSettling) }

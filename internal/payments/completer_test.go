@@ -166,18 +166,32 @@ func TestCompleterLeavesLiveAndCompletedKeysAlone(t *testing.T) {
 
 	// The client gives up: its attempt releases the key.
 	cancelFlight()
-	if err := <-flight; !errors.Is(err, payments.ErrProcessorUnavailable) {
-		t.Fatalf("Pay whose client gave up: %v; want ErrProcessorUnavailable", err)
+	if err := <-flight; !errors.Is(err, payments.ErrOutcomeUnknown) {
+		t.Fatalf("Pay whose client gave up: %v; want ErrOutcomeUnknown", err)
 	}
 	w.wantKey(t, flying.claim, keyRow{State: "in_progress", RecoveryPoint: "charge_sent", Generation: 1, Lock: "expired"})
 
-	t.Run("FinishesItOnceReleased", func(t *testing.T) {
-		w.waitLeaseExpired(t, bound, flying.claim)
+	t.Run("WaitsWhileTheCallMayStillLand", func(t *testing.T) {
+		calls := len(w.sim.Calls())
+		if got := completer.RunOnce(bound); got != 0 {
+			t.Errorf("RunOnce finished %d payments inside the settle window, want 0", got)
+		}
+		if got := len(w.chargeCalls(flying.chargeKey())); got != 1 {
+			t.Errorf("%d charge calls inside the settle window, want the first one only", got)
+		}
+		if got := len(w.sim.Calls()) - calls; got != 1 {
+			t.Errorf("the completer made %d processor calls, want 1 (the lookup)", got)
+		}
+		w.wantPaymentStatus(t, flying, payments.StatusChargeSent)
+	})
+
+	t.Run("FinishesItOnceSettled", func(t *testing.T) {
+		w.passSettleWindow(t, flying)
 		if got := completer.RunOnce(bound); got != 1 {
 			t.Fatalf("RunOnce finished %d payments, want 1", got)
 		}
 		w.wantPaid(t, flying)
-		w.wantKey(t, flying.claim, keyRow{State: "completed", RecoveryPoint: "finished", Generation: 2, Lock: "none"})
+		w.wantKey(t, flying.claim, keyRow{State: "completed", RecoveryPoint: "finished", Generation: 3, Lock: "none"})
 		if diff := cmp.Diff(doneKey, w.snapshot(t, done.claim)); diff != "" {
 			t.Errorf("the completer changed a completed key (-before +after):\n%s", diff)
 		}
@@ -222,7 +236,7 @@ func TestCompleterWhileProcessorFails(t *testing.T) {
 
 		w.gate.down.Store(false)
 		t.Run("FinishesWhenTheProcessorIsBack", func(t *testing.T) {
-			w.waitLeaseExpired(t, bound, p.claim)
+			w.passSettleWindow(t, p)
 			if got := completer.RunOnce(bound); got != 1 {
 				t.Fatalf("RunOnce finished %d payments, want 1", got)
 			}
@@ -242,7 +256,7 @@ func TestCompleterWhileProcessorFails(t *testing.T) {
 		w.abandon(t, bound, p, processorsim.FaultServerError)
 
 		for attempt, fault := range chargeFaults {
-			w.waitLeaseExpired(t, bound, p.claim)
+			w.passSettleWindow(t, p)
 			w.sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: fault})
 			if got := completer.RunOnce(bound); got != 0 {
 				t.Fatalf("RunOnce with a %s fault finished %d payments, want 0", fault, got)
@@ -261,7 +275,7 @@ func TestCompleterWhileProcessorFails(t *testing.T) {
 		}
 
 		t.Run("FinishesWithTheChargeAlreadyMade", func(t *testing.T) {
-			w.waitLeaseExpired(t, bound, p.claim)
+			w.passSettleWindow(t, p)
 			if got := completer.RunOnce(bound); got != 1 {
 				t.Fatalf("RunOnce finished %d payments, want 1", got)
 			}

@@ -4,18 +4,23 @@
 // a state machine (S1) on internal/idem's multi-step keys:
 //
 //	started ─(tx 1: claim + payment row)─▶ payment_created
-//	payment_created ─(tx)─▶ charge_sent ─(charge call, derived key)─▶ (tx 2: outcome + response) ─▶ finished
+//	payment_created ─(tx: charge_sent, call marked)─▶ charge_sent ─(charge call, derived key)─▶ (tx 2: outcome + response) ─▶ finished
 //
 // Every step commits with the key's recovery point, under the lease's
-// fencing token (S3). A processor timeout, 5xx or lost answer releases the
-// key at charge_sent (503 to the client); the retry, or the Completer for a
-// client that never comes back, resumes there with the same derived key
-// (S2), so the processor's deduplication guarantees one charge. A resumed
-// attempt first looks the charge up by that key, which is what keeps a
-// processor without idempotency support from charging twice, and refunds
-// any duplicate it finds (S4).
+// fencing token (S3). Only a final processor answer completes the key
+// (S6). Any other answer releases it at charge_sent (503 to the client);
+// the retry, or the Completer for a client that never comes back, resumes
+// there: it looks the charge up by the derived key (S2) and sends again
+// only once the settle window has passed since the last call with nothing
+// found, because the processor may still execute a call whose caller gave
+// up (unsettled.go). The reconciliation sweep (sweep.go) looks again after
+// the window and refunds a charge that landed late beside the recorded one
+// (S4).
 //
-// Refunds follow the same machine: refund_created ─▶ refund_sent ─▶ finished.
+// Files: flow.go drives the state machine; charge.go and refund.go are
+// their steps; create.go is their first transaction; unsettled.go the
+// settle-window rule both share; sweep.go the reconciliation sweep;
+// completer.go the background worker.
 //
 // The natural-key backstop (N1) is a partial unique index: at most one
 // payment per order that has not been declined or failed.

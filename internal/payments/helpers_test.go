@@ -43,7 +43,9 @@ type world struct {
 	// lease is how long a payment attempt owns its key; timeout bounds one
 	// processor call and is shorter, as it must be (S3).
 	lease, timeout time.Duration
-	log            *slog.Logger
+	// settle is the settle window (S6): longer than timeout.
+	settle time.Duration
+	log    *slog.Logger
 	// svc is the service of the process the test plays the client of.
 	svc *payments.Service
 }
@@ -51,7 +53,7 @@ type world struct {
 func newWorld(t *testing.T, lease, timeout time.Duration) *world {
 	t.Helper()
 	pool, dbURL := testdb.NewPool(t)
-	w := &world{pool: pool, dbURL: dbURL, lease: lease, timeout: timeout, log: testLogger(t)}
+	w := &world{pool: pool, dbURL: dbURL, lease: lease, timeout: timeout, settle: 3 * timeout, log: testLogger(t)}
 	var err error
 	w.tenant, _, err = tenants.Create(t.Context(), pool, "tenant "+uuid.NewString())
 	if err != nil {
@@ -69,7 +71,8 @@ func newWorld(t *testing.T, lease, timeout time.Duration) *world {
 // service wires a Service over pool as cmd/api does.
 func (w *world) service(pool *pgxpool.Pool) *payments.Service {
 	store := idem.NewStore(pool, idem.Config{Lease: w.lease})
-	return payments.NewService(pool, store, processor.NewClient(w.procURL, w.timeout), httpapi.Renderer{}, w.log)
+	return payments.NewService(pool, store, processor.NewClient(w.procURL, w.timeout), httpapi.Renderer{}, w.log,
+		payments.Config{SettleWindow: w.settle})
 }
 
 // process returns the Service of another API process on the same
@@ -149,12 +152,29 @@ func (w *world) abandon(t *testing.T, ctx context.Context, p payment, fault proc
 	t.Helper()
 	w.sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: fault})
 	res, replayed, err := w.svc.Pay(ctx, p.claim, p.in)
-	if !errors.Is(err, payments.ErrProcessorUnavailable) {
-		t.Fatalf("Pay(%s) with a %s fault = %d %s, replayed %v, %v; want ErrProcessorUnavailable",
+	if !errors.Is(err, payments.ErrOutcomeUnknown) {
+		t.Fatalf("Pay(%s) with a %s fault = %d %s, replayed %v, %v; want ErrOutcomeUnknown",
 			p.claim.Key, fault, res.Status, res.Body, replayed, err)
 	}
 	w.wantKey(t, p.claim, keyRow{State: "in_progress", RecoveryPoint: "charge_sent", Generation: 1, Lock: "expired"})
 	w.wantPaymentStatus(t, p, payments.StatusChargeSent)
+}
+
+// passSettleWindow makes the settle window (S6) of p's charge pass now, as
+// if its last call had been sent a window ago, and ends the lease a key
+// holds between two lookups: what waiting would do, without the wait.
+func (w *world) passSettleWindow(t *testing.T, p payment) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := w.pool.Exec(ctx, `UPDATE payments SET charge_sent_at = charge_sent_at - make_interval(secs => $3)
+		WHERE tenant_id = $1 AND order_id = $2`, p.claim.TenantID, p.order.ID, w.settle.Seconds()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.pool.Exec(ctx, `UPDATE idempotency_keys SET locked_until = now()
+		WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3 AND state = 'in_progress'`,
+		p.claim.TenantID, p.claim.Endpoint, p.claim.Key); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // --- Rows ---

@@ -25,26 +25,8 @@ const (
 	EndpointRefund = "POST /v1/payments/{id}/refunds"
 )
 
-// Recovery points (S1), between idem.RecoveryStarted and idem.RecoveryFinished.
-const (
-	// pointPaymentCreated: transaction 1 committed the payment row.
-	pointPaymentCreated = "payment_created"
-	// pointChargeSent: the charge call may have reached the processor. A
-	// resumed attempt reconciles before charging again.
-	pointChargeSent = "charge_sent"
-	// pointRefundCreated: the refund row is committed.
-	pointRefundCreated = "refund_created"
-	// pointRefundSent: the refund call may have reached the processor.
-	pointRefundSent = "refund_sent"
-)
-
-// Derived-key step names (S2).
-const (
-	stepCharge = "charge"
-	stepRefund = "refund"
-)
-
-// Payment statuses.
+// Payment statuses, as stored. created and charge_sent are unsettled: the
+// charge's outcome is not known yet (see Payment.Settled).
 const (
 	StatusCreated    = "created"
 	StatusChargeSent = "charge_sent"
@@ -53,8 +35,27 @@ const (
 	StatusFailed     = "failed"
 )
 
+// Refund statuses, as stored.
+const (
+	RefundStatusCreated   = "created"
+	RefundStatusSent      = "refund_sent"
+	RefundStatusSucceeded = "succeeded"
+	RefundStatusFailed    = "failed"
+)
+
+// Compensation reasons: why a charge beside the payment's own was refunded.
+const (
+	// ReasonDuplicateCharge: a second succeeded charge under the payment's
+	// derived key, beside the one the payment recorded.
+	ReasonDuplicateCharge = "duplicate_charge"
+	// ReasonChargeAfterFailure: a succeeded charge that landed after the
+	// payment was recorded as declined or failed.
+	ReasonChargeAfterFailure = "charge_after_failure"
+)
+
 // Payment is a payment as the rest of the program sees it.
 type Payment struct {
+	TenantID       uuid.UUID
 	ID             uuid.UUID
 	OrderID        uuid.UUID
 	Amount         int64
@@ -64,7 +65,29 @@ type Payment struct {
 	ChargeID       string
 	DeclineCode    string
 	RefundedAmount int64
-	CreatedAt      time.Time
+	// Compensations are refunds of charges that should not exist, made by
+	// reconciliation (S4, S6). They are not refunds of this payment.
+	Compensations []Compensation
+	CreatedAt     time.Time
+}
+
+// Settled reports whether the payment's outcome is known. An unsettled
+// payment may still be charged (its charge call may land late), so it is
+// shown as processing, never as failed.
+func (p Payment) Settled() bool {
+	return p.Status != StatusCreated && p.Status != StatusChargeSent
+}
+
+// Compensation is the refund of an extra charge found at the processor.
+type Compensation struct {
+	ChargeID string
+	Amount   int64
+	Reason   string
+	// Status is "pending" until the processor confirmed the refund, then
+	// "succeeded".
+	Status            string
+	ProcessorRefundID string
+	CreatedAt         time.Time
 }
 
 // Refund is a refund of part or all of a payment.
@@ -93,11 +116,39 @@ var (
 	ErrOrderNotFound = errors.New("the order does not exist")
 	// ErrNotRefundable: only a succeeded payment can be refunded.
 	ErrNotRefundable = errors.New("the payment has not succeeded, so it cannot be refunded")
-	// ErrProcessorUnavailable: the processor timed out, failed or lost its
-	// answer. Transient: the key is released at its recovery point and the
-	// retry resumes with the same derived key (O2).
-	ErrProcessorUnavailable = errors.New("the payment processor is unavailable")
+	// ErrProcessorUnavailable: the processor did not execute the call (429,
+	// no connection). Transient: the key is released at its recovery point
+	// and the retry resumes with the same derived key (O2).
+	ErrProcessorUnavailable = errors.New("the payment processor did not execute the call")
+	// ErrOutcomeUnknown: the processor has not told us whether the charge or
+	// refund happened (a timeout, a lost answer, a 5xx, a same-key call
+	// still running), and it may still happen. Nothing is final: the key
+	// is released at its recovery point, and the retry (or the completer)
+	// looks the call up, waiting out the settle window before it sends
+	// again (S6).
+	ErrOutcomeUnknown = errors.New("the outcome of the processor call is not known yet")
 )
+
+// RetryError is a step without a final outcome: Err is
+// ErrProcessorUnavailable or ErrOutcomeUnknown (wrapping the cause), and
+// the key is released for RetryAfter before a retry may resume it.
+type RetryError struct {
+	Err        error
+	RetryAfter time.Duration
+}
+
+func (e *RetryError) Error() string { return e.Err.Error() }
+func (e *RetryError) Unwrap() error { return e.Err }
+
+// RetryAfter returns how long a client should wait before retrying after
+// err, 0 when err does not say.
+func RetryAfter(err error) time.Duration {
+	var re *RetryError
+	if errors.As(err, &re) {
+		return re.RetryAfter
+	}
+	return 0
+}
 
 // AmountMismatchError: the payment does not pay exactly what the order
 // still owes.
@@ -152,6 +203,22 @@ type Renderer interface {
 	Failure(error) idem.Response
 }
 
+// DefaultSettleWindow is Config.SettleWindow's default: comfortably above
+// the longest a processor executes one call (the simulator's
+// processorsim.MaxExecution is 30 s).
+const DefaultSettleWindow = 2 * time.Minute
+
+// Config tunes a Service.
+type Config struct {
+	// SettleWindow is how long after a processor call was sent it may
+	// still land (S6). It must exceed the processor's longest execution,
+	// not just our timeout: a processor keeps executing a call whose
+	// caller gave up. Until it has passed since the last call with an
+	// unknown outcome, and a lookup found nothing, no new call is sent and
+	// nothing is recorded as final. Zero means DefaultSettleWindow.
+	SettleWindow time.Duration
+}
+
 // Service runs payments and refunds.
 type Service struct {
 	pool   *pgxpool.Pool
@@ -159,11 +226,22 @@ type Service struct {
 	proc   *processor.Client
 	render Renderer
 	log    *slog.Logger
+	cfg    Config
 }
 
 // NewService wires a Service.
-func NewService(pool *pgxpool.Pool, store *idem.Store, proc *processor.Client, render Renderer, log *slog.Logger) *Service {
-	return &Service{pool: pool, store: store, proc: proc, render: render, log: log}
+func NewService(pool *pgxpool.Pool, store *idem.Store, proc *processor.Client, render Renderer, log *slog.Logger, cfg Config) *Service {
+	if cfg.SettleWindow <= 0 {
+		cfg.SettleWindow = DefaultSettleWindow
+	}
+	return &Service{pool: pool, store: store, proc: proc, render: render, log: log, cfg: cfg}
+}
+
+// sweepDelay is how long after a payment's or refund's last call the sweep
+// looks again: the settle window plus a margin for clock drift between us
+// and the processor.
+func (s *Service) sweepDelay() time.Duration {
+	return s.cfg.SettleWindow + max(s.cfg.SettleWindow/10, time.Second)
 }
 
 // Validate checks a payment request's meaning.
@@ -179,20 +257,40 @@ func Validate(in PayInput) error {
 	return v.Err()
 }
 
-// Get returns one of the tenant's payments.
+// Get returns one of the tenant's payments, with its compensations.
 func (s *Service) Get(ctx context.Context, tenantID, id uuid.UUID) (Payment, error) {
-	row, err := dbsqlc.New(s.pool).PaymentGet(ctx, dbsqlc.PaymentGetParams{TenantID: tenantID, ID: id})
+	q := dbsqlc.New(s.pool)
+	row, err := q.PaymentGet(ctx, dbsqlc.PaymentGetParams{TenantID: tenantID, ID: id})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Payment{}, ErrNotFound
 	}
 	if err != nil {
 		return Payment{}, err
 	}
-	return paymentFrom(row), nil
+	return withCompensations(ctx, q, paymentFrom(row))
+}
+
+// withCompensations loads p's compensations, so every view of a payment
+// (GET, the recorded response) shows them.
+func withCompensations(ctx context.Context, q *dbsqlc.Queries, p Payment) (Payment, error) {
+	rows, err := q.CompensationsForPayment(ctx, dbsqlc.CompensationsForPaymentParams{TenantID: p.TenantID, PaymentID: p.ID})
+	if err != nil {
+		return Payment{}, err
+	}
+	p.Compensations = make([]Compensation, 0, len(rows))
+	for _, r := range rows {
+		c := Compensation{ChargeID: r.ChargeID, Amount: r.Amount, Reason: r.Reason, Status: r.Status, CreatedAt: r.CreatedAt}
+		if r.ProcessorRefundID != nil {
+			c.ProcessorRefundID = *r.ProcessorRefundID
+		}
+		p.Compensations = append(p.Compensations, c)
+	}
+	return p, nil
 }
 
 func paymentFrom(row dbsqlc.Payment) Payment {
 	p := Payment{
+		TenantID:       row.TenantID,
 		ID:             row.ID,
 		OrderID:        row.OrderID,
 		Amount:         row.Amount,

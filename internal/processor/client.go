@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -57,30 +60,52 @@ func (c *Client) Refund(ctx context.Context, req RefundRequest, idempotencyKey s
 }
 
 // ChargesByIdempotencyKey lists every charge created by a call that carried
-// key, oldest first. After ErrTransient it tells whether the charge exists;
-// against a processor that ignores keys (requirement S4) more than one
-// charge means a double charge to compensate.
+// key, oldest first, reading every page. After an unsettled answer it tells
+// whether the charge exists; against a processor that ignores keys
+// (requirement S4) more than one charge means a double charge to
+// compensate.
 func (c *Client) ChargesByIdempotencyKey(ctx context.Context, key string) ([]Charge, error) {
-	var list List[Charge]
-	err := c.get(ctx, "/v1/charges?"+url.Values{"idempotency_key": {key}}.Encode(), &list)
-	return list.Data, err
+	return listAll(ctx, c, "/v1/charges", url.Values{"idempotency_key": {key}}, func(ch Charge) string { return ch.ID })
 }
 
 // ChargesByMetadata lists every charge whose metadata maps key to value,
-// oldest first. It finds charges when the idempotency key is not known,
-// for example by the payment id the API put in the metadata.
+// oldest first, reading every page. It finds charges when the idempotency
+// key is not known, for example by the payment id the API put in the
+// metadata.
 func (c *Client) ChargesByMetadata(ctx context.Context, key, value string) ([]Charge, error) {
-	var list List[Charge]
-	q := url.Values{"metadata_key": {key}, "metadata_value": {value}}
-	err := c.get(ctx, "/v1/charges?"+q.Encode(), &list)
-	return list.Data, err
+	return listAll(ctx, c, "/v1/charges", url.Values{"metadata_key": {key}, "metadata_value": {value}}, func(ch Charge) string { return ch.ID })
 }
 
-// RefundsByCharge lists the refunds of one charge, oldest first.
+// RefundsByCharge lists the refunds of one charge, oldest first, reading
+// every page.
 func (c *Client) RefundsByCharge(ctx context.Context, chargeID string) ([]Refund, error) {
-	var list List[Refund]
-	err := c.get(ctx, "/v1/refunds?"+url.Values{"charge": {chargeID}}.Encode(), &list)
-	return list.Data, err
+	return listAll(ctx, c, "/v1/refunds", url.Values{"charge": {chargeID}}, func(re Refund) string { return re.ID })
+}
+
+// maxListPages bounds one listing, so a processor that always says
+// has_more cannot keep a caller paging forever.
+const maxListPages = 1000
+
+// listAll follows has_more/starting_after until the last page. A lookup
+// that stopped at the first page would miss the late charge on the second
+// and take "not found" for an answer.
+func listAll[T any](ctx context.Context, c *Client, path string, q url.Values, id func(T) string) ([]T, error) {
+	var all []T
+	for range maxListPages {
+		var page List[T]
+		if err := c.get(ctx, path+"?"+q.Encode(), &page); err != nil {
+			return nil, err
+		}
+		all = append(all, page.Data...)
+		if !page.HasMore {
+			return all, nil
+		}
+		if len(page.Data) == 0 {
+			return nil, &UnsettledError{Class: ClassNotExecuted, Op: "GET " + path, Err: errors.New("has_more on an empty page")}
+		}
+		q.Set("starting_after", id(page.Data[len(page.Data)-1]))
+	}
+	return nil, &UnsettledError{Class: ClassNotExecuted, Op: "GET " + path, Err: fmt.Errorf("more than %d pages", maxListPages)}
 }
 
 func (c *Client) post(ctx context.Context, path string, body any, idempotencyKey string, out any) error {
@@ -99,7 +124,7 @@ func (c *Client) post(ctx context.Context, path string, body any, idempotencyKey
 	// when a reused connection closes before the response. That would hide
 	// a lost response from the caller and, against a processor that ignores
 	// keys, charge twice. Without GetBody the transport cannot resend, so
-	// the caller sees ErrTransient and decides.
+	// the caller sees an unsettled answer and decides.
 	req.GetBody = nil
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", idempotencyKey)
@@ -114,42 +139,100 @@ func (c *Client) get(ctx context.Context, pathAndQuery string, out any) error {
 	return c.do(req, "GET "+req.URL.Path, out)
 }
 
-// do sends req and sorts the answer into the three error classes described
-// in the package documentation.
+// do sends req and classifies the answer (S6); see the table in the
+// package documentation. Only ClassFinal answers come back as nil,
+// *DeclineError or *RequestError; everything else is an *UnsettledError.
 func (c *Client) do(req *http.Request, op string, out any) error {
 	req.Header.Set("Accept", "application/json")
 	resp, err := c.http.Do(req)
 	if err != nil {
-		// The request may have reached the processor and executed.
-		return transient(op, err)
+		return &UnsettledError{Class: sendFailureClass(err), Op: op, Err: err}
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes))
 	if err != nil {
 		// The status line arrived but the body did not: for a 200 the charge
-		// exists and we cannot read it, so the outcome is unknown.
-		return transient(op, fmt.Errorf("read response: %w", err))
+		// exists and we cannot read it.
+		return &UnsettledError{Class: ClassOutcomeUnknown, Op: op, Status: resp.StatusCode, Err: fmt.Errorf("read response: %w", err)}
 	}
-
+	apiErr := APIError{}
+	if resp.StatusCode >= 300 {
+		apiErr = decodeError(body)
+	}
+	class := classify(resp.StatusCode, apiErr)
+	if class != ClassFinal {
+		return &UnsettledError{
+			Class: class, Op: op, Status: resp.StatusCode,
+			RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After")),
+			Err:        errors.New(messageOf(apiErr)),
+		}
+	}
 	switch {
-	case resp.StatusCode >= 200 && resp.StatusCode < 300:
+	case resp.StatusCode < 300:
 		if err := json.Unmarshal(body, out); err != nil {
-			// Executed but unreadable; a retry with the same key replays it.
-			return transient(op, fmt.Errorf("decode %d response: %w", resp.StatusCode, err))
+			// Executed but unreadable; a lookup or a resend with the same
+			// key tells what it was.
+			return &UnsettledError{Class: ClassOutcomeUnknown, Op: op, Status: resp.StatusCode, Err: fmt.Errorf("decode response: %w", err)}
 		}
 		return nil
-	case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500:
-		return transient(op, fmt.Errorf("status %d: %s", resp.StatusCode, errorMessage(body)))
 	case resp.StatusCode == http.StatusPaymentRequired:
-		e := decodeError(body)
-		return &DeclineError{Code: e.Code, DeclineCode: e.DeclineCode, Message: e.Message, ChargeID: e.Charge}
-	case resp.StatusCode >= 400:
-		e := decodeError(body)
-		return &RequestError{Status: resp.StatusCode, Type: e.Type, Code: e.Code, Message: e.Message}
+		return &DeclineError{Code: apiErr.Code, DeclineCode: apiErr.DeclineCode, Message: apiErr.Message, ChargeID: apiErr.Charge}
 	default:
-		// 1xx and 3xx are not part of the API; the outcome is unknown.
-		return transient(op, fmt.Errorf("unexpected status %d", resp.StatusCode))
+		return &RequestError{Status: resp.StatusCode, Type: apiErr.Type, Code: apiErr.Code, Message: apiErr.Message}
 	}
+}
+
+// classify is the one classification of processor answers (S6), the table
+// of the package documentation. Only ClassFinal may complete a key or mark
+// a payment failed.
+func classify(status int, e APIError) Class {
+	switch {
+	case status >= 200 && status < 300:
+		return ClassFinal // the charge or refund, as it is
+	case status == http.StatusPaymentRequired:
+		return ClassFinal // a decline: the same card is declined again
+	case status == http.StatusTooManyRequests:
+		return ClassNotExecuted // rate limited before anything ran
+	case status == http.StatusConflict:
+		// Another call with this key is still running: this one did
+		// nothing, but that one may yet succeed, so the outcome is open.
+		return ClassOutcomeUnknown
+	case status == http.StatusRequestTimeout, status == http.StatusTooEarly, status >= 500:
+		return ClassOutcomeUnknown // the processor may have started, or finish later
+	case status >= 400 && e.Type == ErrorTypeIdempotency:
+		// The key was first used with other parameters: whatever ran
+		// under it is not what this answer says. Look it up.
+		return ClassOutcomeUnknown
+	case status >= 400:
+		return ClassFinal // the request itself is wrong: amount, charge, method
+	}
+	return ClassOutcomeUnknown // 1xx and 3xx are not part of the API
+}
+
+// sendFailureClass classifies a call that got no HTTP answer. Only a
+// failure to connect proves the request never left; a timeout, a reset or
+// a closed connection after sending may hide an executed call.
+func sendFailureClass(err error) Class {
+	var opErr *net.OpError
+	if errors.As(err, &opErr) && opErr.Op == "dial" {
+		return ClassNotExecuted
+	}
+	return ClassOutcomeUnknown
+}
+
+// parseRetryAfter reads delay-seconds or an HTTP date; 0 when absent or
+// unreadable.
+func parseRetryAfter(v string) time.Duration {
+	if v == "" {
+		return 0
+	}
+	if secs, err := strconv.Atoi(v); err == nil && secs >= 0 {
+		return time.Duration(secs) * time.Second
+	}
+	if at, err := http.ParseTime(v); err == nil {
+		return max(time.Until(at), 0)
+	}
+	return 0
 }
 
 // decodeError reads an ErrorResponse, falling back to the raw body as the
@@ -162,9 +245,9 @@ func decodeError(body []byte) APIError {
 	return e.Error
 }
 
-func errorMessage(body []byte) string {
-	if msg := decodeError(body).Message; msg != "" {
-		return msg
+func messageOf(e APIError) string {
+	if e.Message != "" {
+		return e.Message
 	}
 	return "no error message"
 }

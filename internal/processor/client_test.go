@@ -6,7 +6,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -19,32 +21,49 @@ func TestClientClassifiesAnswers(t *testing.T) {
 	req := ChargeRequest{Amount: 1000, Currency: "EUR", PaymentMethod: "pm_card_visa"}
 
 	tests := []struct {
-		name          string
-		handler       http.HandlerFunc
-		wantTransient bool
-		wantDecline   *DeclineError
-		wantRequest   *RequestError
+		name           string
+		handler        http.HandlerFunc
+		wantClass      Class
+		wantDecline    *DeclineError
+		wantRequest    *RequestError
+		wantRetryAfter time.Duration
 	}{
+		{name: "SuccessIsFinal", handler: reply(200, `{"id":"ch_1","status":"succeeded"}`), wantClass: ClassFinal},
 		{
 			name:        "DeclineIsFinal",
 			handler:     reply(402, `{"error":{"type":"card_error","code":"card_declined","decline_code":"insufficient_funds","message":"Your card was declined.","charge":"ch_1"}}`),
+			wantClass:   ClassFinal,
 			wantDecline: &DeclineError{Code: "card_declined", DeclineCode: "insufficient_funds", Message: "Your card was declined.", ChargeID: "ch_1"},
 		},
 		{
-			name:        "OtherClientErrorIsFinal",
+			name:        "ValidationErrorIsFinal",
 			handler:     reply(400, `{"error":{"type":"invalid_request_error","code":"amount_too_large","message":"too much"}}`),
+			wantClass:   ClassFinal,
 			wantRequest: &RequestError{Status: 400, Type: "invalid_request_error", Code: "amount_too_large", Message: "too much"},
+		},
+		{
+			name:        "UnprocessableIsFinal",
+			handler:     reply(422, `{"error":{"type":"invalid_request_error","code":"parameter_invalid","message":"bad"}}`),
+			wantClass:   ClassFinal,
+			wantRequest: &RequestError{Status: 422, Type: "invalid_request_error", Code: "parameter_invalid", Message: "bad"},
 		},
 		{
 			name:        "PlainTextClientErrorKeepsItsBody",
 			handler:     reply(404, "404 page not found\n"),
+			wantClass:   ClassFinal,
 			wantRequest: &RequestError{Status: 404, Message: "404 page not found"},
 		},
-		{name: "ServerErrorIsTransient", handler: reply(500, `{"error":{"type":"api_error","message":"boom"}}`), wantTransient: true},
-		{name: "BadGatewayIsTransient", handler: reply(502, "bad gateway"), wantTransient: true},
-		{name: "TooManyRequestsIsTransient", handler: reply(429, `{"error":{"type":"rate_limit_error","message":"slow down"}}`), wantTransient: true},
-		{name: "UnreadableSuccessIsTransient", handler: reply(200, `{"id":`), wantTransient: true},
-		{name: "ClosedConnectionIsTransient", handler: hangUp, wantTransient: true},
+		{name: "KeyReusedIsUnknown", handler: reply(400, `{"error":{"type":"idempotency_error","code":"idempotency_key_reused","message":"other parameters"}}`), wantClass: ClassOutcomeUnknown},
+		{name: "KeyInUseIsUnknown", handler: reply(409, `{"error":{"type":"idempotency_error","code":"idempotency_key_in_use","message":"in progress"}}`), wantClass: ClassOutcomeUnknown},
+		{name: "RateLimitedIsNotExecuted", handler: replyWith(429, "2", `{"error":{"type":"rate_limit_error","message":"slow down"}}`), wantClass: ClassNotExecuted, wantRetryAfter: 2 * time.Second},
+		{name: "RequestTimeoutIsUnknown", handler: reply(408, `{"error":{"type":"api_error","message":"timeout"}}`), wantClass: ClassOutcomeUnknown},
+		{name: "TooEarlyIsUnknown", handler: reply(425, `{"error":{"type":"api_error","message":"too early"}}`), wantClass: ClassOutcomeUnknown},
+		{name: "ServerErrorIsUnknown", handler: reply(500, `{"error":{"type":"api_error","message":"boom"}}`), wantClass: ClassOutcomeUnknown},
+		{name: "BadGatewayIsUnknown", handler: reply(502, "bad gateway"), wantClass: ClassOutcomeUnknown},
+		{name: "ServiceUnavailableKeepsRetryAfter", handler: replyWith(503, "7", "down"), wantClass: ClassOutcomeUnknown, wantRetryAfter: 7 * time.Second},
+		{name: "RedirectIsUnknown", handler: reply(304, ""), wantClass: ClassOutcomeUnknown},
+		{name: "UnreadableSuccessIsUnknown", handler: reply(200, `{"id":`), wantClass: ClassOutcomeUnknown},
+		{name: "ClosedConnectionIsUnknown", handler: hangUp, wantClass: ClassOutcomeUnknown},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -53,8 +72,17 @@ func TestClientClassifiesAnswers(t *testing.T) {
 			t.Cleanup(srv.Close)
 			_, err := NewClient(srv.URL, 0).CreateCharge(context.Background(), req, "k1")
 
-			if got := errors.Is(err, ErrTransient); got != tt.wantTransient {
-				t.Errorf("errors.Is(%v, ErrTransient) = %v, want %v", err, got, tt.wantTransient)
+			if got := ClassOf(err); got != tt.wantClass {
+				t.Errorf("ClassOf(%v) = %v, want %v", err, got, tt.wantClass)
+			}
+			if got := errors.Is(err, ErrOutcomeUnknown); got != (tt.wantClass == ClassOutcomeUnknown) {
+				t.Errorf("errors.Is(%v, ErrOutcomeUnknown) = %v", err, got)
+			}
+			if got := errors.Is(err, ErrNotExecuted); got != (tt.wantClass == ClassNotExecuted) {
+				t.Errorf("errors.Is(%v, ErrNotExecuted) = %v", err, got)
+			}
+			if got := RetryAfterOf(err); got != tt.wantRetryAfter {
+				t.Errorf("RetryAfterOf = %v, want %v", got, tt.wantRetryAfter)
 			}
 			var decline *DeclineError
 			if errors.As(err, &decline) != (tt.wantDecline != nil) {
@@ -73,6 +101,68 @@ func TestClientClassifiesAnswers(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A refused connection proves nothing was sent: not executed, unlike a
+// connection that closes after the request went out.
+func TestClientRefusedConnectionIsNotExecuted(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.NotFoundHandler())
+	url := srv.URL
+	srv.Close()
+	_, err := NewClient(url, 0).CreateCharge(context.Background(), ChargeRequest{Amount: 1, Currency: "EUR", PaymentMethod: "pm_card_visa"}, "k1")
+	if got := ClassOf(err); got != ClassNotExecuted {
+		t.Errorf("ClassOf(%v) = %v, want not executed", err, got)
+	}
+}
+
+// Lookups read every page: the charge on the last page is found.
+func TestClientListsEveryPage(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var afters []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		after := r.URL.Query().Get("starting_after")
+		mu.Lock()
+		afters = append(afters, after)
+		mu.Unlock()
+		switch after {
+		case "":
+			reply(200, `{"object":"list","data":[{"id":"ch_1"},{"id":"ch_2"}],"has_more":true}`)(w, r)
+		case "ch_2":
+			reply(200, `{"object":"list","data":[{"id":"ch_3"}],"has_more":true}`)(w, r)
+		case "ch_3":
+			reply(200, `{"object":"list","data":[{"id":"ch_4","status":"succeeded"}],"has_more":false}`)(w, r)
+		default:
+			reply(400, `{"error":{"type":"invalid_request_error","message":"bad cursor"}}`)(w, r)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	charges, err := NewClient(srv.URL, 0).ChargesByIdempotencyKey(context.Background(), "k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, ch := range charges {
+		ids = append(ids, ch.ID)
+	}
+	if diff := cmp.Diff([]string{"ch_1", "ch_2", "ch_3", "ch_4"}, ids); diff != "" {
+		t.Errorf("charges (-want +got):\n%s", diff)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if diff := cmp.Diff([]string{"", "ch_2", "ch_3"}, afters); diff != "" {
+		t.Errorf("starting_after of each page (-want +got):\n%s", diff)
+	}
+}
+
+func TestClientStopsOnAnEmptyPageThatHasMore(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(reply(200, `{"object":"list","data":[],"has_more":true}`))
+	t.Cleanup(srv.Close)
+	if _, err := NewClient(srv.URL, 0).RefundsByCharge(context.Background(), "ch_1"); ClassOf(err) == ClassFinal {
+		t.Errorf("err = %v, want an unsettled lookup", err)
 	}
 }
 
@@ -106,8 +196,8 @@ func TestClientSendsTheKeyAndBody(t *testing.T) {
 func TestClientRequiresAKey(t *testing.T) {
 	t.Parallel()
 	_, err := NewClient("http://127.0.0.1:1", 0).Refund(context.Background(), RefundRequest{Charge: "ch_1"}, "")
-	if err == nil || errors.Is(err, ErrTransient) {
-		t.Errorf("err = %v, want a non-transient error before any call", err)
+	if err == nil || ClassOf(err) != ClassNotExecuted {
+		t.Errorf("err = %v, want an error before any call, classified not executed", err)
 	}
 }
 
@@ -116,6 +206,13 @@ func reply(status int, body string) http.HandlerFunc {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(status)
 		_, _ = io.WriteString(w, body)
+	}
+}
+
+func replyWith(status int, retryAfter, body string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Retry-After", retryAfter)
+		reply(status, body)(w, r)
 	}
 }
 

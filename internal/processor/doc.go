@@ -5,19 +5,36 @@
 // in internal/processorsim serves exactly these types, so client and
 // simulator cannot drift apart.
 //
-// Every error from a call the client sent falls in one of three classes,
-// and the class decides what a caller may do next:
+// # What an answer means (S6)
 //
-//   - *DeclineError (HTTP 402): the processor refused the card. Final;
-//     retrying gives the same answer.
-//   - *RequestError (other 4xx): the request itself is wrong (unknown
-//     charge, amount too large, key reused with other parameters). Final.
-//   - ErrTransient (timeouts, connection errors, a response lost mid-way,
-//     5xx, 429): the outcome is unknown or the processor is unavailable.
-//     The charge may or may not exist. Retry with the SAME idempotency key,
-//     or ask the processor (ChargesByIdempotencyKey) what happened
-//     (requirement S4); never retry with a fresh key.
+// Every answer is classified once, in classify, into one of three classes.
+// The class, not the status code, decides what a caller may do next; only
+// a final answer may complete an idempotency key or mark a payment failed.
+//
+//	answer                                         class            error
+//	2xx                                            final            nil
+//	402 card declined                              final            *DeclineError
+//	other 4xx about the request (400, 404, 422)    final            *RequestError
+//	429 rate limited                               not executed     *UnsettledError, ErrNotExecuted
+//	connection refused (nothing was sent)          not executed     *UnsettledError, ErrNotExecuted
+//	409 another call with this key is running      outcome unknown  *UnsettledError, ErrOutcomeUnknown
+//	4xx idempotency_error (key reused)             outcome unknown  *UnsettledError, ErrOutcomeUnknown
+//	408, 425, 5xx, 1xx, 3xx                        outcome unknown  *UnsettledError, ErrOutcomeUnknown
+//	timeout, reset or EOF after sending            outcome unknown  *UnsettledError, ErrOutcomeUnknown
+//	2xx whose body cannot be read                  outcome unknown  *UnsettledError, ErrOutcomeUnknown
+//
+// "Not executed" means this call did nothing; a call sent before it may
+// still land. "Outcome unknown" means the charge may exist, may appear
+// later (a processor keeps executing a call whose caller gave up), or
+// another call with the same key is still running and may succeed. The only
+// safe resend reuses the same idempotency key, and against a processor that
+// ignores keys (S4) even that is safe only once the earlier call can no
+// longer land: see docs/payments.md, "Unknown outcomes".
+//
+// List calls (ChargesByIdempotencyKey, RefundsByCharge, ...) read every
+// page: a lookup that stopped at the first page would take "not found"
+// for an answer.
 //
 // The client itself never retries: retries, their budget and the decision
-// to reconcile instead belong to the payment state machine (requirement S1).
+// to look up instead belong to the payment state machine (requirement S1).
 package processor

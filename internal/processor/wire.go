@@ -54,11 +54,21 @@ type Refund struct {
 	Created        int64  `json:"created"`
 }
 
-// List is the body of every list endpoint.
+// List is one page of a list endpoint, oldest item first, as at Stripe:
+// at most `limit` items (default DefaultListLimit, at most MaxListLimit).
+// HasMore says another page follows; ask for it with
+// starting_after=<the id of this page's last item>.
 type List[T any] struct {
-	Object string `json:"object"`
-	Data   []T    `json:"data"`
+	Object  string `json:"object"`
+	Data    []T    `json:"data"`
+	HasMore bool   `json:"has_more"`
 }
+
+// Page sizes of the list endpoints.
+const (
+	DefaultListLimit = 10
+	MaxListLimit     = 100
+)
 
 // ErrorResponse is the body of every failed response.
 type ErrorResponse struct {
@@ -84,6 +94,7 @@ const (
 	ErrorTypeCard           = "card_error"
 	ErrorTypeIdempotency    = "idempotency_error"
 	ErrorTypeAPI            = "api_error"
+	ErrorTypeRateLimit      = "rate_limit_error"
 
 	CodeCardDeclined          = "card_declined"
 	CodeResourceMissing       = "resource_missing"
@@ -92,4 +103,12 @@ const (
 	CodeChargeNotRefundable   = "charge_not_refundable"
 	CodeParameterMissing      = "parameter_missing"
 	CodeParameterInvalid      = "parameter_invalid"
+	// CodeIdempotencyKeyInUse comes with 409: another call with the same
+	// key is still executing. This call did nothing; that one may still
+	// succeed.
+	CodeIdempotencyKeyInUse = "idempotency_key_in_use"
+	// CodeIdempotencyKeyReused comes with 400 idempotency_error: the key
+	// was first used with other parameters.
+	CodeIdempotencyKeyReused = "idempotency_key_reused"
+	CodeRateLimited          = "rate_limited"
 )

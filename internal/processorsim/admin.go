@@ -1,8 +1,12 @@
 package processorsim
 
 import (
+	"fmt"
 	"io"
+	"math"
 	"net/http"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/idemref/payments/internal/processor"
@@ -20,18 +24,26 @@ func (s *Simulator) adminCalls(w http.ResponseWriter, _ *http.Request) {
 
 func (s *Simulator) adminFaults(w http.ResponseWriter, r *http.Request) {
 	var req struct {
-		Path      string    `json:"path"`
-		Kind      FaultKind `json:"kind"`
-		LatencyMS int64     `json:"latency_ms"`
+		Path         string    `json:"path"`
+		Kind         FaultKind `json:"kind"`
+		LatencyMS    int64     `json:"latency_ms"`
+		Status       int       `json:"status"`
+		RetryAfterMS int64     `json:"retry_after_ms"`
 	}
 	if rejected := decodeAdmin(w, r, &req); rejected != nil {
 		writeOutcome(w, *rejected)
 		return
 	}
-	f := Fault{Path: req.Path, Kind: req.Kind, Latency: time.Duration(req.LatencyMS) * time.Millisecond}
+	f := Fault{
+		Path: req.Path, Kind: req.Kind, Status: req.Status,
+		Latency:    milliseconds(req.LatencyMS),
+		RetryAfter: milliseconds(req.RetryAfterMS),
+	}
 	if !validFault(f) {
-		writeOutcome(w, invalidRequest(processor.CodeParameterInvalid, "",
-			`Want {"path":"/v1/charges"|"/v1/refunds","kind":"timeout"|"server_error"|"lost_response"|"latency","latency_ms":N>=0}.`))
+		writeOutcome(w, invalidRequest(processor.CodeParameterInvalid, "", fmt.Sprintf(
+			`Want {"path":"/v1/charges"|"/v1/refunds","kind":"timeout"|"server_error"|"lost_response"|"latency"|"late_execution"|"status"}, `+
+				`with "latency_ms":0..%d for latency and late_execution, "status":%s for status, and "retry_after_ms":N>=0 for status 429.`,
+			MaxExecution.Milliseconds(), statusList())))
 		return
 	}
 	s.InjectFault(f)
@@ -51,20 +63,35 @@ func (s *Simulator) adminMode(w http.ResponseWriter, r *http.Request) {
 		writeOutcome(w, *rejected)
 		return
 	}
-	if req.LatencyMS != nil && *req.LatencyMS < 0 {
-		writeOutcome(w, invalidRequest(processor.CodeParameterInvalid, "latency_ms", "latency_ms must not be negative."))
+	if req.LatencyMS != nil && (*req.LatencyMS < 0 || milliseconds(*req.LatencyMS) > MaxExecution) {
+		// Above MaxExecution every call would be dropped unexecuted: that
+		// is the timeout fault, not a latency.
+		writeOutcome(w, invalidRequest(processor.CodeParameterInvalid, "latency_ms",
+			fmt.Sprintf("latency_ms must be from 0 to %d.", MaxExecution.Milliseconds())))
 		return
 	}
 	if req.IgnoreIdempotencyKeys != nil {
 		s.SetIgnoreIdempotencyKeys(*req.IgnoreIdempotencyKeys)
 	}
 	if req.LatencyMS != nil {
-		s.SetLatency(time.Duration(*req.LatencyMS) * time.Millisecond)
+		s.SetLatency(milliseconds(*req.LatencyMS))
 	}
 	s.mu.Lock()
 	ignore, latencyMS := s.ignoreKeys, s.latency.Milliseconds()
 	s.mu.Unlock()
 	writeOutcome(w, jsonOutcome(http.StatusOK, modeBody{IgnoreIdempotencyKeys: &ignore, LatencyMS: &latencyMS}))
+}
+
+// adminIdle answers 204 once WaitIdle returns: a test driving a simulator
+// in another process waits with it for a late charge to land.
+func (s *Simulator) adminIdle(w http.ResponseWriter, r *http.Request) {
+	if s.WaitIdle(r.Context()) != nil {
+		// The client left, or the server is shutting down: idle was not
+		// reached, and a 2xx would say it was.
+		dropConnection(w)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
 }
 
 func (s *Simulator) adminReset(w http.ResponseWriter, _ *http.Request) {
@@ -79,4 +106,26 @@ func decodeAdmin(w http.ResponseWriter, r *http.Request, dst any) *outcome {
 		return &out
 	}
 	return decodeStrict(body, dst)
+}
+
+// milliseconds converts an admin endpoint's *_ms field. Values too large
+// for a Duration saturate rather than wrap, so range checks still see them
+// as too large.
+func milliseconds(ms int64) time.Duration {
+	if ms > math.MaxInt64/int64(time.Millisecond) {
+		return math.MaxInt64
+	}
+	if ms < math.MinInt64/int64(time.Millisecond) {
+		return math.MinInt64
+	}
+	return time.Duration(ms) * time.Millisecond
+}
+
+// statusList spells faultStatuses for an error message: 408|425|....
+func statusList() string {
+	s := make([]string, len(faultStatuses))
+	for i, st := range faultStatuses {
+		s[i] = strconv.Itoa(st)
+	}
+	return strings.Join(s, "|")
 }

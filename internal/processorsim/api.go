@@ -9,6 +9,9 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -26,10 +29,11 @@ const maxKeyLength = 255
 // outcome is the response a call gets, and whether producing it created a
 // charge or refund.
 type outcome struct {
-	status   int
-	body     []byte
-	executed bool
-	replayed bool
+	status     int
+	body       []byte
+	executed   bool
+	replayed   bool
+	retryAfter time.Duration // sent as Retry-After when positive
 }
 
 // mutation is one parsed POST body.
@@ -51,6 +55,7 @@ func (s *Simulator) routes() http.Handler {
 	r.Get(PathRefunds, s.listRefunds)
 
 	r.Get("/_sim/calls", s.adminCalls)
+	r.Get("/_sim/idle", s.adminIdle)
 	r.Post("/_sim/faults", s.adminFaults)
 	r.Post("/_sim/mode", s.adminMode)
 	r.Post("/_sim/reset", s.adminReset)
@@ -69,14 +74,19 @@ func (s *Simulator) routes() http.Handler {
 }
 
 // serveMutation runs one POST: record the call, apply latency and any
-// fault, then execute or replay under the key.
+// fault that answers before the call is accepted, validate it, then
+// execute or replay it under its key, at once or after a fault holds it.
 func (s *Simulator) serveMutation(w http.ResponseWriter, r *http.Request, path string, parse func([]byte) (mutation, *outcome)) {
 	call, fault, latency := s.begin(r, path)
-	ctx := r.Context()
+	// Whatever it waits in, no call executes later than this, so callers
+	// can bound how long an unknown outcome stays open (MaxExecution).
+	deadline := time.Now().Add(s.cfg.maxExecution)
+	ctx, cancel := context.WithDeadline(r.Context(), deadline)
+	defer cancel()
 
 	// Read the whole body before anything else: net/http only notices a
-	// client hanging up once the body is consumed, and the timeout fault
-	// relies on that to end when the client gives up.
+	// client hanging up once the body is consumed, and the timeout and
+	// latency faults rely on that to end when the client gives up.
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	if err != nil {
 		s.respond(w, call, invalidRequest(processor.CodeParameterInvalid, "", "Could not read the request body."))
@@ -91,19 +101,12 @@ func (s *Simulator) serveMutation(w http.ResponseWriter, r *http.Request, path s
 		if s.cfg.onBlock != nil {
 			s.cfg.onBlock()
 		}
-		sleep(ctx, timeoutFaultCap)
+		<-ctx.Done()
 		s.drop(w, call)
 		return
-	case FaultServerError:
-		s.respond(w, call, errorOutcome(http.StatusInternalServerError, processor.APIError{
-			Type: processor.ErrorTypeAPI, Message: "An unexpected error occurred (injected server_error fault).",
-		}))
+	case FaultServerError, FaultStatus:
+		s.respond(w, call, faultOutcome(fault))
 		return
-	case FaultLatency:
-		if !sleep(ctx, fault.Latency) {
-			s.drop(w, call)
-			return
-		}
 	}
 
 	key := strings.TrimSpace(r.Header.Get("Idempotency-Key"))
@@ -119,6 +122,11 @@ func (s *Simulator) serveMutation(w http.ResponseWriter, r *http.Request, path s
 	m, rejected := parse(body)
 	if rejected != nil {
 		s.respond(w, call, *rejected)
+		return
+	}
+	// The call is accepted.
+	if holds(fault.Kind) {
+		s.serveHeld(w, r, &heldCall{call: call, path: path, key: key, m: m, fault: fault, deadline: deadline})
 		return
 	}
 	out := s.execute(call, path, key, m)
@@ -152,30 +160,165 @@ func (s *Simulator) begin(r *http.Request, faultPath string) (*Call, Fault, time
 	return call, fault, s.latency
 }
 
-// execute replays the response stored for key or, when there is none (or
-// keys are ignored), executes m and stores what it produced.
+// execute answers an accepted call that no fault holds. The key lookup,
+// the execution and storing the response happen under one hold of s.mu,
+// so a duplicate sees either the key in flight under a held call, or the
+// stored response, never a half-executed call.
 func (s *Simulator) execute(call *Call, path, key string, m mutation) outcome {
-	fingerprint := m.fingerprint()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.ignoreKeys {
-		if stored, ok := s.keys[key]; ok {
-			if stored.path != path || stored.fingerprint != fingerprint {
-				return errorOutcome(http.StatusBadRequest, processor.APIError{
-					Type:    processor.ErrorTypeIdempotency,
-					Message: "Keys for idempotent requests can only be used with the same parameters they were first used with.",
-				})
-			}
-			call.Replayed = true
-			return outcome{status: stored.status, body: stored.body, replayed: true}
-		}
+	dedupe := !s.ignoreKeys
+	if out, answered := s.lookupLocked(call, path, key, m, dedupe); answered {
+		return out
 	}
+	return s.runLocked(call, path, key, m, dedupe)
+}
+
+// lookupLocked answers a call from its key, when keys are honoured: with
+// the stored response, a reuse error when the parameters differ, or 409
+// while a held call has the key in flight. answered is false when the key
+// is free and the call is to execute.
+func (s *Simulator) lookupLocked(call *Call, path, key string, m mutation, dedupe bool) (out outcome, answered bool) {
+	if !dedupe {
+		return outcome{}, false
+	}
+	if stored, ok := s.keys[key]; ok {
+		if stored.path != path || stored.fingerprint != m.fingerprint() {
+			return errorOutcome(http.StatusBadRequest, processor.APIError{
+				Type:    processor.ErrorTypeIdempotency,
+				Code:    processor.CodeIdempotencyKeyReused,
+				Message: "Keys for idempotent requests can only be used with the same parameters they were first used with.",
+			}), true
+		}
+		call.Replayed = true
+		return outcome{status: stored.status, body: stored.body, replayed: true}, true
+	}
+	if _, ok := s.inFlight[key]; ok {
+		// Like Stripe: the first call may still succeed, so this one
+		// neither waits for it nor executes.
+		return errorOutcome(http.StatusConflict, processor.APIError{
+			Type: processor.ErrorTypeIdempotency,
+			Code: processor.CodeIdempotencyKeyInUse,
+			Message: "There is currently another in-progress request using this Idempotency-Key " +
+				"(probably a retry sent while the first call is still executing). Try again later.",
+		}), true
+	}
+	return outcome{}, false
+}
+
+// runLocked executes m and, when keys are honoured, stores what it
+// produced under key.
+func (s *Simulator) runLocked(call *Call, path, key string, m mutation, dedupe bool) outcome {
 	out := m.execute(s, key)
 	call.Executed = out.executed
-	if out.executed && !s.ignoreKeys {
-		s.keys[key] = storedResponse{path: path, fingerprint: fingerprint, status: out.status, body: out.body}
+	if out.executed && dedupe {
+		s.keys[key] = storedResponse{path: path, fingerprint: m.fingerprint(), status: out.status, body: out.body}
 	}
 	return out
+}
+
+// heldCall is an accepted call that a latency or late_execution fault
+// holds before it executes.
+type heldCall struct {
+	call      *Call
+	path, key string
+	m         mutation
+	fault     Fault
+	deadline  time.Time // see serveMutation
+	// Set when the call is admitted: whether keys are honoured for it (a
+	// mode change does not affect a call already held), and the state it
+	// belongs to (done once Reset forgot it).
+	dedupe    bool
+	forgotten context.Context
+}
+
+// serveHeld claims the call's key, holds the call for its fault's latency,
+// then executes it and answers if the client is still there.
+//
+// A latency fault gives up, without executing, when its client does. A
+// late_execution fault does not: like Stripe, the processor keeps working
+// on a call whose client disconnected. Either gives up without executing
+// when Reset forgets the call, when its MaxExecution passes, and when the
+// server shuts down, which keeps Shutdown bounded by the calls' answers
+// rather than by their delays.
+func (s *Simulator) serveHeld(w http.ResponseWriter, r *http.Request, h *heldCall) {
+	if out, answered := s.admit(h); answered {
+		s.respond(w, h.call, out)
+		return
+	}
+	defer s.settle()
+	out, ran := s.land(h, s.hold(r.Context(), h))
+	if !ran || r.Context().Err() != nil {
+		// Abandoned, or executed with nobody left to answer.
+		s.drop(w, h.call)
+		return
+	}
+	s.respond(w, h.call, out)
+}
+
+// admit answers the call from its key if lookupLocked can. Otherwise it
+// marks the key in flight (when keys are honoured) and counts the call as
+// held until settle.
+func (s *Simulator) admit(h *heldCall) (out outcome, answered bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h.dedupe, h.forgotten = !s.ignoreKeys, s.forgotten
+	if out, answered := s.lookupLocked(h.call, h.path, h.key, h.m, h.dedupe); answered {
+		return out, true
+	}
+	if h.dedupe {
+		s.inFlight[h.key] = h.call
+	}
+	if s.held == 0 {
+		s.idle = make(chan struct{})
+	}
+	s.held++
+	return outcome{}, false
+}
+
+// hold waits out the call's delay and reports whether it did; reqCtx is
+// the request's context, which only a latency fault gives up with.
+func (s *Simulator) hold(reqCtx context.Context, h *heldCall) bool {
+	parent := reqCtx
+	if h.fault.Kind == FaultLateExecution {
+		parent = s.lifetime
+	}
+	ctx, cancel := context.WithDeadline(parent, h.deadline)
+	defer cancel()
+	stop := context.AfterFunc(h.forgotten, cancel)
+	defer stop()
+	timer := s.cfg.holdTimer(h.fault.Latency)
+	select {
+	case <-timer:
+		return ctx.Err() == nil
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// land releases the call's key and, if run and Reset has not forgotten the
+// call meanwhile, executes it. ran is false when it did not get that far.
+func (s *Simulator) land(h *heldCall, run bool) (out outcome, ran bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// After a Reset the key may be in flight under a newer call.
+	if s.inFlight[h.key] == h.call {
+		delete(s.inFlight, h.key)
+	}
+	if !run || h.forgotten.Err() != nil {
+		return outcome{}, false
+	}
+	return s.runLocked(h.call, h.path, h.key, h.m, h.dedupe), true
+}
+
+// settle counts a held call out once its record is final.
+func (s *Simulator) settle() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.held--
+	if s.held == 0 {
+		close(s.idle)
+	}
 }
 
 // respond records the status before writing, so that by the time a client
@@ -212,6 +355,9 @@ func writeOutcome(w http.ResponseWriter, out outcome) {
 	w.Header().Set("Content-Type", "application/json")
 	if out.replayed {
 		w.Header().Set("Idempotent-Replayed", "true")
+	}
+	if out.retryAfter > 0 {
+		w.Header().Set("Retry-After", retryAfterSeconds(out.retryAfter))
 	}
 	w.WriteHeader(out.status)
 	_, _ = w.Write(out.body)
@@ -384,6 +530,7 @@ func (m refundMutation) execute(s *Simulator, key string) outcome {
 
 // listCharges serves GET /v1/charges, optionally filtered by the key of
 // the creating call or by one metadata entry; both filters may combine.
+// It pages like every list (see listPage).
 func (s *Simulator) listCharges(w http.ResponseWriter, r *http.Request) {
 	call, _, _ := s.begin(r, "")
 	q := r.URL.Query()
@@ -394,19 +541,25 @@ func (s *Simulator) listCharges(w http.ResponseWriter, r *http.Request) {
 			"metadata_key and metadata_value must be given together."))
 		return
 	}
+	p, rejected := parseListPage(q)
+	if rejected != nil {
+		s.respond(w, call, *rejected)
+		return
+	}
 	s.mu.Lock()
-	data := []processor.Charge{}
-	for _, ch := range s.charges {
-		if byKey && ch.IdempotencyKey != key {
-			continue
-		}
-		if v, ok := ch.Metadata[mdKey]; byMetadata && (!ok || v != mdValue) {
-			continue
-		}
-		data = append(data, cloneCharge(ch))
+	list, found := listPage(s.charges, p, func(ch processor.Charge) string { return ch.ID }, func(ch processor.Charge) bool {
+		v, ok := ch.Metadata[mdKey]
+		return (!byKey || ch.IdempotencyKey == key) && (!byMetadata || ok && v == mdValue)
+	})
+	for i, ch := range list.Data {
+		list.Data[i] = cloneCharge(ch)
 	}
 	s.mu.Unlock()
-	s.respond(w, call, jsonOutcome(http.StatusOK, processor.List[processor.Charge]{Object: "list", Data: data}))
+	if !found {
+		s.respond(w, call, noSuchCursor("charge", p.after))
+		return
+	}
+	s.respond(w, call, jsonOutcome(http.StatusOK, list))
 }
 
 func (s *Simulator) getCharge(w http.ResponseWriter, r *http.Request) {
@@ -428,18 +581,80 @@ func (s *Simulator) getCharge(w http.ResponseWriter, r *http.Request) {
 	s.respond(w, call, jsonOutcome(http.StatusOK, ch))
 }
 
-// listRefunds serves GET /v1/refunds, optionally filtered by charge.
+// listRefunds serves GET /v1/refunds, optionally filtered by charge. It
+// pages like every list (see listPage).
 func (s *Simulator) listRefunds(w http.ResponseWriter, r *http.Request) {
 	call, _, _ := s.begin(r, "")
 	q := r.URL.Query()
 	charge, byCharge := q.Get("charge"), q.Has("charge")
-	s.mu.Lock()
-	data := []processor.Refund{}
-	for _, re := range s.refunds {
-		if !byCharge || re.Charge == charge {
-			data = append(data, re)
-		}
+	p, rejected := parseListPage(q)
+	if rejected != nil {
+		s.respond(w, call, *rejected)
+		return
 	}
+	s.mu.Lock()
+	list, found := listPage(s.refunds, p, func(re processor.Refund) string { return re.ID }, func(re processor.Refund) bool {
+		return !byCharge || re.Charge == charge
+	})
 	s.mu.Unlock()
-	s.respond(w, call, jsonOutcome(http.StatusOK, processor.List[processor.Refund]{Object: "list", Data: data}))
+	if !found {
+		s.respond(w, call, noSuchCursor("refund", p.after))
+		return
+	}
+	s.respond(w, call, jsonOutcome(http.StatusOK, list))
+}
+
+// pageParams are a list request's limit and starting_after.
+type pageParams struct {
+	limit int
+	after string
+	// paging says starting_after was given: the page starts after that
+	// item rather than with the oldest.
+	paging bool
+}
+
+func parseListPage(q url.Values) (pageParams, *outcome) {
+	p := pageParams{limit: processor.DefaultListLimit, after: q.Get("starting_after"), paging: q.Has("starting_after")}
+	if q.Has("limit") {
+		n, err := strconv.Atoi(q.Get("limit"))
+		if err != nil || n < 1 || n > processor.MaxListLimit {
+			out := invalidRequest(processor.CodeParameterInvalid, "limit",
+				fmt.Sprintf("limit must be an integer from 1 to %d.", processor.MaxListLimit))
+			return pageParams{}, &out
+		}
+		p.limit = n
+	}
+	return p, nil
+}
+
+// listPage is one page of items (all of one kind, in creation order): the
+// ones that match, after the item p.after names, at most p.limit of them.
+// Filtering before paging means a page is full unless it is the last, and
+// the cursor is a position in creation order, so it may name an item the
+// filter leaves out. found is false when p.after names no item at all.
+func listPage[T any](items []T, p pageParams, id func(T) string, match func(T) bool) (list processor.List[T], found bool) {
+	start := 0
+	if p.paging {
+		i := slices.IndexFunc(items, func(it T) bool { return id(it) == p.after })
+		if i < 0 {
+			return processor.List[T]{}, false
+		}
+		start = i + 1
+	}
+	list = processor.List[T]{Object: "list", Data: []T{}}
+	for _, it := range items[start:] {
+		if !match(it) {
+			continue
+		}
+		if len(list.Data) == p.limit {
+			list.HasMore = true
+			break
+		}
+		list.Data = append(list.Data, it)
+	}
+	return list, true
+}
+
+func noSuchCursor(object, id string) outcome {
+	return invalidRequest(processor.CodeResourceMissing, "starting_after", "No such "+object+": '"+id+"'")
 }

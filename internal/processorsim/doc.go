@@ -9,25 +9,49 @@
 //     its exact response (status and body) stored; every later call with
 //     that key gets the stored response again, marked with the header
 //     Idempotent-Replayed: true, and creates nothing. Reusing a key with
-//     other parameters, or on the other endpoint, is an idempotency_error.
-//     Keys are global across both endpoints, as at Stripe. Calls rejected
-//     before executing (a malformed body, an unknown payment method, a
-//     refund above the refundable amount) store nothing, so the key stays
-//     free. Calls with one key are serialized: a duplicate arriving while
-//     the first executes waits for it and then gets the replay.
+//     other parameters, or on the other endpoint, is a 400
+//     idempotency_error with code idempotency_key_reused. Keys are global
+//     across both endpoints, as at Stripe. Calls rejected before executing
+//     (a malformed body, an unknown payment method, a refund above the
+//     refundable amount) store nothing, so the key stays free.
+//   - Calls in flight. A call is accepted once its body is read, its key
+//     checked and its parameters validated. From then until its response
+//     is stored the key is in flight, and another call with it gets 409
+//     idempotency_error with code idempotency_key_in_use: not a replay,
+//     not an execution, nothing stored. Only calls held by a latency or
+//     late_execution fault stay in flight for long; any other call looks
+//     up its key, executes and stores its response in one step.
 //   - A processor without idempotency support (requirement S4). With
-//     IgnoreIdempotencyKeys every call executes; keys are recorded on the
-//     charges and refunds but never consulted, so a retry charges twice and
+//     IgnoreIdempotencyKeys every call executes, even one whose key is in
+//     flight; keys are recorded on the charges and refunds but never
+//     consulted, so a retry charges twice and
 //     GET /v1/charges?idempotency_key=K shows the duplicates that
 //     reconciliation must compensate.
 //   - Card outcomes, decided by the test payment method (PaymentMethodVisa
 //     and so on). A decline still creates a failed charge, as at Stripe.
-//   - Faults, one-shot per call and queued per path: no answer at all
-//     (FaultTimeout), a 500 without executing (FaultServerError), executed
-//     but the connection closed before any response (FaultLostResponse),
-//     and extra latency (FaultLatency); plus a latency added to every call.
+//   - Faults, one-shot per call and queued per path. Answered before the
+//     call is accepted, without executing or storing anything: no answer
+//     at all (FaultTimeout), a 500 (FaultServerError), or any answer that
+//     is not an outcome (FaultStatus: 408, 425, 429 with Retry-After and a
+//     rate_limit_error, 500, 502, 503, 504). After acceptance: executed
+//     but the connection closed before any response (FaultLostResponse);
+//     held with the key in flight, then executed, unless the client gave
+//     up meanwhile (FaultLatency); held whether or not the client is
+//     still there, then executed and stored, answering only a client
+//     still connected (FaultLateExecution: the charge lands after its
+//     caller gave up, as at a processor that keeps working on a call
+//     whose client disconnected). Plus a latency added to every call.
+//   - A bound on execution. No call lands later than MaxExecution (30 s)
+//     after it arrived: faults holding a call longer are rejected, and a
+//     call still waiting when MaxExecution passes is dropped without
+//     executing. Callers' settle windows rest on this bound. A call held
+//     by a fault also gives up without executing when the server shuts
+//     down (Server.Shutdown, so shutdown stays bounded) or when Reset
+//     forgets the state it belongs to.
 //   - A record of every call to /v1 (Calls), which tests use to assert on
 //     the side effect itself (requirement T4) rather than on status codes.
+//     WaitIdle (or GET /_sim/idle) waits until no call is held by a fault,
+//     so a test can wait for a late charge to land without sleeping.
 //
 // The HTTP API:
 //
@@ -38,13 +62,22 @@
 //	POST /v1/refunds                 refund a succeeded charge
 //	GET  /v1/refunds                 list; filter: charge=ch_...
 //	GET  /_sim/calls                 the call record
+//	GET  /_sim/idle                  204 once no call is held by a fault
 //	POST /_sim/faults                queue a fault: {"path":"/v1/charges",
-//	                                 "kind":"timeout|server_error|lost_response|latency",
-//	                                 "latency_ms":N}
+//	                                 "kind":"timeout|server_error|status|lost_response|latency|late_execution",
+//	                                 "latency_ms":N, "status":N, "retry_after_ms":N}
+//	                                 (latency_ms up to 30000, for latency and
+//	                                 late_execution; status for status;
+//	                                 retry_after_ms for status 429, default 1000)
 //	POST /_sim/mode                  {"ignore_idempotency_keys":bool,"latency_ms":N};
 //	                                 either field may be omitted
 //	POST /_sim/reset                 forget everything and restore the
 //	                                 configured mode
+//
+// Lists are pages, oldest first, as at Stripe: limit=N (1 to 100, default
+// 10) items after the one named by starting_after=<id>, and has_more when
+// more follow. Filters apply before paging. A bad limit is a 400
+// parameter_invalid; an unknown starting_after is a 400 resource_missing.
 //
 // State lives in memory. Run as its own process (cmd/processor), the
 // simulator survives restarts of the API, which crash tests need; started

@@ -28,16 +28,18 @@ type Server struct {
 // error here rather than a log line later, then serves a new Simulator in
 // the background until Shutdown.
 func Start(addr string, cfg Config) (*Server, error) {
-	sim := New(cfg)
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("processorsim: listen on %s: %w", addr, err)
 	}
-	// Shutdown waits for calls in flight, but a call held by a timeout
-	// fault would only end at its cap. Cancelling the context every
+	// Shutdown waits for calls in flight, but a call held by a fault would
+	// only end at its delay or MaxExecution. Cancelling the context every
 	// request derives from lets such calls drop their connection at once,
-	// as a processor going away would.
+	// without executing, as a processor going away would. Late executions
+	// ignore their request's context, so they wait on base directly.
 	base, cancel := context.WithCancel(context.Background())
+	sim := New(cfg)
+	sim.lifetime = base
 	srv := &http.Server{
 		Handler:           sim.Handler(),
 		ReadHeaderTimeout: 5 * time.Second,
@@ -77,7 +79,9 @@ func (s *Server) Err() error {
 }
 
 // Shutdown stops accepting calls and waits for those in flight, bounded by
-// ctx; calls held by a timeout fault are dropped. When ctx ends first the
+// ctx. Calls held by a fault (timeout, latency, late_execution) are
+// dropped at once without executing: a late execution still waiting does
+// not land, so shutdown never waits out a delay. When ctx ends first the
 // remaining connections are closed and ctx's error is returned.
 func (s *Server) Shutdown(ctx context.Context) error {
 	err := s.srv.Shutdown(ctx)

@@ -1,6 +1,8 @@
 package processorsim
 
 import (
+	"context"
+	"fmt"
 	"log/slog"
 	"maps"
 	"math/rand/v2"
@@ -43,6 +45,14 @@ type Config struct {
 	// onBlock is called when a call starts waiting in a timeout fault, so
 	// tests can act while it is in flight without sleeping.
 	onBlock func()
+	// holdTimer, when set, replaces the timer of a call held by a latency
+	// or late_execution fault: it is called once the call is held, and the
+	// hold ends when the returned channel delivers. Tests use it to act
+	// while the key is in flight and to decide when the delay has passed.
+	holdTimer func(time.Duration) <-chan time.Time
+	// maxExecution, when set, replaces MaxExecution, so tests can watch a
+	// call reach it.
+	maxExecution time.Duration
 }
 
 // Simulator is the processor's state and HTTP API. It is safe for
@@ -52,9 +62,15 @@ type Simulator struct {
 	logger  *slog.Logger
 	handler http.Handler
 
-	// mu guards everything below. Executing a call holds it from the key
-	// lookup to storing the response, which is what keeps two calls with
-	// one key from both executing.
+	// lifetime ends when the server serving the simulator shuts down
+	// (Start sets it). A late execution waits on it rather than on its
+	// client, so shutdown stays bounded.
+	lifetime context.Context
+
+	// mu guards everything below. Two calls with one key never both
+	// execute: a call that is not held looks up the key, executes and
+	// stores the response under one hold of mu; a held call marks its key
+	// in flight under mu when it is accepted and unmarks it when it lands.
 	mu          sync.Mutex
 	ignoreKeys  bool
 	latency     time.Duration
@@ -65,6 +81,16 @@ type Simulator struct {
 	chargeIndex map[string]int
 	refunds     []processor.Refund
 	keys        map[string]storedResponse
+	// inFlight maps each key that a held call has claimed to that call.
+	inFlight map[string]*Call
+	// forgotten is done once Reset forgets the state held calls were
+	// accepted into, so they give up without executing; forget ends it.
+	forgotten context.Context
+	forget    context.CancelFunc
+	// held counts calls held by a latency or late_execution fault, across
+	// resets; idle is closed whenever it is zero (see WaitIdle).
+	held int
+	idle chan struct{}
 }
 
 // storedResponse is what a key is bound to once a call with it executed.
@@ -76,9 +102,10 @@ type storedResponse struct {
 }
 
 // Call is one recorded call to /v1, in arrival order. Status is the HTTP
-// status sent, 0 when none was (timeout, lost response, client gone).
-// Executed says the call created a charge or refund; Replayed says it got
-// a stored response instead.
+// status sent, 0 when none was (timeout, lost response, client gone, a
+// late execution whose client had left). Executed says the call created a
+// charge or refund, which for a held call becomes true only once it
+// lands; Replayed says it got a stored response instead.
 type Call struct {
 	Seq            int64     `json:"seq"`
 	Method         string    `json:"method"`
@@ -97,13 +124,22 @@ func New(cfg Config) *Simulator {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Simulator{cfg: cfg, logger: logger}
+	if cfg.maxExecution == 0 {
+		cfg.maxExecution = MaxExecution
+	}
+	if cfg.holdTimer == nil {
+		cfg.holdTimer = time.After
+	}
+	s := &Simulator{cfg: cfg, logger: logger, lifetime: context.Background(), idle: make(chan struct{})}
+	close(s.idle)
 	s.resetLocked()
 	s.handler = s.routes()
 	return s
 }
 
-// Handler returns the simulator's HTTP API.
+// Handler returns the simulator's HTTP API. Served by anything but Start,
+// nothing tells a late execution that its server is shutting down, so it
+// waits out its delay: call WaitIdle or Reset before closing that server.
 func (s *Simulator) Handler() http.Handler { return s.handler }
 
 // SetIgnoreIdempotencyKeys switches deduplication off (true) or back on.
@@ -125,8 +161,14 @@ func (s *Simulator) SetLatency(d time.Duration) {
 }
 
 // InjectFault queues a one-shot fault: the next POST to f.Path takes it.
-// Faults for one path are taken in the order they were queued.
+// Faults for one path are taken in the order they were queued. It panics
+// on a fault the /_sim/faults endpoint would reject (an unknown kind or
+// path, a parameter out of range or of another kind): that is a bug in
+// the test, better found at once than as a call that never misbehaves.
 func (s *Simulator) InjectFault(f Fault) {
+	if !validFault(f) {
+		panic(fmt.Sprintf("processorsim: invalid fault %+v", f))
+	}
 	s.mu.Lock()
 	s.faults[f.Path] = append(s.faults[f.Path], f)
 	s.mu.Unlock()
@@ -134,7 +176,9 @@ func (s *Simulator) InjectFault(f Fault) {
 }
 
 // Reset forgets every charge, refund, stored response, call and queued
-// fault, and restores the mode from the Config given to New.
+// fault, and restores the mode from the Config given to New. Calls held by
+// a latency or late_execution fault belong to the forgotten state: they
+// give up at once, without executing, so none lands in the fresh one.
 func (s *Simulator) Reset() {
 	s.mu.Lock()
 	s.resetLocked()
@@ -152,6 +196,29 @@ func (s *Simulator) resetLocked() {
 	s.chargeIndex = map[string]int{}
 	s.refunds = nil
 	s.keys = map[string]storedResponse{}
+	s.inFlight = map[string]*Call{}
+	if s.forget != nil {
+		s.forget()
+	}
+	s.forgotten, s.forget = context.WithCancel(context.Background())
+}
+
+// WaitIdle returns once no call is held by a latency or late_execution
+// fault: each has executed, with its response stored and its call record
+// final, or given up without executing. Tests use it to wait, without
+// sleeping, until a late charge has landed. Calls not yet accepted when it
+// is called (still reading their body, say) are not waited for. It returns
+// ctx's error if ctx ends first.
+func (s *Simulator) WaitIdle(ctx context.Context) error {
+	s.mu.Lock()
+	idle := s.idle
+	s.mu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Calls returns every recorded call, in arrival order.

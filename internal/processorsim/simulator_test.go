@@ -3,6 +3,7 @@ package processorsim
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -86,6 +87,21 @@ func rawPost(t *testing.T, url, key, body string) (int, http.Header, string) {
 	return resp.StatusCode, resp.Header, string(b)
 }
 
+// chargeBody is the JSON of visa(amount) without metadata, for rawPost.
+func chargeBody(amount int64) string {
+	return fmt.Sprintf(`{"amount":%d,"currency":"EUR","payment_method":"pm_card_visa"}`, amount)
+}
+
+// apiError decodes the error body of a failed call.
+func apiError(t *testing.T, body string) processor.APIError {
+	t.Helper()
+	var e processor.ErrorResponse
+	if err := json.Unmarshal([]byte(body), &e); err != nil {
+		t.Fatalf("error body %q: %v", body, err)
+	}
+	return e.Error
+}
+
 func TestIdempotency(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -124,53 +140,51 @@ func TestIdempotency(t *testing.T) {
 
 	t.Run("SameKeyWithDifferentAmountIsAnIdempotencyErrorAndChargesNothing", func(t *testing.T) {
 		t.Parallel()
-		sim, client, _ := newSim(t, Config{}, 0)
-		if _, err := client.CreateCharge(ctx, visa(1000), "k1"); err != nil {
-			t.Fatal(err)
-		}
-		_, err := client.CreateCharge(ctx, visa(2000), "k1")
-		var reqErr *processor.RequestError
-		if !errors.As(err, &reqErr) {
-			t.Fatalf("err = %v, want *RequestError", err)
-		}
-		if diff := cmp.Diff(processor.RequestError{
-			Status:  400,
+		sim, _, url := newSim(t, Config{}, 0)
+		rawPost(t, url+PathCharges, "k1", chargeBody(1000))
+		status, _, body := rawPost(t, url+PathCharges, "k1", chargeBody(2000))
+		want := processor.APIError{
 			Type:    processor.ErrorTypeIdempotency,
+			Code:    processor.CodeIdempotencyKeyReused,
 			Message: "Keys for idempotent requests can only be used with the same parameters they were first used with.",
-		}, *reqErr); diff != "" {
-			t.Errorf("error (-want +got):\n%s", diff)
+		}
+		if diff := cmp.Diff(fmt.Sprint(400, want), fmt.Sprint(status, apiError(t, body))); diff != "" {
+			t.Errorf("answer (-want +got):\n%s", diff)
+		}
+		if got := len(sim.Charges()); got != 1 {
+			t.Errorf("charges = %d, want 1", got)
+		}
+		if diff := cmp.Diff([]callSummary{
+			{"POST", PathCharges, "k1", 200, "", true, false},
+			{"POST", PathCharges, "k1", 400, "", false, false},
+		}, summarize(sim.Calls())); diff != "" {
+			t.Errorf("calls (-want +got):\n%s", diff)
+		}
+	})
+
+	t.Run("SameKeyWithDifferentMetadataIsAnIdempotencyError", func(t *testing.T) {
+		t.Parallel()
+		sim, _, url := newSim(t, Config{}, 0)
+		rawPost(t, url+PathCharges, "k1", `{"amount":1000,"currency":"EUR","payment_method":"pm_card_visa","metadata":{"payment_id":"pay_1"}}`)
+		status, _, body := rawPost(t, url+PathCharges, "k1", `{"amount":1000,"currency":"EUR","payment_method":"pm_card_visa","metadata":{"payment_id":"pay_2"}}`)
+		if got := apiError(t, body); status != http.StatusBadRequest || got.Code != processor.CodeIdempotencyKeyReused {
+			t.Fatalf("got %d %+v, want 400 idempotency_key_reused", status, got)
 		}
 		if got := len(sim.Charges()); got != 1 {
 			t.Errorf("charges = %d, want 1", got)
 		}
 	})
 
-	t.Run("SameKeyWithDifferentMetadataIsAnIdempotencyError", func(t *testing.T) {
-		t.Parallel()
-		_, client, _ := newSim(t, Config{}, 0)
-		if _, err := client.CreateCharge(ctx, visa(1000), "k1"); err != nil {
-			t.Fatal(err)
-		}
-		other := visa(1000)
-		other.Metadata = map[string]string{"payment_id": "pay_2"}
-		_, err := client.CreateCharge(ctx, other, "k1")
-		var reqErr *processor.RequestError
-		if !errors.As(err, &reqErr) || reqErr.Type != processor.ErrorTypeIdempotency {
-			t.Fatalf("err = %v, want an idempotency_error", err)
-		}
-	})
-
 	t.Run("KeysAreSharedAcrossEndpoints", func(t *testing.T) {
 		t.Parallel()
-		sim, client, _ := newSim(t, Config{}, 0)
+		sim, client, url := newSim(t, Config{}, 0)
 		ch, err := client.CreateCharge(ctx, visa(1000), "k1")
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = client.Refund(ctx, processor.RefundRequest{Charge: ch.ID}, "k1")
-		var reqErr *processor.RequestError
-		if !errors.As(err, &reqErr) || reqErr.Type != processor.ErrorTypeIdempotency {
-			t.Fatalf("err = %v, want an idempotency_error", err)
+		status, _, body := rawPost(t, url+PathRefunds, "k1", `{"charge":"`+ch.ID+`"}`)
+		if got := apiError(t, body); status != http.StatusBadRequest || got.Code != processor.CodeIdempotencyKeyReused {
+			t.Fatalf("got %d %+v, want 400 idempotency_key_reused", status, got)
 		}
 		if got := len(sim.Refunds()); got != 0 {
 			t.Errorf("refunds = %d, want 0", got)
@@ -416,8 +430,8 @@ func TestFaults(t *testing.T) {
 		sim.InjectFault(Fault{Path: PathCharges, Kind: FaultTimeout})
 
 		_, err := client.CreateCharge(ctx, visa(1000), "k1")
-		if !errors.Is(err, processor.ErrTransient) {
-			t.Fatalf("err = %v, want ErrTransient", err)
+		if !errors.Is(err, processor.ErrOutcomeUnknown) {
+			t.Fatalf("err = %v, want ErrOutcomeUnknown", err)
 		}
 		var netErr net.Error
 		if !errors.As(err, &netErr) || !netErr.Timeout() {
@@ -449,8 +463,8 @@ func TestFaults(t *testing.T) {
 		sim.InjectFault(Fault{Path: PathCharges, Kind: FaultServerError})
 
 		_, err := client.CreateCharge(ctx, visa(1000), "k1")
-		if !errors.Is(err, processor.ErrTransient) {
-			t.Fatalf("err = %v, want ErrTransient", err)
+		if !errors.Is(err, processor.ErrOutcomeUnknown) {
+			t.Fatalf("err = %v, want ErrOutcomeUnknown", err)
 		}
 		if got := len(sim.Charges()); got != 0 {
 			t.Fatalf("charges = %d, want 0", got)
@@ -478,8 +492,8 @@ func TestFaults(t *testing.T) {
 		sim.InjectFault(Fault{Path: PathCharges, Kind: FaultLostResponse})
 
 		_, err := client.CreateCharge(ctx, visa(1000), "k1")
-		if !errors.Is(err, processor.ErrTransient) {
-			t.Fatalf("err = %v, want ErrTransient", err)
+		if !errors.Is(err, processor.ErrOutcomeUnknown) {
+			t.Fatalf("err = %v, want ErrOutcomeUnknown", err)
 		}
 		charges := sim.Charges()
 		if len(charges) != 1 {
@@ -527,8 +541,8 @@ func TestFaults(t *testing.T) {
 		t.Parallel()
 		sim, client, _ := newSim(t, Config{Latency: time.Hour}, 50*time.Millisecond)
 		_, err := client.CreateCharge(ctx, visa(1000), "k1")
-		if !errors.Is(err, processor.ErrTransient) {
-			t.Fatalf("err = %v, want ErrTransient", err)
+		if !errors.Is(err, processor.ErrOutcomeUnknown) {
+			t.Fatalf("err = %v, want ErrOutcomeUnknown", err)
 		}
 		if got := len(sim.Charges()); got != 0 {
 			t.Errorf("charges = %d, want 0", got)
@@ -543,8 +557,8 @@ func TestFaults(t *testing.T) {
 		if err != nil {
 			t.Fatalf("charge took the refunds fault: %v", err)
 		}
-		if _, err := client.Refund(ctx, processor.RefundRequest{Charge: ch.ID}, "refund"); !errors.Is(err, processor.ErrTransient) {
-			t.Fatalf("first refund err = %v, want ErrTransient", err)
+		if _, err := client.Refund(ctx, processor.RefundRequest{Charge: ch.ID}, "refund"); !errors.Is(err, processor.ErrOutcomeUnknown) {
+			t.Fatalf("first refund err = %v, want ErrOutcomeUnknown", err)
 		}
 		if _, err := client.Refund(ctx, processor.RefundRequest{Charge: ch.ID}, "refund"); err != nil {
 			t.Fatalf("second refund: %v", err)
@@ -720,7 +734,7 @@ func TestAdminEndpoints(t *testing.T) {
 		post("/_sim/faults", `{"path":"/v1/charges","kind":"server_error"}`, http.StatusNoContent)
 		post("/_sim/faults", `{"path":"/v1/payouts","kind":"server_error"}`, http.StatusBadRequest)
 		post("/_sim/faults", `{"path":"/v1/charges","kind":"meteor"}`, http.StatusBadRequest)
-		if _, err := client.CreateCharge(ctx, visa(1000), "k1"); !errors.Is(err, processor.ErrTransient) {
+		if _, err := client.CreateCharge(ctx, visa(1000), "k1"); !errors.Is(err, processor.ErrOutcomeUnknown) {
 			t.Fatalf("err = %v, want the queued server_error", err)
 		}
 
@@ -789,8 +803,8 @@ func TestServer(t *testing.T) {
 		if err := srv.Shutdown(ctx); err != nil {
 			t.Fatalf("Shutdown: %v", err)
 		}
-		if err := <-errc; !errors.Is(err, processor.ErrTransient) {
-			t.Errorf("held call err = %v, want ErrTransient", err)
+		if err := <-errc; !errors.Is(err, processor.ErrOutcomeUnknown) {
+			t.Errorf("held call err = %v, want ErrOutcomeUnknown", err)
 		}
 		if got := len(srv.Simulator.Charges()); got != 1 {
 			t.Errorf("charges = %d, want 1", got)
@@ -811,4 +825,743 @@ func TestServer(t *testing.T) {
 			t.Error("second Start on the same address succeeded, want an error")
 		}
 	})
+}
+
+// holdControl decides when calls held by a latency or late_execution
+// fault end their delay: each held call signals on held once its key is
+// in flight, and ends its delay when release delivers. Nothing else ends
+// it early but what the simulator documents (client gone for latency,
+// shutdown, Reset, MaxExecution), so tests act while a call is held
+// without sleeping.
+type holdControl struct {
+	held    chan struct{}
+	release chan time.Time
+}
+
+func newHoldControl(cfg Config) (*holdControl, Config) {
+	hc := &holdControl{held: make(chan struct{}, 8), release: make(chan time.Time)}
+	cfg.holdTimer = func(time.Duration) <-chan time.Time {
+		hc.held <- struct{}{}
+		return hc.release
+	}
+	return hc, cfg
+}
+
+// waitHeld returns once a call is held, failing the test rather than
+// hanging if none comes.
+func (hc *holdControl) waitHeld(t *testing.T) {
+	t.Helper()
+	select {
+	case <-hc.held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no call was held")
+	}
+}
+
+// releaseOne ends the delay of one held call, failing the test rather
+// than hanging if no call is still waiting for it.
+func (hc *holdControl) releaseOne(t *testing.T) {
+	t.Helper()
+	select {
+	case hc.release <- time.Now():
+	case <-time.After(10 * time.Second):
+		t.Fatal("no held call was waiting for its delay to end")
+	}
+}
+
+// answer is what an asynchronous rawPost got.
+type answer struct {
+	status int
+	body   string
+	err    error
+}
+
+// postAsync sends a POST in the background; cancelling ctx hangs up.
+func postAsync(ctx context.Context, url, key, body string) <-chan answer {
+	done := make(chan answer, 1)
+	go func() {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+		if err != nil {
+			done <- answer{err: err}
+			return
+		}
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			done <- answer{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		done <- answer{status: resp.StatusCode, body: string(b), err: err}
+	}()
+	return done
+}
+
+// waitIdle fails the test if held calls do not settle promptly.
+func waitIdle(t *testing.T, sim *Simulator) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := sim.WaitIdle(ctx); err != nil {
+		t.Fatalf("WaitIdle: %v", err)
+	}
+}
+
+func TestKeyInFlight(t *testing.T) {
+	t.Parallel()
+
+	for _, kind := range []FaultKind{FaultLatency, FaultLateExecution} {
+		t.Run("SameKeyWhileHeldBy_"+string(kind)+"_Is409AndExecutesNothing", func(t *testing.T) {
+			t.Parallel()
+			hc, cfg := newHoldControl(Config{})
+			sim, _, url := newSim(t, cfg, 0)
+			sim.InjectFault(Fault{Path: PathCharges, Kind: kind, Latency: time.Second})
+			first := postAsync(context.Background(), url+PathCharges, "k1", chargeBody(1000))
+			hc.waitHeld(t)
+
+			status, header, body := rawPost(t, url+PathCharges, "k1", chargeBody(1000))
+			want := processor.APIError{
+				Type: processor.ErrorTypeIdempotency,
+				Code: processor.CodeIdempotencyKeyInUse,
+				Message: "There is currently another in-progress request using this Idempotency-Key " +
+					"(probably a retry sent while the first call is still executing). Try again later.",
+			}
+			if diff := cmp.Diff(fmt.Sprint(409, want), fmt.Sprint(status, apiError(t, body))); diff != "" {
+				t.Errorf("duplicate's answer (-want +got):\n%s", diff)
+			}
+			if got := header.Get("Idempotent-Replayed"); got != "" {
+				t.Errorf("409 Idempotent-Replayed = %q, want none", got)
+			}
+			if got := len(sim.Charges()); got != 0 {
+				t.Errorf("charges while held = %d, want 0", got)
+			}
+
+			hc.releaseOne(t)
+			if a := <-first; a.err != nil || a.status != http.StatusOK {
+				t.Fatalf("held call got %d %s %v, want 200", a.status, a.body, a.err)
+			}
+			waitIdle(t, sim)
+			rawPost(t, url+PathCharges, "k1", chargeBody(1000))
+			if got := len(sim.Charges()); got != 1 {
+				t.Errorf("charges = %d, want 1", got)
+			}
+			if diff := cmp.Diff([]callSummary{
+				{"POST", PathCharges, "k1", 200, kind, true, false},
+				{"POST", PathCharges, "k1", 409, "", false, false},
+				{"POST", PathCharges, "k1", 200, "", false, true},
+			}, summarize(sim.Calls())); diff != "" {
+				t.Errorf("calls (-want +got):\n%s", diff)
+			}
+		})
+	}
+
+	t.Run("OtherKeysAreNotBlocked", func(t *testing.T) {
+		t.Parallel()
+		hc, cfg := newHoldControl(Config{})
+		sim, _, url := newSim(t, cfg, 0)
+		sim.InjectFault(Fault{Path: PathCharges, Kind: FaultLateExecution, Latency: time.Second})
+		first := postAsync(context.Background(), url+PathCharges, "k1", chargeBody(1000))
+		hc.waitHeld(t)
+		if status, _, body := rawPost(t, url+PathCharges, "k2", chargeBody(1000)); status != http.StatusOK {
+			t.Fatalf("other key while k1 is held: %d %s", status, body)
+		}
+		hc.releaseOne(t)
+		<-first
+		waitIdle(t, sim)
+		if diff := cmp.Diff([]callSummary{
+			{"POST", PathCharges, "k1", 200, FaultLateExecution, true, false},
+			{"POST", PathCharges, "k2", 200, "", true, false},
+		}, summarize(sim.Calls())); diff != "" {
+			t.Errorf("calls (-want +got):\n%s", diff)
+		}
+	})
+
+	t.Run("IgnoringKeysThereIsNoInFlightCheck", func(t *testing.T) {
+		t.Parallel()
+		hc, cfg := newHoldControl(Config{IgnoreIdempotencyKeys: true})
+		sim, _, url := newSim(t, cfg, 0)
+		sim.InjectFault(Fault{Path: PathCharges, Kind: FaultLateExecution, Latency: time.Second})
+		first := postAsync(context.Background(), url+PathCharges, "k1", chargeBody(1000))
+		hc.waitHeld(t)
+		if status, _, body := rawPost(t, url+PathCharges, "k1", chargeBody(1000)); status != http.StatusOK {
+			t.Fatalf("same key while held, keys ignored: %d %s, want 200", status, body)
+		}
+		hc.releaseOne(t)
+		<-first
+		waitIdle(t, sim)
+		charges := sim.Charges()
+		if len(charges) != 2 || charges[0].IdempotencyKey != "k1" || charges[1].IdempotencyKey != "k1" {
+			t.Errorf("charges = %+v, want two under k1", charges)
+		}
+		if diff := cmp.Diff([]callSummary{
+			{"POST", PathCharges, "k1", 200, FaultLateExecution, true, false},
+			{"POST", PathCharges, "k1", 200, "", true, false},
+		}, summarize(sim.Calls())); diff != "" {
+			t.Errorf("calls (-want +got):\n%s", diff)
+		}
+	})
+
+	t.Run("LatencyAbandonedByItsClientFreesTheKeyAndChargesNothing", func(t *testing.T) {
+		t.Parallel()
+		hc, cfg := newHoldControl(Config{}) // never released
+		sim, _, url := newSim(t, cfg, 0)
+		sim.InjectFault(Fault{Path: PathCharges, Kind: FaultLatency, Latency: time.Second})
+		ctx, hangUp := context.WithCancel(context.Background())
+		first := postAsync(ctx, url+PathCharges, "k1", chargeBody(1000))
+		hc.waitHeld(t)
+		hangUp()
+		if a := <-first; a.err == nil {
+			t.Fatalf("client that hung up got %d %s", a.status, a.body)
+		}
+		waitIdle(t, sim)
+		if got := len(sim.Charges()); got != 0 {
+			t.Fatalf("charges after the abandoned call = %d, want 0", got)
+		}
+		if status, _, body := rawPost(t, url+PathCharges, "k1", chargeBody(1000)); status != http.StatusOK {
+			t.Fatalf("retry: %d %s, want 200", status, body)
+		}
+		if diff := cmp.Diff([]callSummary{
+			{"POST", PathCharges, "k1", 0, FaultLatency, false, false},
+			{"POST", PathCharges, "k1", 200, "", true, false},
+		}, summarize(sim.Calls())); diff != "" {
+			t.Errorf("calls (-want +got):\n%s", diff)
+		}
+	})
+}
+
+func TestLateExecution(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("LandsAfterTheClientGaveUpAndIsStoredUnderTheKey", func(t *testing.T) {
+		t.Parallel()
+		hc, cfg := newHoldControl(Config{})
+		sim := New(cfg)
+		// Tell the test when the server has seen the held call's client go.
+		gone := make(chan struct{}, 1)
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPost {
+				context.AfterFunc(r.Context(), func() {
+					select {
+					case gone <- struct{}{}:
+					default:
+					}
+				})
+			}
+			sim.Handler().ServeHTTP(w, r)
+		}))
+		t.Cleanup(srv.Close)
+		sim.InjectFault(Fault{Path: PathCharges, Kind: FaultLateExecution, Latency: time.Second})
+
+		reqCtx, hangUp := context.WithCancel(ctx)
+		first := postAsync(reqCtx, srv.URL+PathCharges, "k1", chargeBody(1000))
+		hc.waitHeld(t)
+		if got := len(sim.Charges()); got != 0 {
+			t.Fatalf("charges while held = %d, want 0", got)
+		}
+		hangUp()
+		if a := <-first; a.err == nil {
+			t.Fatalf("client that hung up got %d %s", a.status, a.body)
+		}
+		select {
+		case <-gone:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the server never saw the client leave")
+		}
+		if got := len(sim.Charges()); got != 0 {
+			t.Fatalf("charges once the client left = %d, want 0 until the delay passes", got)
+		}
+		hc.releaseOne(t)
+		waitIdle(t, sim)
+
+		charges := sim.Charges()
+		if len(charges) != 1 || charges[0].IdempotencyKey != "k1" || charges[0].Status != processor.StatusSucceeded {
+			t.Fatalf("charges after the delay = %+v, want one succeeded under k1", charges)
+		}
+		if diff := cmp.Diff([]callSummary{
+			{"POST", PathCharges, "k1", 0, FaultLateExecution, true, false},
+		}, summarize(sim.Calls())); diff != "" {
+			t.Errorf("calls (-want +got):\n%s", diff)
+		}
+		// The response was stored: the retry is a replay of that charge.
+		retried, err := processor.NewClient(srv.URL, 0).CreateCharge(ctx, processor.ChargeRequest{
+			Amount: 1000, Currency: "EUR", PaymentMethod: PaymentMethodVisa,
+		}, "k1")
+		if err != nil {
+			t.Fatalf("retry: %v", err)
+		}
+		if diff := cmp.Diff(charges[0], retried); diff != "" {
+			t.Errorf("retry returned (-landed +got):\n%s", diff)
+		}
+		if got := len(sim.Charges()); got != 1 {
+			t.Errorf("charges after the retry = %d, want 1", got)
+		}
+	})
+
+	t.Run("AnswersAClientThatWaited", func(t *testing.T) {
+		t.Parallel()
+		hc, cfg := newHoldControl(Config{})
+		sim, client, _ := newSim(t, cfg, time.Hour)
+		sim.InjectFault(Fault{Path: PathCharges, Kind: FaultLateExecution, Latency: time.Second})
+		type result struct {
+			ch  processor.Charge
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			ch, err := client.CreateCharge(ctx, visa(1000), "k1")
+			done <- result{ch, err}
+		}()
+		hc.waitHeld(t)
+		hc.releaseOne(t)
+		got := <-done
+		if got.err != nil {
+			t.Fatal(got.err)
+		}
+		if diff := cmp.Diff(sim.Charges(), []processor.Charge{got.ch}); diff != "" {
+			t.Errorf("charges (-recorded +answered):\n%s", diff)
+		}
+		waitIdle(t, sim)
+		if diff := cmp.Diff([]callSummary{
+			{"POST", PathCharges, "k1", 200, FaultLateExecution, true, false},
+		}, summarize(sim.Calls())); diff != "" {
+			t.Errorf("calls (-want +got):\n%s", diff)
+		}
+	})
+
+	t.Run("ShutdownAbandonsItWithoutExecuting", func(t *testing.T) {
+		t.Parallel()
+		hc, cfg := newHoldControl(Config{}) // never released
+		srv, err := Start("127.0.0.1:0", cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv.Simulator.InjectFault(Fault{Path: PathCharges, Kind: FaultLateExecution, Latency: MaxExecution})
+		first := postAsync(ctx, srv.URL()+PathCharges, "k1", chargeBody(1000))
+		hc.waitHeld(t)
+
+		shutdownCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(shutdownCtx); err != nil {
+			t.Fatalf("Shutdown with a late execution held: %v", err)
+		}
+		if a := <-first; a.err == nil {
+			t.Errorf("held call got %d %s, want no answer", a.status, a.body)
+		}
+		waitIdle(t, srv.Simulator)
+		if got := len(srv.Simulator.Charges()); got != 0 {
+			t.Errorf("charges = %d, want 0", got)
+		}
+		if diff := cmp.Diff([]callSummary{
+			{"POST", PathCharges, "k1", 0, FaultLateExecution, false, false},
+		}, summarize(srv.Simulator.Calls())); diff != "" {
+			t.Errorf("calls (-want +got):\n%s", diff)
+		}
+	})
+
+	t.Run("ResetAbandonsItWithoutExecuting", func(t *testing.T) {
+		t.Parallel()
+		hc, cfg := newHoldControl(Config{}) // never released
+		sim, _, url := newSim(t, cfg, 0)
+		sim.InjectFault(Fault{Path: PathCharges, Kind: FaultLateExecution, Latency: MaxExecution})
+		first := postAsync(ctx, url+PathCharges, "k1", chargeBody(1000))
+		hc.waitHeld(t)
+
+		sim.Reset()
+		waitIdle(t, sim)
+		if a := <-first; a.err == nil {
+			t.Errorf("held call got %d %s, want no answer", a.status, a.body)
+		}
+		if status, _, body := rawPost(t, url+PathCharges, "k1", chargeBody(1000)); status != http.StatusOK {
+			t.Fatalf("same key after Reset: %d %s, want 200", status, body)
+		}
+		if got := len(sim.Charges()); got != 1 {
+			t.Errorf("charges = %d, want only the one after Reset", got)
+		}
+		if diff := cmp.Diff([]callSummary{
+			{"POST", PathCharges, "k1", 200, "", true, false},
+		}, summarize(sim.Calls())); diff != "" {
+			t.Errorf("calls (-want +got):\n%s", diff)
+		}
+	})
+
+	t.Run("NothingLandsLaterThanMaxExecution", func(t *testing.T) {
+		t.Parallel()
+		// Scaled down: a 50ms MaxExecution, a client that would wait an
+		// hour, and waits that never end by themselves.
+		tests := []struct {
+			name  string
+			cfg   Config
+			fault Fault
+		}{
+			{"HeldByAFault", Config{}, Fault{Path: PathCharges, Kind: FaultLateExecution, Latency: time.Second}},
+			{"ConfiguredLatency", Config{Latency: time.Hour}, Fault{}},
+		}
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				t.Parallel()
+				_, cfg := newHoldControl(tt.cfg)
+				cfg.maxExecution = 50 * time.Millisecond
+				sim, _, url := newSim(t, cfg, 0)
+				if tt.fault.Kind != "" {
+					sim.InjectFault(tt.fault)
+				}
+				if a := <-postAsync(ctx, url+PathCharges, "k1", chargeBody(1000)); a.err == nil {
+					t.Errorf("got %d %s, want no answer", a.status, a.body)
+				}
+				waitIdle(t, sim)
+				if got := len(sim.Charges()); got != 0 {
+					t.Errorf("charges = %d, want 0", got)
+				}
+				if diff := cmp.Diff([]callSummary{
+					{"POST", PathCharges, "k1", 0, tt.fault.Kind, false, false},
+				}, summarize(sim.Calls())); diff != "" {
+					t.Errorf("calls (-want +got):\n%s", diff)
+				}
+			})
+		}
+	})
+
+	t.Run("RefundToo", func(t *testing.T) {
+		t.Parallel()
+		hc, cfg := newHoldControl(Config{})
+		sim, client, url := newSim(t, cfg, 0)
+		ch, err := client.CreateCharge(ctx, visa(1000), "charge")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sim.InjectFault(Fault{Path: PathRefunds, Kind: FaultLateExecution, Latency: time.Second})
+		reqCtx, hangUp := context.WithCancel(ctx)
+		first := postAsync(reqCtx, url+PathRefunds, "refund", `{"charge":"`+ch.ID+`"}`)
+		hc.waitHeld(t)
+		hangUp()
+		<-first
+		hc.releaseOne(t)
+		waitIdle(t, sim)
+		refunds := sim.Refunds()
+		if len(refunds) != 1 || refunds[0].Amount != 1000 || refunds[0].IdempotencyKey != "refund" {
+			t.Errorf("refunds = %+v, want the full refund under its key", refunds)
+		}
+	})
+}
+
+func TestStatusFaults(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name           string
+		fault          Fault
+		wantStatus     int
+		wantType       string
+		wantCode       string
+		wantRetryAfter string
+	}{
+		{"408", Fault{Kind: FaultStatus, Status: 408}, 408, processor.ErrorTypeAPI, "", ""},
+		{"425", Fault{Kind: FaultStatus, Status: 425}, 425, processor.ErrorTypeAPI, "", ""},
+		{"429DefaultsToOneSecond", Fault{Kind: FaultStatus, Status: 429}, 429, processor.ErrorTypeRateLimit, processor.CodeRateLimited, "1"},
+		{"429RoundsUp", Fault{Kind: FaultStatus, Status: 429, RetryAfter: 1500 * time.Millisecond}, 429, processor.ErrorTypeRateLimit, processor.CodeRateLimited, "2"},
+		{"429AtLeastOneSecond", Fault{Kind: FaultStatus, Status: 429, RetryAfter: time.Millisecond}, 429, processor.ErrorTypeRateLimit, processor.CodeRateLimited, "1"},
+		{"500", Fault{Kind: FaultStatus, Status: 500}, 500, processor.ErrorTypeAPI, "", ""},
+		{"502", Fault{Kind: FaultStatus, Status: 502}, 502, processor.ErrorTypeAPI, "", ""},
+		{"503", Fault{Kind: FaultStatus, Status: 503}, 503, processor.ErrorTypeAPI, "", ""},
+		{"504", Fault{Kind: FaultStatus, Status: 504}, 504, processor.ErrorTypeAPI, "", ""},
+		{"ServerErrorIsStatus500", Fault{Kind: FaultServerError}, 500, processor.ErrorTypeAPI, "", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			sim, _, url := newSim(t, Config{}, 0)
+			tt.fault.Path = PathCharges
+			sim.InjectFault(tt.fault)
+
+			status, header, body := rawPost(t, url+PathCharges, "k1", chargeBody(1000))
+			got := apiError(t, body)
+			if diff := cmp.Diff(
+				fmt.Sprint(tt.wantStatus, tt.wantType, tt.wantCode, tt.wantRetryAfter),
+				fmt.Sprint(status, got.Type, got.Code, header.Get("Retry-After")),
+			); diff != "" {
+				t.Errorf("status type code Retry-After (-want +got):\n%s", diff)
+			}
+			if got := len(sim.Charges()); got != 0 {
+				t.Fatalf("charges = %d, want 0", got)
+			}
+			// Nothing was stored under the key: the retry executes.
+			if status, _, body := rawPost(t, url+PathCharges, "k1", chargeBody(1000)); status != http.StatusOK {
+				t.Fatalf("retry: %d %s", status, body)
+			}
+			if diff := cmp.Diff([]callSummary{
+				{"POST", PathCharges, "k1", tt.wantStatus, tt.fault.Kind, false, false},
+				{"POST", PathCharges, "k1", 200, "", true, false},
+			}, summarize(sim.Calls())); diff != "" {
+				t.Errorf("calls (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// getList fetches one page of a list endpoint.
+func getList[T any](t *testing.T, url string) (int, processor.List[T], string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list processor.List[T]
+	if resp.StatusCode == http.StatusOK {
+		if err := json.Unmarshal(b, &list); err != nil {
+			t.Fatalf("list body %s: %v", b, err)
+		}
+	}
+	return resp.StatusCode, list, string(b)
+}
+
+func TestPagination(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	t.Run("TwentyFiveChargesUnderOneKeyComeInPagesOf10And10And5", func(t *testing.T) {
+		t.Parallel()
+		sim, client, url := newSim(t, Config{IgnoreIdempotencyKeys: true}, 0)
+		for i := range 25 {
+			if _, err := client.CreateCharge(ctx, visa(1000), "k1"); err != nil {
+				t.Fatal(err)
+			}
+			if i%5 == 0 {
+				// Other keys in between: the filter applies before paging.
+				if _, err := client.CreateCharge(ctx, visa(1000), "k2"); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		var want []string
+		for _, ch := range sim.Charges() {
+			if ch.IdempotencyKey == "k1" {
+				want = append(want, ch.ID)
+			}
+		}
+
+		var got []string
+		var sizes []int
+		var hasMore []bool
+		after := ""
+		for page := 0; page < 5; page++ {
+			q := "?idempotency_key=k1"
+			if after != "" {
+				q += "&starting_after=" + after
+			}
+			status, list, body := getList[processor.Charge](t, url+PathCharges+q)
+			if status != http.StatusOK {
+				t.Fatalf("page %d: %d %s", page, status, body)
+			}
+			got = append(got, chargeIDs(list.Data)...)
+			sizes, hasMore = append(sizes, len(list.Data)), append(hasMore, list.HasMore)
+			if !list.HasMore {
+				break
+			}
+			after = list.Data[len(list.Data)-1].ID
+		}
+		if diff := cmp.Diff([]int{10, 10, 5}, sizes); diff != "" {
+			t.Errorf("page sizes (-want +got):\n%s", diff)
+		}
+		if diff := cmp.Diff([]bool{true, true, false}, hasMore); diff != "" {
+			t.Errorf("has_more (-want +got):\n%s", diff)
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("charges listed, in order (-recorded +listed):\n%s", diff)
+		}
+	})
+
+	t.Run("LimitAndAnExactLastPage", func(t *testing.T) {
+		t.Parallel()
+		sim, client, url := newSim(t, Config{}, 0)
+		for i := range 4 {
+			if _, err := client.CreateCharge(ctx, visa(1000), fmt.Sprint("k", i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ids := chargeIDs(sim.Charges())
+		_, first, _ := getList[processor.Charge](t, url+PathCharges+"?limit=2")
+		_, second, _ := getList[processor.Charge](t, url+PathCharges+"?limit=2&starting_after="+ids[1])
+		_, all, _ := getList[processor.Charge](t, url+PathCharges+"?limit=100")
+		if diff := cmp.Diff(
+			fmt.Sprint(ids[:2], true, ids[2:], false, ids, false),
+			fmt.Sprint(chargeIDs(first.Data), first.HasMore, chargeIDs(second.Data), second.HasMore, chargeIDs(all.Data), all.HasMore),
+		); diff != "" {
+			t.Errorf("pages (-want +got):\n%s", diff)
+		}
+	})
+
+	t.Run("CursorMayNameAnItemTheFilterLeavesOut", func(t *testing.T) {
+		t.Parallel()
+		sim, client, url := newSim(t, Config{}, 0)
+		for _, key := range []string{"a1", "b", "a2"} {
+			req := visa(1000)
+			req.Metadata = map[string]string{"group": key[:1]}
+			if _, err := client.CreateCharge(ctx, req, key); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ids := chargeIDs(sim.Charges())
+		_, list, body := getList[processor.Charge](t, url+PathCharges+"?metadata_key=group&metadata_value=a&starting_after="+ids[1])
+		if diff := cmp.Diff([]string{ids[2]}, chargeIDs(list.Data)); diff != "" {
+			t.Errorf("page after the filtered-out charge (-want +got):\n%s\n%s", diff, body)
+		}
+	})
+
+	t.Run("RefundsPageByCharge", func(t *testing.T) {
+		t.Parallel()
+		sim, client, url := newSim(t, Config{}, 0)
+		a, err := client.CreateCharge(ctx, visa(1000), "charge-a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := client.CreateCharge(ctx, visa(1000), "charge-b")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, ch := range []string{a.ID, b.ID, a.ID, b.ID, a.ID} {
+			if _, err := client.Refund(ctx, processor.RefundRequest{Charge: ch, Amount: 100}, fmt.Sprint("refund-", i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var ofA []string
+		for _, re := range sim.Refunds() {
+			if re.Charge == a.ID {
+				ofA = append(ofA, re.ID)
+			}
+		}
+		_, first, _ := getList[processor.Refund](t, url+PathRefunds+"?limit=2&charge="+a.ID)
+		_, second, _ := getList[processor.Refund](t, url+PathRefunds+"?limit=2&charge="+a.ID+"&starting_after="+first.Data[1].ID)
+		var got []string
+		for _, re := range append(first.Data, second.Data...) {
+			got = append(got, re.ID)
+		}
+		if diff := cmp.Diff(fmt.Sprint(ofA, true, false), fmt.Sprint(got, first.HasMore, second.HasMore)); diff != "" {
+			t.Errorf("refunds of a, paged (-want +got):\n%s", diff)
+		}
+	})
+
+	t.Run("BadLimitOrUnknownCursorIsRejected", func(t *testing.T) {
+		t.Parallel()
+		sim, client, url := newSim(t, Config{}, 0)
+		if _, err := client.CreateCharge(ctx, visa(1000), "k1"); err != nil {
+			t.Fatal(err)
+		}
+		tests := []struct {
+			query, code, param string
+		}{
+			{PathCharges + "?limit=0", processor.CodeParameterInvalid, "limit"},
+			{PathCharges + "?limit=101", processor.CodeParameterInvalid, "limit"},
+			{PathCharges + "?limit=-1", processor.CodeParameterInvalid, "limit"},
+			{PathCharges + "?limit=ten", processor.CodeParameterInvalid, "limit"},
+			{PathCharges + "?limit=", processor.CodeParameterInvalid, "limit"},
+			{PathCharges + "?starting_after=ch_unknown", processor.CodeResourceMissing, "starting_after"},
+			{PathRefunds + "?limit=101", processor.CodeParameterInvalid, "limit"},
+			{PathRefunds + "?starting_after=re_unknown", processor.CodeResourceMissing, "starting_after"},
+		}
+		for _, tt := range tests {
+			status, _, body := getList[processor.Charge](t, url+tt.query)
+			got := apiError(t, body)
+			if diff := cmp.Diff(
+				fmt.Sprint(400, processor.ErrorTypeInvalidRequest, tt.code, tt.param),
+				fmt.Sprint(status, got.Type, got.Code, got.Param),
+			); diff != "" {
+				t.Errorf("GET %s (-want +got):\n%s", tt.query, diff)
+			}
+		}
+		if got := len(sim.Calls()); got != 1+len(tests) {
+			t.Errorf("calls = %d, want every list call recorded", got)
+		}
+	})
+}
+
+func TestFaultValidation(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		body string
+		want int
+	}{
+		{`{"path":"/v1/charges","kind":"late_execution","latency_ms":30000}`, http.StatusNoContent},
+		{`{"path":"/v1/charges","kind":"late_execution","latency_ms":30001}`, http.StatusBadRequest},
+		{`{"path":"/v1/charges","kind":"latency","latency_ms":30001}`, http.StatusBadRequest},
+		{`{"path":"/v1/charges","kind":"latency","latency_ms":9223372036854775}`, http.StatusBadRequest},
+		{`{"path":"/v1/charges","kind":"late_execution","latency_ms":-1}`, http.StatusBadRequest},
+		{`{"path":"/v1/refunds","kind":"status","status":503}`, http.StatusNoContent},
+		{`{"path":"/v1/refunds","kind":"status","status":429,"retry_after_ms":2500}`, http.StatusNoContent},
+		{`{"path":"/v1/refunds","kind":"status","status":429,"retry_after_ms":-1}`, http.StatusBadRequest},
+		{`{"path":"/v1/refunds","kind":"status","status":503,"retry_after_ms":1000}`, http.StatusBadRequest},
+		{`{"path":"/v1/refunds","kind":"status","status":418}`, http.StatusBadRequest},
+		{`{"path":"/v1/refunds","kind":"status","status":200}`, http.StatusBadRequest},
+		{`{"path":"/v1/refunds","kind":"status"}`, http.StatusBadRequest},
+		{`{"path":"/v1/refunds","kind":"server_error","status":503}`, http.StatusBadRequest},
+	}
+	sim, _, url := newSim(t, Config{}, 0)
+	for _, tt := range tests {
+		resp, err := http.Post(url+"/_sim/faults", "application/json", strings.NewReader(tt.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tt.want {
+			t.Errorf("POST /_sim/faults %s: %d %s, want %d", tt.body, resp.StatusCode, b, tt.want)
+		}
+		if resp.StatusCode == http.StatusBadRequest && !strings.Contains(string(b), `late_execution`) {
+			t.Errorf("rejection %s does not list the kinds", b)
+		}
+	}
+	for _, body := range []string{`{"latency_ms":30001}`, `{"latency_ms":-1}`} {
+		resp, err := http.Post(url+"/_sim/mode", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("POST /_sim/mode %s: %d, want 400", body, resp.StatusCode)
+		}
+	}
+
+	t.Run("InjectFaultPanicsOnWhatTheEndpointRejects", func(t *testing.T) {
+		defer func() {
+			if recover() == nil {
+				t.Error("InjectFault of a late_execution above MaxExecution did not panic")
+			}
+		}()
+		sim.InjectFault(Fault{Path: PathCharges, Kind: FaultLateExecution, Latency: MaxExecution + 1})
+	})
+}
+
+func TestIdleEndpoint(t *testing.T) {
+	t.Parallel()
+	hc, cfg := newHoldControl(Config{})
+	sim, _, url := newSim(t, cfg, 0)
+	sim.InjectFault(Fault{Path: PathCharges, Kind: FaultLateExecution, Latency: time.Second})
+	ctx, hangUp := context.WithCancel(context.Background())
+	first := postAsync(ctx, url+PathCharges, "k1", chargeBody(1000))
+	hc.waitHeld(t)
+	hangUp()
+	<-first
+
+	idle := make(chan int, 1)
+	go func() {
+		resp, err := http.Get(url + "/_sim/idle")
+		if err != nil {
+			idle <- 0
+			return
+		}
+		resp.Body.Close()
+		idle <- resp.StatusCode
+	}()
+	hc.releaseOne(t)
+	if got := <-idle; got != http.StatusNoContent {
+		t.Fatalf("GET /_sim/idle = %d, want 204", got)
+	}
+	if got := len(sim.Charges()); got != 1 {
+		t.Errorf("charges once idle = %d, want the late one", got)
+	}
 }

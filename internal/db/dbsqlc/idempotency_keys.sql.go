@@ -302,22 +302,25 @@ func (q *Queries) IdemKeyListExpiredLeases(ctx context.Context, arg IdemKeyListE
 
 const idemKeyRelease = `-- name: IdemKeyRelease :execrows
 UPDATE idempotency_keys
-SET locked_until = now()
-WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
-  AND state = 'in_progress' AND lease_generation = $4
+SET locked_until = now() + make_interval(secs => $1::float8)
+WHERE tenant_id = $2 AND endpoint = $3 AND idem_key = $4
+  AND state = 'in_progress' AND lease_generation = $5
 `
 
 type IdemKeyReleaseParams struct {
-	TenantID   uuid.UUID
-	Endpoint   string
-	IdemKey    string
-	Generation int64
+	HoldSeconds float64
+	TenantID    uuid.UUID
+	Endpoint    string
+	IdemKey     string
+	Generation  int64
 }
 
 // Gives the key back at its recovery point after a transient failure (O2):
-// not completed, not deleted, so the retry resumes from there at once.
+// not completed, not deleted, so the retry resumes from there once
+// hold_seconds have passed (0: at once).
 func (q *Queries) IdemKeyRelease(ctx context.Context, arg IdemKeyReleaseParams) (int64, error) {
 	result, err := q.db.Exec(ctx, idemKeyRelease,
+		arg.HoldSeconds,
 		arg.TenantID,
 		arg.Endpoint,
 		arg.IdemKey,

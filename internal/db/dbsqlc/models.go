@@ -66,6 +66,22 @@ type Payment struct {
 	RefundedAmount int64
 	CreatedAt      time.Time
 	UpdatedAt      time.Time
+	ChargeSentAt   *time.Time
+	ChargeCalls    int32
+	SweepAt        *time.Time
+}
+
+type PaymentCompensation struct {
+	TenantID          uuid.UUID
+	PaymentID         uuid.UUID
+	ChargeID          string
+	Amount            int64
+	Reason            string
+	Status            string
+	RefundKey         string
+	ProcessorRefundID *string
+	CreatedAt         time.Time
+	UpdatedAt         time.Time
 }
 
 type Refund struct {
@@ -79,6 +95,10 @@ type Refund struct {
 	FailureMessage    *string
 	CreatedAt         time.Time
 	UpdatedAt         time.Time
+	RefundSentAt      *time.Time
+	RefundCalls       int32
+	SweepAt           *time.Time
+	DuplicateAmount   int64
 }
 
 type Tenant struct {

@@ -7,9 +7,104 @@ package dbsqlc
 
 import (
 	"context"
+	"time"
 
 	"github.com/google/uuid"
 )
+
+const compensationCreate = `-- name: CompensationCreate :exec
+INSERT INTO payment_compensations (tenant_id, payment_id, charge_id, amount, reason, refund_key)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT DO NOTHING
+`
+
+type CompensationCreateParams struct {
+	TenantID  uuid.UUID
+	PaymentID uuid.UUID
+	ChargeID  string
+	Amount    int64
+	Reason    string
+	RefundKey string
+}
+
+// One row per extra charge (the primary key), so a compensation found
+// twice is recorded once.
+func (q *Queries) CompensationCreate(ctx context.Context, arg CompensationCreateParams) error {
+	_, err := q.db.Exec(ctx, compensationCreate,
+		arg.TenantID,
+		arg.PaymentID,
+		arg.ChargeID,
+		arg.Amount,
+		arg.Reason,
+		arg.RefundKey,
+	)
+	return err
+}
+
+const compensationSucceeded = `-- name: CompensationSucceeded :exec
+UPDATE payment_compensations
+SET status = 'succeeded', processor_refund_id = coalesce($1, processor_refund_id), updated_at = now()
+WHERE tenant_id = $2 AND payment_id = $3 AND charge_id = $4
+`
+
+type CompensationSucceededParams struct {
+	ProcessorRefundID *string
+	TenantID          uuid.UUID
+	PaymentID         uuid.UUID
+	ChargeID          string
+}
+
+func (q *Queries) CompensationSucceeded(ctx context.Context, arg CompensationSucceededParams) error {
+	_, err := q.db.Exec(ctx, compensationSucceeded,
+		arg.ProcessorRefundID,
+		arg.TenantID,
+		arg.PaymentID,
+		arg.ChargeID,
+	)
+	return err
+}
+
+const compensationsForPayment = `-- name: CompensationsForPayment :many
+SELECT tenant_id, payment_id, charge_id, amount, reason, status, refund_key, processor_refund_id, created_at, updated_at FROM payment_compensations
+WHERE tenant_id = $1 AND payment_id = $2
+ORDER BY created_at, charge_id
+`
+
+type CompensationsForPaymentParams struct {
+	TenantID  uuid.UUID
+	PaymentID uuid.UUID
+}
+
+func (q *Queries) CompensationsForPayment(ctx context.Context, arg CompensationsForPaymentParams) ([]PaymentCompensation, error) {
+	rows, err := q.db.Query(ctx, compensationsForPayment, arg.TenantID, arg.PaymentID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []PaymentCompensation{}
+	for rows.Next() {
+		var i PaymentCompensation
+		if err := rows.Scan(
+			&i.TenantID,
+			&i.PaymentID,
+			&i.ChargeID,
+			&i.Amount,
+			&i.Reason,
+			&i.Status,
+			&i.RefundKey,
+			&i.ProcessorRefundID,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
 
 const paymentAddRefunded = `-- name: PaymentAddRefunded :exec
 UPDATE payments SET refunded_amount = refunded_amount + $1, updated_at = now()
@@ -31,7 +126,7 @@ const paymentCreate = `-- name: PaymentCreate :one
 INSERT INTO payments (tenant_id, id, order_id, amount, currency, payment_method, charge_key)
 VALUES ($1, $2, $3, $4, $5, $6, $7)
 ON CONFLICT (tenant_id, order_id) WHERE status NOT IN ('declined', 'failed') DO NOTHING
-RETURNING tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at
+RETURNING tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at
 `
 
 type PaymentCreateParams struct {
@@ -71,12 +166,77 @@ func (q *Queries) PaymentCreate(ctx context.Context, arg PaymentCreateParams) (P
 		&i.RefundedAmount,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.ChargeSentAt,
+		&i.ChargeCalls,
+		&i.SweepAt,
+	)
+	return i, err
+}
+
+const paymentFinish = `-- name: PaymentFinish :one
+UPDATE payments
+SET status = $1,
+    charge_id = coalesce($2, charge_id),
+    decline_code = coalesce($3, decline_code),
+    failure_message = coalesce($4, failure_message),
+    sweep_at = CASE WHEN $5::boolean THEN now()
+                    WHEN charge_calls > 1 THEN charge_sent_at + make_interval(secs => $6::float8) END,
+    updated_at = now()
+WHERE tenant_id = $7 AND id = $8
+RETURNING tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at
+`
+
+type PaymentFinishParams struct {
+	Status            string
+	ChargeID          *string
+	DeclineCode       *string
+	FailureMessage    *string
+	SweepNow          bool
+	SweepDelaySeconds float64
+	TenantID          uuid.UUID
+	ID                uuid.UUID
+}
+
+// Records the final outcome. A payment whose charge was sent more than once
+// may still see a late charge land beside the recorded one: the sweep
+// looks again once the last call can no longer land. sweep_now: a double
+// charge was found already, so the sweep refunds it at once.
+func (q *Queries) PaymentFinish(ctx context.Context, arg PaymentFinishParams) (Payment, error) {
+	row := q.db.QueryRow(ctx, paymentFinish,
+		arg.Status,
+		arg.ChargeID,
+		arg.DeclineCode,
+		arg.FailureMessage,
+		arg.SweepNow,
+		arg.SweepDelaySeconds,
+		arg.TenantID,
+		arg.ID,
+	)
+	var i Payment
+	err := row.Scan(
+		&i.TenantID,
+		&i.ID,
+		&i.OrderID,
+		&i.Amount,
+		&i.Currency,
+		&i.PaymentMethod,
+		&i.Status,
+		&i.ChargeKey,
+		&i.ChargeID,
+		&i.DeclineCode,
+		&i.FailureMessage,
+		&i.RefundedAmount,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.ChargeSentAt,
+		&i.ChargeCalls,
+		&i.SweepAt,
 	)
 	return i, err
 }
 
 const paymentGet = `-- name: PaymentGet :one
-SELECT tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at FROM payments WHERE tenant_id = $1 AND id = $2
+SELECT tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at FROM payments WHERE tenant_id = $1 AND id = $2
 `
 
 type PaymentGetParams struct {
@@ -102,12 +262,15 @@ func (q *Queries) PaymentGet(ctx context.Context, arg PaymentGetParams) (Payment
 		&i.RefundedAmount,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.ChargeSentAt,
+		&i.ChargeCalls,
+		&i.SweepAt,
 	)
 	return i, err
 }
 
 const paymentGetForUpdate = `-- name: PaymentGetForUpdate :one
-SELECT tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at FROM payments WHERE tenant_id = $1 AND id = $2 FOR UPDATE
+SELECT tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at FROM payments WHERE tenant_id = $1 AND id = $2 FOR UPDATE
 `
 
 type PaymentGetForUpdateParams struct {
@@ -133,12 +296,15 @@ func (q *Queries) PaymentGetForUpdate(ctx context.Context, arg PaymentGetForUpda
 		&i.RefundedAmount,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.ChargeSentAt,
+		&i.ChargeCalls,
+		&i.SweepAt,
 	)
 	return i, err
 }
 
 const paymentGetLiveForOrder = `-- name: PaymentGetLiveForOrder :one
-SELECT tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at FROM payments
+SELECT tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at FROM payments
 WHERE tenant_id = $1 AND order_id = $2 AND status NOT IN ('declined', 'failed')
 `
 
@@ -165,39 +331,76 @@ func (q *Queries) PaymentGetLiveForOrder(ctx context.Context, arg PaymentGetLive
 		&i.RefundedAmount,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.ChargeSentAt,
+		&i.ChargeCalls,
+		&i.SweepAt,
 	)
 	return i, err
 }
 
-const paymentSetStatus = `-- name: PaymentSetStatus :one
-UPDATE payments
-SET status = $1,
-    charge_id = coalesce($2, charge_id),
-    decline_code = coalesce($3, decline_code),
-    failure_message = coalesce($4, failure_message),
-    updated_at = now()
-WHERE tenant_id = $5 AND id = $6
-RETURNING tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at
+const paymentGetUnsettled = `-- name: PaymentGetUnsettled :one
+SELECT payments.tenant_id, payments.id, payments.order_id, payments.amount, payments.currency, payments.payment_method, payments.status, payments.charge_key, payments.charge_id, payments.decline_code, payments.failure_message, payments.refunded_amount, payments.created_at, payments.updated_at, payments.charge_sent_at, payments.charge_calls, payments.sweep_at,
+       coalesce(extract(epoch FROM charge_sent_at + make_interval(secs => $1::float8) - now()), 0)::float8 AS unsettled_seconds
+FROM payments WHERE tenant_id = $2 AND id = $3
 `
 
-type PaymentSetStatusParams struct {
-	Status         string
-	ChargeID       *string
-	DeclineCode    *string
-	FailureMessage *string
-	TenantID       uuid.UUID
-	ID             uuid.UUID
+type PaymentGetUnsettledParams struct {
+	SettleSeconds float64
+	TenantID      uuid.UUID
+	ID            uuid.UUID
 }
 
-func (q *Queries) PaymentSetStatus(ctx context.Context, arg PaymentSetStatusParams) (Payment, error) {
-	row := q.db.QueryRow(ctx, paymentSetStatus,
-		arg.Status,
-		arg.ChargeID,
-		arg.DeclineCode,
-		arg.FailureMessage,
-		arg.TenantID,
-		arg.ID,
+type PaymentGetUnsettledRow struct {
+	Payment          Payment
+	UnsettledSeconds float64
+}
+
+// The payment, and for how many more seconds its latest charge call may
+// still land at the processor (S6): zero or less means it cannot any more.
+// Measured on the database's clock, the one charge_sent_at was written
+// with, so API processes with skewed clocks agree.
+func (q *Queries) PaymentGetUnsettled(ctx context.Context, arg PaymentGetUnsettledParams) (PaymentGetUnsettledRow, error) {
+	row := q.db.QueryRow(ctx, paymentGetUnsettled, arg.SettleSeconds, arg.TenantID, arg.ID)
+	var i PaymentGetUnsettledRow
+	err := row.Scan(
+		&i.Payment.TenantID,
+		&i.Payment.ID,
+		&i.Payment.OrderID,
+		&i.Payment.Amount,
+		&i.Payment.Currency,
+		&i.Payment.PaymentMethod,
+		&i.Payment.Status,
+		&i.Payment.ChargeKey,
+		&i.Payment.ChargeID,
+		&i.Payment.DeclineCode,
+		&i.Payment.FailureMessage,
+		&i.Payment.RefundedAmount,
+		&i.Payment.CreatedAt,
+		&i.Payment.UpdatedAt,
+		&i.Payment.ChargeSentAt,
+		&i.Payment.ChargeCalls,
+		&i.Payment.SweepAt,
+		&i.UnsettledSeconds,
 	)
+	return i, err
+}
+
+const paymentMarkChargeSent = `-- name: PaymentMarkChargeSent :one
+UPDATE payments
+SET status = 'charge_sent', charge_sent_at = now(), charge_calls = charge_calls + 1, updated_at = now()
+WHERE tenant_id = $1 AND id = $2
+RETURNING tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at
+`
+
+type PaymentMarkChargeSentParams struct {
+	TenantID uuid.UUID
+	ID       uuid.UUID
+}
+
+// Committed before every charge call: from here a call may be in flight,
+// and a crash cannot hide it from the attempt that resumes.
+func (q *Queries) PaymentMarkChargeSent(ctx context.Context, arg PaymentMarkChargeSentParams) (Payment, error) {
+	row := q.db.QueryRow(ctx, paymentMarkChargeSent, arg.TenantID, arg.ID)
 	var i Payment
 	err := row.Scan(
 		&i.TenantID,
@@ -214,6 +417,120 @@ func (q *Queries) PaymentSetStatus(ctx context.Context, arg PaymentSetStatusPara
 		&i.RefundedAmount,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.ChargeSentAt,
+		&i.ChargeCalls,
+		&i.SweepAt,
 	)
 	return i, err
+}
+
+const paymentSweepDone = `-- name: PaymentSweepDone :exec
+UPDATE payments SET sweep_at = CASE
+        WHEN $1::float8 > 0 THEN now() + make_interval(secs => $1::float8)
+        WHEN charge_sent_at + make_interval(secs => $2::float8) > now()
+            THEN charge_sent_at + make_interval(secs => $2::float8)
+    END
+WHERE tenant_id = $3 AND id = $4 AND sweep_at = $5
+`
+
+type PaymentSweepDoneParams struct {
+	RetrySeconds      float64
+	SweepDelaySeconds float64
+	TenantID          uuid.UUID
+	ID                uuid.UUID
+	ClaimedUntil      *time.Time
+}
+
+// Ends a sweep's look: again in retry_seconds when it could not finish, at
+// the end of the settle window when it looked early (a double charge or
+// refund found while calls could still land), else never. Only the sweeper
+// that claimed the row (same sweep_at) writes.
+func (q *Queries) PaymentSweepDone(ctx context.Context, arg PaymentSweepDoneParams) error {
+	_, err := q.db.Exec(ctx, paymentSweepDone,
+		arg.RetrySeconds,
+		arg.SweepDelaySeconds,
+		arg.TenantID,
+		arg.ID,
+		arg.ClaimedUntil,
+	)
+	return err
+}
+
+const paymentUnmarkChargeSent = `-- name: PaymentUnmarkChargeSent :exec
+UPDATE payments
+SET charge_sent_at = $1, charge_calls = charge_calls - 1, updated_at = now()
+WHERE tenant_id = $2 AND id = $3
+`
+
+type PaymentUnmarkChargeSentParams struct {
+	PreviousSentAt *time.Time
+	TenantID       uuid.UUID
+	ID             uuid.UUID
+}
+
+// The processor said the call did not execute (429, connection refused):
+// it cannot land, so the settle window goes back to the call before it.
+func (q *Queries) PaymentUnmarkChargeSent(ctx context.Context, arg PaymentUnmarkChargeSentParams) error {
+	_, err := q.db.Exec(ctx, paymentUnmarkChargeSent, arg.PreviousSentAt, arg.TenantID, arg.ID)
+	return err
+}
+
+const paymentsClaimSweep = `-- name: PaymentsClaimSweep :many
+UPDATE payments p
+SET sweep_at = now() + make_interval(secs => $1::float8)
+FROM (
+    SELECT tenant_id, id FROM payments
+    WHERE sweep_at <= now()
+    ORDER BY sweep_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+) due
+WHERE p.tenant_id = due.tenant_id AND p.id = due.id
+RETURNING p.tenant_id, p.id, p.order_id, p.amount, p.currency, p.payment_method, p.status, p.charge_key, p.charge_id, p.decline_code, p.failure_message, p.refunded_amount, p.created_at, p.updated_at, p.charge_sent_at, p.charge_calls, p.sweep_at
+`
+
+type PaymentsClaimSweepParams struct {
+	HoldSeconds float64
+	MaxRows     int32
+}
+
+// The reconciliation sweep's claim: due payments, pushed out by hold_seconds
+// so that no other sweeper takes them meanwhile (SKIP LOCKED: several
+// processes share the work) and a sweeper that crashes leaves them due again.
+func (q *Queries) PaymentsClaimSweep(ctx context.Context, arg PaymentsClaimSweepParams) ([]Payment, error) {
+	rows, err := q.db.Query(ctx, paymentsClaimSweep, arg.HoldSeconds, arg.MaxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []Payment{}
+	for rows.Next() {
+		var i Payment
+		if err := rows.Scan(
+			&i.TenantID,
+			&i.ID,
+			&i.OrderID,
+			&i.Amount,
+			&i.Currency,
+			&i.PaymentMethod,
+			&i.Status,
+			&i.ChargeKey,
+			&i.ChargeID,
+			&i.DeclineCode,
+			&i.FailureMessage,
+			&i.RefundedAmount,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.ChargeSentAt,
+			&i.ChargeCalls,
+			&i.SweepAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }

@@ -7,6 +7,7 @@ package dbsqlc
 
 import (
 	"context"
+	"time"
 
 	"github.com/google/uuid"
 )
@@ -14,7 +15,7 @@ import (
 const refundCreate = `-- name: RefundCreate :one
 INSERT INTO refunds (tenant_id, id, payment_id, amount, refund_key)
 VALUES ($1, $2, $3, $4, $5)
-RETURNING tenant_id, id, payment_id, amount, status, refund_key, processor_refund_id, failure_message, created_at, updated_at
+RETURNING tenant_id, id, payment_id, amount, status, refund_key, processor_refund_id, failure_message, created_at, updated_at, refund_sent_at, refund_calls, sweep_at, duplicate_amount
 `
 
 type RefundCreateParams struct {
@@ -45,12 +46,88 @@ func (q *Queries) RefundCreate(ctx context.Context, arg RefundCreateParams) (Ref
 		&i.FailureMessage,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.RefundSentAt,
+		&i.RefundCalls,
+		&i.SweepAt,
+		&i.DuplicateAmount,
 	)
 	return i, err
 }
 
+const refundFinish = `-- name: RefundFinish :one
+UPDATE refunds
+SET status = $1,
+    processor_refund_id = coalesce($2, processor_refund_id),
+    failure_message = coalesce($3, failure_message),
+    sweep_at = CASE WHEN $4::boolean THEN now()
+                    WHEN refund_calls > 1
+                    THEN refund_sent_at + make_interval(secs => $5::float8) END,
+    updated_at = now()
+WHERE tenant_id = $6 AND id = $7
+RETURNING tenant_id, id, payment_id, amount, status, refund_key, processor_refund_id, failure_message, created_at, updated_at, refund_sent_at, refund_calls, sweep_at, duplicate_amount
+`
+
+type RefundFinishParams struct {
+	Status            string
+	ProcessorRefundID *string
+	FailureMessage    *string
+	SweepNow          bool
+	SweepDelaySeconds float64
+	TenantID          uuid.UUID
+	ID                uuid.UUID
+}
+
+// As PaymentFinish: a refund sent more than once gets a sweep, at once
+// when a double refund was found already.
+func (q *Queries) RefundFinish(ctx context.Context, arg RefundFinishParams) (Refund, error) {
+	row := q.db.QueryRow(ctx, refundFinish,
+		arg.Status,
+		arg.ProcessorRefundID,
+		arg.FailureMessage,
+		arg.SweepNow,
+		arg.SweepDelaySeconds,
+		arg.TenantID,
+		arg.ID,
+	)
+	var i Refund
+	err := row.Scan(
+		&i.TenantID,
+		&i.ID,
+		&i.PaymentID,
+		&i.Amount,
+		&i.Status,
+		&i.RefundKey,
+		&i.ProcessorRefundID,
+		&i.FailureMessage,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.RefundSentAt,
+		&i.RefundCalls,
+		&i.SweepAt,
+		&i.DuplicateAmount,
+	)
+	return i, err
+}
+
+const refundFlagDuplicate = `-- name: RefundFlagDuplicate :exec
+UPDATE refunds SET duplicate_amount = $1, updated_at = now()
+WHERE tenant_id = $2 AND id = $3
+`
+
+type RefundFlagDuplicateParams struct {
+	DuplicateAmount int64
+	TenantID        uuid.UUID
+	ID              uuid.UUID
+}
+
+// The sweep found money refunded more than once under this refund's key.
+func (q *Queries) RefundFlagDuplicate(ctx context.Context, arg RefundFlagDuplicateParams) error {
+	_, err := q.db.Exec(ctx, refundFlagDuplicate, arg.DuplicateAmount, arg.TenantID, arg.ID)
+	return err
+}
+
 const refundGet = `-- name: RefundGet :one
-SELECT tenant_id, id, payment_id, amount, status, refund_key, processor_refund_id, failure_message, created_at, updated_at FROM refunds WHERE tenant_id = $1 AND id = $2
+SELECT tenant_id, id, payment_id, amount, status, refund_key, processor_refund_id, failure_message, created_at, updated_at, refund_sent_at, refund_calls, sweep_at, duplicate_amount FROM refunds WHERE tenant_id = $1 AND id = $2
 `
 
 type RefundGetParams struct {
@@ -72,36 +149,70 @@ func (q *Queries) RefundGet(ctx context.Context, arg RefundGetParams) (Refund, e
 		&i.FailureMessage,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.RefundSentAt,
+		&i.RefundCalls,
+		&i.SweepAt,
+		&i.DuplicateAmount,
 	)
 	return i, err
 }
 
-const refundSetStatus = `-- name: RefundSetStatus :one
-UPDATE refunds
-SET status = $1,
-    processor_refund_id = coalesce($2, processor_refund_id),
-    failure_message = coalesce($3, failure_message),
-    updated_at = now()
-WHERE tenant_id = $4 AND id = $5
-RETURNING tenant_id, id, payment_id, amount, status, refund_key, processor_refund_id, failure_message, created_at, updated_at
+const refundGetUnsettled = `-- name: RefundGetUnsettled :one
+SELECT refunds.tenant_id, refunds.id, refunds.payment_id, refunds.amount, refunds.status, refunds.refund_key, refunds.processor_refund_id, refunds.failure_message, refunds.created_at, refunds.updated_at, refunds.refund_sent_at, refunds.refund_calls, refunds.sweep_at, refunds.duplicate_amount,
+       coalesce(extract(epoch FROM refund_sent_at + make_interval(secs => $1::float8) - now()), 0)::float8 AS unsettled_seconds
+FROM refunds WHERE tenant_id = $2 AND id = $3
 `
 
-type RefundSetStatusParams struct {
-	Status            string
-	ProcessorRefundID *string
-	FailureMessage    *string
-	TenantID          uuid.UUID
-	ID                uuid.UUID
+type RefundGetUnsettledParams struct {
+	SettleSeconds float64
+	TenantID      uuid.UUID
+	ID            uuid.UUID
 }
 
-func (q *Queries) RefundSetStatus(ctx context.Context, arg RefundSetStatusParams) (Refund, error) {
-	row := q.db.QueryRow(ctx, refundSetStatus,
-		arg.Status,
-		arg.ProcessorRefundID,
-		arg.FailureMessage,
-		arg.TenantID,
-		arg.ID,
+type RefundGetUnsettledRow struct {
+	Refund           Refund
+	UnsettledSeconds float64
+}
+
+// As PaymentGetUnsettled, for the refund call.
+func (q *Queries) RefundGetUnsettled(ctx context.Context, arg RefundGetUnsettledParams) (RefundGetUnsettledRow, error) {
+	row := q.db.QueryRow(ctx, refundGetUnsettled, arg.SettleSeconds, arg.TenantID, arg.ID)
+	var i RefundGetUnsettledRow
+	err := row.Scan(
+		&i.Refund.TenantID,
+		&i.Refund.ID,
+		&i.Refund.PaymentID,
+		&i.Refund.Amount,
+		&i.Refund.Status,
+		&i.Refund.RefundKey,
+		&i.Refund.ProcessorRefundID,
+		&i.Refund.FailureMessage,
+		&i.Refund.CreatedAt,
+		&i.Refund.UpdatedAt,
+		&i.Refund.RefundSentAt,
+		&i.Refund.RefundCalls,
+		&i.Refund.SweepAt,
+		&i.Refund.DuplicateAmount,
+		&i.UnsettledSeconds,
 	)
+	return i, err
+}
+
+const refundMarkSent = `-- name: RefundMarkSent :one
+UPDATE refunds
+SET status = 'refund_sent', refund_sent_at = now(), refund_calls = refund_calls + 1, updated_at = now()
+WHERE tenant_id = $1 AND id = $2
+RETURNING tenant_id, id, payment_id, amount, status, refund_key, processor_refund_id, failure_message, created_at, updated_at, refund_sent_at, refund_calls, sweep_at, duplicate_amount
+`
+
+type RefundMarkSentParams struct {
+	TenantID uuid.UUID
+	ID       uuid.UUID
+}
+
+// As PaymentMarkChargeSent: committed before every refund call.
+func (q *Queries) RefundMarkSent(ctx context.Context, arg RefundMarkSentParams) (Refund, error) {
+	row := q.db.QueryRow(ctx, refundMarkSent, arg.TenantID, arg.ID)
 	var i Refund
 	err := row.Scan(
 		&i.TenantID,
@@ -114,6 +225,10 @@ func (q *Queries) RefundSetStatus(ctx context.Context, arg RefundSetStatusParams
 		&i.FailureMessage,
 		&i.CreatedAt,
 		&i.UpdatedAt,
+		&i.RefundSentAt,
+		&i.RefundCalls,
+		&i.SweepAt,
+		&i.DuplicateAmount,
 	)
 	return i, err
 }
@@ -135,4 +250,129 @@ func (q *Queries) RefundSumLive(ctx context.Context, arg RefundSumLiveParams) (i
 	var column_1 int64
 	err := row.Scan(&column_1)
 	return column_1, err
+}
+
+const refundSweepDone = `-- name: RefundSweepDone :exec
+UPDATE refunds SET sweep_at = CASE
+        WHEN $1::float8 > 0 THEN now() + make_interval(secs => $1::float8)
+        WHEN refund_sent_at + make_interval(secs => $2::float8) > now()
+            THEN refund_sent_at + make_interval(secs => $2::float8)
+    END
+WHERE tenant_id = $3 AND id = $4 AND sweep_at = $5
+`
+
+type RefundSweepDoneParams struct {
+	RetrySeconds      float64
+	SweepDelaySeconds float64
+	TenantID          uuid.UUID
+	ID                uuid.UUID
+	ClaimedUntil      *time.Time
+}
+
+// Ends a sweep's look: again in retry_seconds when it could not finish, at
+// the end of the settle window when it looked early (a double charge or
+// refund found while calls could still land), else never. Only the sweeper
+// that claimed the row (same sweep_at) writes.
+func (q *Queries) RefundSweepDone(ctx context.Context, arg RefundSweepDoneParams) error {
+	_, err := q.db.Exec(ctx, refundSweepDone,
+		arg.RetrySeconds,
+		arg.SweepDelaySeconds,
+		arg.TenantID,
+		arg.ID,
+		arg.ClaimedUntil,
+	)
+	return err
+}
+
+const refundUnmarkSent = `-- name: RefundUnmarkSent :exec
+UPDATE refunds
+SET refund_sent_at = $1, refund_calls = refund_calls - 1, updated_at = now()
+WHERE tenant_id = $2 AND id = $3
+`
+
+type RefundUnmarkSentParams struct {
+	PreviousSentAt *time.Time
+	TenantID       uuid.UUID
+	ID             uuid.UUID
+}
+
+func (q *Queries) RefundUnmarkSent(ctx context.Context, arg RefundUnmarkSentParams) error {
+	_, err := q.db.Exec(ctx, refundUnmarkSent, arg.PreviousSentAt, arg.TenantID, arg.ID)
+	return err
+}
+
+const refundsClaimSweep = `-- name: RefundsClaimSweep :many
+UPDATE refunds r
+SET sweep_at = now() + make_interval(secs => $1::float8)
+FROM (
+    SELECT rr.tenant_id, rr.id, p.charge_id FROM refunds rr
+    JOIN payments p ON p.tenant_id = rr.tenant_id AND p.id = rr.payment_id
+    WHERE rr.sweep_at <= now()
+    ORDER BY rr.sweep_at
+    LIMIT $2
+    FOR UPDATE OF rr SKIP LOCKED
+) due
+WHERE r.tenant_id = due.tenant_id AND r.id = due.id
+RETURNING r.tenant_id, r.id, r.payment_id, r.amount, r.status, r.refund_key, r.processor_refund_id, r.failure_message, r.created_at, r.updated_at, r.refund_sent_at, r.refund_calls, r.sweep_at, r.duplicate_amount, due.charge_id::text AS charge_id
+`
+
+type RefundsClaimSweepParams struct {
+	HoldSeconds float64
+	MaxRows     int32
+}
+
+type RefundsClaimSweepRow struct {
+	TenantID          uuid.UUID
+	ID                uuid.UUID
+	PaymentID         uuid.UUID
+	Amount            int64
+	Status            string
+	RefundKey         string
+	ProcessorRefundID *string
+	FailureMessage    *string
+	CreatedAt         time.Time
+	UpdatedAt         time.Time
+	RefundSentAt      *time.Time
+	RefundCalls       int32
+	SweepAt           *time.Time
+	DuplicateAmount   int64
+	ChargeID          string
+}
+
+// As PaymentsClaimSweep. The payment's charge id comes along: the sweep
+// lists the refunds of that charge.
+func (q *Queries) RefundsClaimSweep(ctx context.Context, arg RefundsClaimSweepParams) ([]RefundsClaimSweepRow, error) {
+	rows, err := q.db.Query(ctx, refundsClaimSweep, arg.HoldSeconds, arg.MaxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []RefundsClaimSweepRow{}
+	for rows.Next() {
+		var i RefundsClaimSweepRow
+		if err := rows.Scan(
+			&i.TenantID,
+			&i.ID,
+			&i.PaymentID,
+			&i.Amount,
+			&i.Status,
+			&i.RefundKey,
+			&i.ProcessorRefundID,
+			&i.FailureMessage,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.RefundSentAt,
+			&i.RefundCalls,
+			&i.SweepAt,
+			&i.DuplicateAmount,
+			&i.ChargeID,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }

@@ -1,0 +1,12 @@
+DROP TABLE payment_compensations;
+DROP INDEX refunds_sweep_idx;
+ALTER TABLE refunds
+    DROP COLUMN duplicate_amount,
+    DROP COLUMN sweep_at,
+    DROP COLUMN refund_calls,
+    DROP COLUMN refund_sent_at;
+DROP INDEX payments_sweep_idx;
+ALTER TABLE payments
+    DROP COLUMN sweep_at,
+    DROP COLUMN charge_calls,
+    DROP COLUMN charge_sent_at;

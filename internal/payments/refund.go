@@ -1,0 +1,129 @@
+package payments
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemref/payments/internal/db/dbsqlc"
+	"github.com/idemref/payments/internal/idem"
+	"github.com/idemref/payments/internal/processor"
+)
+
+// Recovery points of a refund (S1).
+const (
+	// pointRefundCreated: the refund row is committed.
+	pointRefundCreated = "refund_created"
+	// pointRefundSent: a refund call may have reached the processor.
+	pointRefundSent = "refund_sent"
+)
+
+// stepRefund names the refund's derived key (S2).
+const stepRefund = "refund"
+
+// refundOutcome is what the processor finally said about the refund.
+type refundOutcome struct {
+	refund   processor.Refund
+	rejected *processor.RequestError
+	// extra: the lookup found more than one refund under the key.
+	extra bool
+}
+
+// markRefundSent is markChargeSent for refunds.
+func markRefundSent(ctx context.Context, tx pgx.Tx, l *idem.Lease) error {
+	_, err := dbsqlc.New(tx).RefundMarkSent(ctx, dbsqlc.RefundMarkSentParams{TenantID: l.TenantID, ID: l.ResourceID})
+	return err
+}
+
+// sendRefund is charge for refunds. Money sent back cannot be pulled back,
+// so waiting out the settle window before a resend is what keeps a
+// processor that ignores keys from refunding twice.
+func (s *Service) sendRefund(ctx context.Context, l *idem.Lease, fresh bool) (refundOutcome, error) {
+	q := dbsqlc.New(s.pool)
+	row, err := q.RefundGetUnsettled(ctx, dbsqlc.RefundGetUnsettledParams{
+		TenantID: l.TenantID, ID: l.ResourceID, SettleSeconds: s.cfg.SettleWindow.Seconds(),
+	})
+	if err != nil {
+		return refundOutcome{}, err
+	}
+	r := row.Refund
+	p, err := q.PaymentGet(ctx, dbsqlc.PaymentGetParams{TenantID: l.TenantID, ID: r.PaymentID})
+	if err != nil {
+		return refundOutcome{}, err
+	}
+	if p.ChargeID == nil {
+		return refundOutcome{}, fmt.Errorf("payments: refund %s of payment %s without a charge", r.ID, p.ID)
+	}
+	chargeID := *p.ChargeID
+	return settle(ctx, s.log, processorCall[refundOutcome]{
+		fresh:     fresh,
+		sentAt:    r.RefundSentAt,
+		unsettled: seconds(row.UnsettledSeconds),
+		lookup: func(ctx context.Context) (*refundOutcome, error) {
+			mine, err := refundsUnder(ctx, s.proc, chargeID, r.RefundKey)
+			if err != nil || len(mine) == 0 {
+				return nil, err
+			}
+			return &refundOutcome{refund: mine[0], extra: len(mine) > 1}, nil
+		},
+		mark: func(ctx context.Context) error {
+			return s.stayAt(ctx, l, func(ctx context.Context, tx pgx.Tx) error { return markRefundSent(ctx, tx, l) })
+		},
+		unmark: func(ctx context.Context, previous *time.Time) error {
+			return s.stayAt(ctx, l, func(ctx context.Context, tx pgx.Tx) error {
+				return dbsqlc.New(tx).RefundUnmarkSent(ctx, dbsqlc.RefundUnmarkSentParams{TenantID: l.TenantID, ID: l.ResourceID, PreviousSentAt: previous})
+			})
+		},
+		send: func(ctx context.Context) (refundOutcome, error) {
+			ref, err := s.proc.Refund(ctx, processor.RefundRequest{Charge: chargeID, Amount: r.Amount}, r.RefundKey)
+			var rejected *processor.RequestError
+			if errors.As(err, &rejected) {
+				return refundOutcome{rejected: rejected}, nil
+			}
+			return refundOutcome{refund: ref}, err
+		},
+	})
+}
+
+// refundsUnder lists the refunds of chargeID made under key, every page.
+func refundsUnder(ctx context.Context, proc *processor.Client, chargeID, key string) ([]processor.Refund, error) {
+	refunds, err := proc.RefundsByCharge(ctx, chargeID)
+	if err != nil {
+		return nil, err
+	}
+	var mine []processor.Refund
+	for _, re := range refunds {
+		if re.IdempotencyKey == key {
+			mine = append(mine, re)
+		}
+	}
+	return mine, nil
+}
+
+// recordRefund is the refund's last transaction: its outcome, the
+// payment's refunded total and the exact response, committed together.
+func (s *Service) recordRefund(ctx context.Context, tx pgx.Tx, l *idem.Lease, o refundOutcome) (idem.Step, error) {
+	q := dbsqlc.New(tx)
+	finish := dbsqlc.RefundFinishParams{TenantID: l.TenantID, ID: l.ResourceID, SweepDelaySeconds: s.sweepDelay().Seconds(), SweepNow: o.extra}
+	if o.rejected != nil {
+		finish.Status, finish.FailureMessage = RefundStatusFailed, &o.rejected.Message
+		if _, err := q.RefundFinish(ctx, finish); err != nil {
+			return idem.Step{}, err
+		}
+		res := s.render.Failure(&ProcessorRejectedError{Code: o.rejected.Code, Message: o.rejected.Message})
+		return idem.Step{Response: &res}, nil
+	}
+	finish.Status, finish.ProcessorRefundID = RefundStatusSucceeded, &o.refund.ID
+	r, err := q.RefundFinish(ctx, finish)
+	if err != nil {
+		return idem.Step{}, err
+	}
+	if err := q.PaymentAddRefunded(ctx, dbsqlc.PaymentAddRefundedParams{TenantID: l.TenantID, ID: r.PaymentID, Amount: r.Amount}); err != nil {
+		return idem.Step{}, err
+	}
+	res := s.render.Refund(refundFrom(r))
+	return idem.Step{Response: &res}, nil
+}
