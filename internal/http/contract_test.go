@@ -178,6 +178,7 @@ func TestContractResponsesMatchSpec(t *testing.T) {
 	get(t, "healthz", 200, "", "/healthz")
 	get(t, "readyz", 200, "", "/readyz")
 	get(t, "openapi", 200, "", "/openapi.yaml")
+	get(t, "metrics", 200, "", "/metrics")
 
 	full := `{"reference":"inv-1","customer_id":"cus_1","amount":2500,"currency":"EUR","description":"Invoice","metadata":{"plan":"pro"}}`
 	created := post(t, "create", 201, e.a.Key, "k-create", full)

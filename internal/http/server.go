@@ -9,6 +9,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/idem"
@@ -55,6 +56,7 @@ func NewHandler(cfg Config) http.Handler {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	r.Get("/readyz", a.ready)
+	r.Method(http.MethodGet, "/metrics", promhttp.Handler())
 	if cfg.OpenAPI != nil {
 		r.Get("/openapi.yaml", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "application/yaml")

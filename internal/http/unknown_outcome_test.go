@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"regexp"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -257,6 +259,9 @@ func TestLateDuplicateChargeIsRefundedBySweep(t *testing.T) {
 	}
 
 	e.sweepUntil(t, "the late charge refunded", func() bool { return e.netCharged(o.ID) == orderAmount })
+	if metrics := string(e.get(t, "", "/metrics").body); !regexp.MustCompile(`(?m)^payments_compensations_total\{reason="duplicate_charge"\} [1-9]`).MatchString(metrics) {
+		t.Errorf("/metrics does not count the compensation:\n%s", grepLines(metrics, "payments_"))
+	}
 	refunds := e.sim.Refunds()
 	if len(refunds) != 1 || refunds[0].Charge != late.ID || refunds[0].Amount != late.Amount {
 		t.Errorf("refunds = %+v, want the late charge %s refunded in full", refunds, late.ID)
@@ -430,6 +435,9 @@ func TestDoubleRefundIsReported(t *testing.T) {
 	if got := duplicate(); got != 1000 {
 		t.Errorf("duplicate_amount = %d, want 1000", got)
 	}
+	if metrics := string(e.get(t, "", "/metrics").body); !regexp.MustCompile(`(?m)^payments_duplicate_refunds_total [1-9]`).MatchString(metrics) {
+		t.Errorf("/metrics does not count the duplicate refund:\n%s", grepLines(metrics, "payments_"))
+	}
 	if n := len(e.sim.Refunds()); n != 2 {
 		t.Errorf("refunds = %d, want 2: the sweep reports, it cannot pull money back", n)
 	}
@@ -472,6 +480,17 @@ func TestReconciliationReadsEveryPage(t *testing.T) {
 	if len(refunds) != 1 || refunds[0].Charge != dup.ID {
 		t.Errorf("refunds = %+v, want the duplicate %s refunded", refunds, dup.ID)
 	}
+}
+
+// grepLines returns the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, line := range strings.Split(s, "\n") {
+		if strings.Contains(line, sub) {
+			out = append(out, line)
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 // decodeProblem reads a problem body without asserting on it.

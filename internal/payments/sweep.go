@@ -127,6 +127,7 @@ func (s *Service) compensate(ctx context.Context, log *slog.Logger, p dbsqlc.Pay
 	var rejected *processor.RequestError
 	switch {
 	case err == nil:
+		compensationsTotal.WithLabelValues(reason).Inc()
 		log.WarnContext(ctx, "sweep: refunded an extra charge",
 			slog.String("charge_id", ch.ID), slog.Int64("amount", left), slog.String("reason", reason), slog.String("refund_id", re.ID))
 		return succeeded(&re.ID)
@@ -164,6 +165,7 @@ func (s *Service) sweepRefund(ctx context.Context, r dbsqlc.RefundsClaimSweepRow
 	if duplicate == r.DuplicateAmount {
 		return 0
 	}
+	duplicateRefundsTotal.Inc()
 	log.ErrorContext(ctx, "sweep: money was refunded more than once; it cannot be pulled back",
 		slog.String("payment_id", r.PaymentID.String()), slog.Int64("asked", expected), slog.Int64("refunded", landed),
 		slog.Int64("duplicate_amount", duplicate), slog.Int("refunds", len(mine)))

@@ -143,6 +143,12 @@ func (c *Client) get(ctx context.Context, pathAndQuery string, out any) error {
 // package documentation. Only ClassFinal answers come back as nil,
 // *DeclineError or *RequestError; everything else is an *UnsettledError.
 func (c *Client) do(req *http.Request, op string, out any) error {
+	err := c.roundTrip(req, op, out)
+	callsTotal.WithLabelValues(op, ClassOf(err).String()).Inc()
+	return err
+}
+
+func (c *Client) roundTrip(req *http.Request, op string, out any) error {
 	req.Header.Set("Accept", "application/json")
 	resp, err := c.http.Do(req)
 	if err != nil {

@@ -1,0 +1,20 @@
+package payments
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics of reconciliation, served at /metrics. Labels are bounded: never
+// a tenant, key or id.
+var (
+	compensationsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "payments_compensations_total",
+		Help: "Extra charges the reconciliation sweep refunded, by reason (duplicate_charge, charge_after_failure).",
+	}, []string{"reason"})
+	duplicateRefundsTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "payments_duplicate_refunds_total",
+		Help: "Refunds the sweep found executed more than once at the processor. Money sent back twice cannot be pulled back: alert on any increase.",
+	})
+)
+
+func init() {
+	prometheus.MustRegister(compensationsTotal, duplicateRefundsTotal)
+}
