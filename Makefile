@@ -5,7 +5,7 @@ SQLC := $(GO) run github.com/sqlc-dev/sqlc/cmd/sqlc@v1.31.1
 BIN  := bin
 
 .DEFAULT_GOAL := help
-.PHONY: help run test bench fuzz generate verify lint build migrate-new
+.PHONY: help run test bench fuzz fuzz-ci generate verify lint build migrate-new
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -20,10 +20,14 @@ bench: ## Run the benchmarks
 	$(GO) test -run='^$$' -bench=. -benchmem ./...
 
 FUZZTIME ?= 30s
-fuzz: ## Fuzz the key parser, the canonicalizer and the strict decoder (FUZZTIME each)
+fuzz: ## Fuzz the key parser, the canonicalizer, the strict decoder and the whole request path (FUZZTIME each)
 	$(GO) test -run='^$$' -fuzz='^FuzzParseKey$$' -fuzztime=$(FUZZTIME) ./internal/idem/
 	$(GO) test -run='^$$' -fuzz='^FuzzCanonicalize$$' -fuzztime=$(FUZZTIME) ./internal/idem/
 	$(GO) test -run='^$$' -fuzz='^FuzzDecodeStrict$$' -fuzztime=$(FUZZTIME) ./internal/idem/
+	$(GO) test -run='^$$' -fuzz='^FuzzRequest$$' -fuzztime=$(FUZZTIME) ./internal/http/
+
+fuzz-ci: ## Fuzz every target for a few seconds each (what CI runs)
+	$(MAKE) fuzz FUZZTIME=3s
 
 generate: ## Regenerate the sqlc code in internal/db/dbsqlc from db/queries and db/migrations
 	$(SQLC) generate

@@ -46,6 +46,7 @@ var problemStatus = map[string]int{
 	"processor_unavailable":   503,
 	// processor_outcome_unknown: the charge or refund may still land (S6).
 	"processor_outcome_unknown": 503,
+	"rate_limited":              429,
 }
 
 // postV1Responses are the responses every idempotent POST under /v1 must document.

@@ -3,8 +3,11 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"math"
+	"strconv"
 	"time"
 
+	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
@@ -29,11 +32,21 @@ type config struct {
 	// SettleWindow is how long a processor call may still land after it
 	// was sent (S6); see docs/payments.md.
 	SettleWindow time.Duration
+	// AuthCacheTTL is how long an API key that authenticated is trusted
+	// without a lookup; 0 looks every request up.
+	AuthCacheTTL time.Duration
 	// CompleterInterval is how often the completer looks for abandoned
 	// payments; 0 disables it in this process.
 	CompleterInterval time.Duration
 	LogLevel          slog.Level
+	// MaxConnections bounds the connections one process holds open (R3).
+	MaxConnections int
+	// RateLimit bounds each tenant's requests per process (R1).
+	RateLimit httpapi.RateLimit
 }
+
+// defaultMaxConnections bounds the open connections of one process.
+const defaultMaxConnections = 1024
 
 // defaultProcessorURL is where `go run ./cmd/processor` listens.
 const defaultProcessorURL = "http://localhost:8090"
@@ -64,12 +77,13 @@ func loadConfig(getenv func(string) string) (config, error) {
 		{"PROCESSOR_TIMEOUT", &cfg.ProcessorTimeout, processor.DefaultTimeout},
 		{"PROCESSOR_SETTLE_WINDOW", &cfg.SettleWindow, payments.DefaultSettleWindow},
 		{"COMPLETER_INTERVAL", &cfg.CompleterInterval, 5 * time.Second},
+		{"AUTH_CACHE_TTL", &cfg.AuthCacheTTL, 10 * time.Second},
 	}
 	for _, d := range durations {
 		*d.dst = d.def
 		if s := getenv(d.name); s != "" {
 			v, err := time.ParseDuration(s)
-			if err != nil || v < 0 || (v == 0 && d.name != "COMPLETER_INTERVAL") {
+			if err != nil || v < 0 || (v == 0 && d.name != "COMPLETER_INTERVAL" && d.name != "AUTH_CACHE_TTL") {
 				return config{}, fmt.Errorf("%s=%q: want a positive duration such as 2s or 24h", d.name, s)
 			}
 			*d.dst = v
@@ -87,6 +101,29 @@ func loadConfig(getenv func(string) string) (config, error) {
 	// A call can land after we stopped waiting for it, never before.
 	if cfg.SettleWindow <= cfg.ProcessorTimeout {
 		return config{}, fmt.Errorf("PROCESSOR_SETTLE_WINDOW (%s) must be longer than PROCESSOR_TIMEOUT (%s)", cfg.SettleWindow, cfg.ProcessorTimeout)
+	}
+	cfg.RateLimit = httpapi.RateLimit{Rate: httpapi.DefaultRateLimit, Burst: httpapi.DefaultRateBurst}
+	if s := getenv("RATE_LIMIT_RPS"); s != "" {
+		v, err := strconv.ParseFloat(s, 64)
+		if err != nil || v < 0 || math.IsInf(v, 0) || math.IsNaN(v) {
+			return config{}, fmt.Errorf("RATE_LIMIT_RPS=%q: want requests per second and tenant, such as 100 (0 turns the limit off)", s)
+		}
+		cfg.RateLimit.Rate = v
+	}
+	if s := getenv("RATE_LIMIT_BURST"); s != "" {
+		v, err := strconv.Atoi(s)
+		if err != nil || v < 1 {
+			return config{}, fmt.Errorf("RATE_LIMIT_BURST=%q: want a positive number of requests, such as 200", s)
+		}
+		cfg.RateLimit.Burst = v
+	}
+	cfg.MaxConnections = defaultMaxConnections
+	if s := getenv("MAX_CONNECTIONS"); s != "" {
+		v, err := strconv.Atoi(s)
+		if err != nil || v < 1 {
+			return config{}, fmt.Errorf("MAX_CONNECTIONS=%q: want a positive number, such as 1024", s)
+		}
+		cfg.MaxConnections = v
 	}
 	if s := getenv("LOG_LEVEL"); s != "" {
 		if err := cfg.LogLevel.UnmarshalText([]byte(s)); err != nil {

@@ -21,6 +21,10 @@ import (
 	"github.com/idemref/payments/internal/tenants"
 )
 
+// maxHeaderBytes bounds a request's header block (R3); past it the server
+// answers 431 before any handler runs.
+const maxHeaderBytes = 16 << 10
+
 // serve runs the HTTP server until ctx is cancelled, then shuts down
 // gracefully: stop accepting, let in-flight requests finish (bounded by
 // SHUTDOWN_TIMEOUT), close the pool. ready, when set, is called with the
@@ -39,6 +43,8 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 		Payments:       paymentsSvc,
 		Logger:         logger,
 		RequestTimeout: cfg.RequestTimeout,
+		RateLimit:      cfg.RateLimit,
+		AuthCacheTTL:   cfg.AuthCacheTTL,
 		OpenAPI:        apispec.OpenAPI,
 	})
 	srv := &http.Server{
@@ -47,6 +53,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 		ReadTimeout:       cfg.ReadTimeout,
 		WriteTimeout:      cfg.WriteTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
 
@@ -55,7 +62,8 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Addr, err)
 	}
-	logger.Info("listening", slog.String("addr", ln.Addr().String()))
+	ln = newLimitListener(ln, cfg.MaxConnections)
+	logger.Info("listening", slog.String("addr", ln.Addr().String()), slog.Int("max_connections", cfg.MaxConnections))
 	if ready != nil {
 		ready(ln.Addr().String())
 	}

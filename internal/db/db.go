@@ -50,7 +50,8 @@ type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// WithTx runs fn inside a transaction and commits when fn returns nil.
+// WithTx runs fn inside a transaction and commits when fn returns nil. A
+// panic in fn rolls the transaction back and goes on panicking.
 //
 // The rollback runs under context.WithoutCancel: a request whose context was
 // cancelled must still roll back, or the connection goes back to the pool
@@ -66,11 +67,13 @@ func WithTx(ctx context.Context, db Beginner, fn func(ctx context.Context, tx pg
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
-	defer func() {
-		if err != nil {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-		}
-	}()
+	// Always roll back, on every way out: after a commit it is a no-op, and
+	// after an error or a panic it ends the transaction, so the connection
+	// goes back to the pool clean and every row lock it held (an
+	// idempotency key's claim) is released at once. A rollback only on a
+	// returned error would leave a panicking request's connection checked
+	// out, idle in transaction, holding the key until restart.
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	if err := fn(ctx, tx); err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"strings"
 
 	"github.com/idemref/payments/internal/idem"
 )
@@ -24,13 +25,30 @@ type bodyError struct {
 func (e *bodyError) Error() string { return e.err.Error() }
 func (e *bodyError) Unwrap() error { return e.err }
 
+func unsupported(detail string) error {
+	return &bodyError{http.StatusUnsupportedMediaType, CodeUnsupportedMediaType, "Unsupported media type", errors.New(detail)}
+}
+
 // decodeBody enforces the content type and size limit, then decodes the
 // body strictly into v (see idem.DecodeStrict).
 func decodeBody(r *http.Request, v any) error {
-	mediaType, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	mediaType, params, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if err != nil || mediaType != "application/json" {
-		return &bodyError{http.StatusUnsupportedMediaType, CodeUnsupportedMediaType, "Unsupported media type",
-			errors.New("send the body as Content-Type: application/json")}
+		return unsupported("send the body as Content-Type: application/json")
+	}
+	// JSON is UTF-8 (RFC 8259): a body declared in another charset would be
+	// read as something it is not.
+	if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") {
+		return unsupported("the body must be UTF-8; send Content-Type: application/json without a charset or with charset=utf-8")
+	}
+	// A compressed body would be decoded as garbage, or worse, as another
+	// request; this API accepts identity only.
+	for _, enc := range r.Header.Values("Content-Encoding") {
+		for part := range strings.SplitSeq(enc, ",") {
+			if p := strings.TrimSpace(part); p != "" && !strings.EqualFold(p, "identity") {
+				return unsupported("Content-Encoding " + p + " is not supported; send the body uncompressed")
+			}
+		}
 	}
 	data, err := io.ReadAll(io.LimitReader(r.Body, MaxBodyBytes+1))
 	if err != nil {

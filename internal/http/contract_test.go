@@ -293,6 +293,29 @@ func TestContractResponsesMatchSpec(t *testing.T) {
 	e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathRefunds, Kind: processorsim.FaultServerError})
 	send(t, "refund processor_outcome_unknown", 503, refunds, e.a.Key, "r-fault", refundBody(1))
 
+	// A tenant past its rate limit: every /v1 operation answers 429.
+	limited := setup(t, withRateLimit(0.001, 1))
+	wantStatus(t, limited.get(t, limited.a.Key, "/v1/orders"), http.StatusOK) // the one token
+	someID := uuid.NewString()
+	for _, op := range []struct{ method, target, body string }{
+		{http.MethodPost, "/v1/orders", orderBody("inv-limited")},
+		{http.MethodGet, "/v1/orders", ""},
+		{http.MethodGet, "/v1/orders/" + someID, ""},
+		{http.MethodPost, "/v1/payments", payBody(someID, cardVisa)},
+		{http.MethodGet, "/v1/payments/" + someID, ""},
+		{http.MethodPost, "/v1/payments/" + someID + "/refunds", refundBody(1)},
+	} {
+		var opts []reqOption
+		if op.method == http.MethodPost {
+			opts = append(opts, withHeader(idem.HeaderName, "k-limited"))
+		}
+		res := limited.do(t, op.method, op.target, limited.a.Key, []byte(op.body), opts...)
+		if res.status != http.StatusTooManyRequests {
+			t.Errorf("%s %s past the rate limit: status %d, want 429", op.method, op.target, res.status)
+		}
+		c.check(t, op.method, op.target, res)
+	}
+
 	e.proxy.Cut()
 	post(t, "service_unavailable", 503, e.a.Key, "k-outage", orderBody("inv-4"))
 	get(t, "readyz down", 503, "", "/readyz")

@@ -70,6 +70,7 @@ type setupOptions struct {
 	proxy        bool
 	processor    bool
 	settleWindow time.Duration
+	rateLimit    httpapi.RateLimit
 }
 
 type setupOption func(*setupOptions)
@@ -81,6 +82,12 @@ func withProxy() setupOption { return func(o *setupOptions) { o.proxy = true } }
 // simulator in this process, over real HTTP, and wires the payments service
 // to it as cmd/api does.
 func withProcessor() setupOption { return func(o *setupOptions) { o.processor = true } }
+
+// withRateLimit turns the per-tenant rate limit on (it is off in tests
+// unless asked for).
+func withRateLimit(rate float64, burst int) setupOption {
+	return func(o *setupOptions) { o.rateLimit = httpapi.RateLimit{Rate: rate, Burst: burst} }
+}
 
 // withSettleWindow sets the payments service's settle window (default
 // settleWindow): shorter than the processor's execution, to play a
@@ -169,6 +176,7 @@ func setup(t *testing.T, opts ...setupOption) *env {
 		Logger:         logger,
 		RequestTimeout: 10 * time.Second,
 		OpenAPI:        payments.OpenAPI,
+		RateLimit:      o.rateLimit,
 	})
 	e.srv = httptest.NewServer(e.handler)
 	t.Cleanup(e.srv.Close) // waits for in-flight requests, so no log line comes late

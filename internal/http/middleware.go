@@ -72,6 +72,9 @@ func requestContext(base *slog.Logger, timeout time.Duration) func(http.Handler)
 				id = newRequestID()
 			}
 			w.Header().Set(RequestIDHeader, id)
+			// R2: no response of this API is ever to be sniffed into
+			// another content type.
+			w.Header().Set("X-Content-Type-Options", "nosniff")
 			logger := base.With(slog.String("request_id", id))
 			ctx := context.WithValue(r.Context(), ctxLogger, logger)
 			ctx, cancel := context.WithTimeout(ctx, timeout)
@@ -121,18 +124,31 @@ func newRequestID() string {
 	return hex.EncodeToString(b)
 }
 
+// bearerKey returns the key of the one "Authorization: Bearer <key>"
+// header. Several Authorization headers are refused, never picked from: a
+// proxy and a client disagreeing about which one counts is how requests
+// get attributed to the wrong tenant. The scheme is case-insensitive and
+// may be followed by one or more spaces (RFC 9110 section 11.4: 1*SP).
+func bearerKey(values []string) (string, bool) {
+	if len(values) != 1 {
+		return "", false
+	}
+	scheme, rest, _ := strings.Cut(values[0], " ")
+	key := strings.TrimLeft(rest, " ")
+	return key, strings.EqualFold(scheme, "Bearer") && key != "" && !strings.ContainsAny(key, " \t")
+}
+
 // authenticate resolves the bearer key to a tenant before anything else
 // runs, so an unauthenticated request never reaches the idempotency layer.
 // A failed lookup (database down) fails closed with 503.
 func (a *api) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		// The scheme is case-insensitive (RFC 9110 section 11.1).
-		scheme, key, _ := strings.Cut(r.Header.Get("Authorization"), " ")
-		if !strings.EqualFold(scheme, "Bearer") || key == "" {
+		key, ok := bearerKey(r.Header.Values("Authorization"))
+		if !ok {
 			writeError(w, r, tenants.ErrUnauthenticated)
 			return
 		}
-		tenantID, err := tenants.Authenticate(r.Context(), a.pool, key)
+		tenantID, err := a.auth.Authenticate(r.Context(), key)
 		switch {
 		case errors.Is(err, tenants.ErrUnauthenticated):
 			writeError(w, r, err)
@@ -144,5 +160,17 @@ func (a *api) authenticate(next http.Handler) http.Handler {
 		ctx := context.WithValue(r.Context(), ctxTenant, tenantID)
 		ctx = context.WithValue(ctx, ctxLogger, loggerFrom(ctx).With(slog.String("tenant_id", tenantID.String())))
 		next.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+// noStore marks every response under /v1 Cache-Control: no-store (R2):
+// payment data must not be kept by intermediaries, and a cached answer
+// served to a retry in place of ours would defeat the idempotency record.
+// Replays keep it too: their recorded headers never include Cache-Control
+// for success responses, and problems record no-store themselves.
+func noStore(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "no-store")
+		next.ServeHTTP(w, r)
 	})
 }

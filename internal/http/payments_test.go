@@ -1816,3 +1816,22 @@ func TestRefundAgainstAProcessorWithoutIdempotency(t *testing.T) {
 		t.Errorf("refunded_amount = %d, want 1000", got)
 	}
 }
+
+// F1, F2: path parameters are fingerprinted as the handler reads them: a
+// retry that spells the payment id in upper case is the same request and
+// replays, instead of 422 idempotency_key_reused.
+func TestRefundRetryWithUpperCasePaymentIDReplays(t *testing.T) {
+	t.Parallel()
+	e := setup(t, withProcessor())
+	_, p := e.paidOrder(t, e.a, "inv-1")
+	const key = "refund-case"
+	first := e.refund(t, e.a.Key, key, p.ID, refundBody(1000))
+	wantStatus(t, first, http.StatusCreated)
+	wantReplay(t, first, e.refund(t, e.a.Key, key, strings.ToUpper(p.ID), refundBody(1000)))
+	if n := len(e.sim.Refunds()); n != 1 {
+		t.Errorf("refunds at the processor = %d, want 1", n)
+	}
+	if rows := e.refundRows(t, p.ID); len(rows) != 1 {
+		t.Errorf("refunds rows = %+v, want one", rows)
+	}
+}

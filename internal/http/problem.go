@@ -50,6 +50,7 @@ const (
 	CodeRefundExceeds        = "refund_exceeds_payment"
 	CodeProcessorUnavailable = "processor_unavailable"
 	CodeOutcomeUnknown       = "processor_outcome_unknown"
+	CodeRateLimited          = "rate_limited"
 )
 
 // retryAfterSeconds is sent with 409 idempotency_key_in_use and 503.
@@ -92,6 +93,7 @@ func problemFor(err error) Problem {
 		invalid   *validation.Error
 		refExists *orders.ReferenceExistsError
 		bodyErr   *bodyError
+		limited   *rateLimitedError
 		mismatch  *payments.AmountMismatchError
 		payExists *payments.PaymentExistsError
 		declined  *payments.DeclinedError
@@ -100,8 +102,16 @@ func problemFor(err error) Problem {
 	)
 	switch {
 	case errors.Is(err, tenants.ErrUnauthenticated):
-		return newProblem(http.StatusUnauthorized, CodeUnauthorized, "Unauthorized",
-			"Send the API key as 'Authorization: Bearer <key>'.")
+		p := newProblem(http.StatusUnauthorized, CodeUnauthorized, "Unauthorized",
+			"Send the API key as one 'Authorization: Bearer <key>' header.")
+		// RFC 9110 section 11.6.1: a 401 names the scheme to use.
+		p.header = map[string]string{"WWW-Authenticate": "Bearer"}
+		return p
+	case errors.As(err, &limited):
+		p := newProblem(http.StatusTooManyRequests, CodeRateLimited, "Too many requests",
+			"This API key sent more requests than its rate limit allows. Nothing was recorded: retry after the Retry-After delay, with the same Idempotency-Key.")
+		p.header = map[string]string{"Retry-After": strconv.FormatInt(limited.retryAfter, 10)}
+		return p
 	case errors.Is(err, idem.ErrKeyMissing):
 		return newProblem(http.StatusBadRequest, CodeKeyMissing, "Idempotency-Key required", err.Error())
 	case errors.Is(err, idem.ErrKeyInvalid):
@@ -166,7 +176,17 @@ func problemFor(err error) Problem {
 		return newProblem(http.StatusMethodNotAllowed, CodeMethodNotAllowed, "Method not allowed", "")
 	case errors.Is(err, orders.ErrInvalidCursor), errors.Is(err, errInvalidLimit):
 		return newProblem(http.StatusBadRequest, CodeInvalidQuery, "Invalid query parameter", err.Error())
-	case errors.Is(err, idem.ErrUnavailable), errors.Is(err, errUnavailable):
+	case errors.Is(err, errNotReady):
+		p := newProblem(http.StatusServiceUnavailable, CodeUnavailable, "Service unavailable",
+			"The database does not answer; this instance cannot take traffic.")
+		p.header = map[string]string{"Retry-After": retryAfterSeconds}
+		return p
+	case errors.Is(err, errUnavailable):
+		p := newProblem(http.StatusServiceUnavailable, CodeUnavailable, "Service unavailable",
+			"A temporary failure interrupted the request and nothing was recorded. Retry after the Retry-After delay; for a POST, with the same Idempotency-Key.")
+		p.header = map[string]string{"Retry-After": retryAfterSeconds}
+		return p
+	case errors.Is(err, idem.ErrUnavailable):
 		p := newProblem(http.StatusServiceUnavailable, CodeUnavailable, "Service unavailable",
 			"A temporary failure interrupted the request and no final outcome was recorded. Retry with the same Idempotency-Key.")
 		p.header = map[string]string{"Retry-After": retryAfterSeconds}
@@ -183,6 +203,8 @@ var (
 	// errUnavailable marks a transient failure outside the idempotency layer
 	// (authentication, reads).
 	errUnavailable = errors.New("temporarily unavailable")
+	// errNotReady: /readyz found the database down.
+	errNotReady = errors.New("not ready")
 )
 
 // encode renders the problem as the exact response bytes to send or record.

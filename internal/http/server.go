@@ -14,6 +14,7 @@ import (
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/payments"
+	"github.com/idemref/payments/internal/tenants"
 )
 
 // Config is what the HTTP layer needs.
@@ -28,17 +29,28 @@ type Config struct {
 	RequestTimeout time.Duration
 	// OpenAPI is served at /openapi.yaml when set.
 	OpenAPI []byte
+	// RateLimit bounds each tenant's requests under /v1 (R1); a zero Rate
+	// turns it off.
+	RateLimit RateLimit
+	// AuthCacheTTL is how long a key that authenticated is trusted without
+	// a database lookup (see tenants.Cache); 0 looks every request up.
+	AuthCacheTTL time.Duration
 }
 
 type api struct {
 	pool     *pgxpool.Pool
 	idem     *idem.Store
 	payments *payments.Service
+	limiter  *limiter // nil: no rate limit
+	auth     *tenants.Cache
 }
 
 // NewHandler returns the service's HTTP handler.
 func NewHandler(cfg Config) http.Handler {
-	a := &api{pool: cfg.Pool, idem: cfg.Idem, payments: cfg.Payments}
+	a := &api{pool: cfg.Pool, idem: cfg.Idem, payments: cfg.Payments, auth: tenants.NewCache(cfg.Pool, cfg.AuthCacheTTL)}
+	if cfg.RateLimit.Rate > 0 {
+		a.limiter = newLimiter(cfg.RateLimit)
+	}
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = 30 * time.Second
 	}
@@ -65,7 +77,7 @@ func NewHandler(cfg Config) http.Handler {
 	}
 
 	r.Route("/v1", func(r chi.Router) {
-		r.Use(a.authenticate)
+		r.Use(noStore, a.authenticate, a.rateLimit)
 		r.Route("/orders", func(r chi.Router) {
 			r.Post("/", idempotent[createOrderRequest](a, createOrder))
 			r.Get("/", a.listOrders)
@@ -83,7 +95,7 @@ func NewHandler(cfg Config) http.Handler {
 
 func (a *api) ready(w http.ResponseWriter, r *http.Request) {
 	if err := a.pool.Ping(r.Context()); err != nil {
-		writeError(w, r, errors.Join(errUnavailable, err))
+		writeError(w, r, errors.Join(errNotReady, err))
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})

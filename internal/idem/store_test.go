@@ -1119,3 +1119,51 @@ func TestExecuteBoundsLockWait(t *testing.T) {
 		}
 	})
 }
+
+// H: a panic inside the transaction rolls it back and gives its connection
+// back to the pool, releasing the key's claim: the same key then runs, and
+// nothing of the panicking attempt is left.
+func TestExecutePanicRollsBackAndReleasesTheKey(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	store := NewStore(h.pool, Config{LockTimeout: 300 * time.Millisecond})
+	c := h.claim(t, "key-panic", `{"amount":100}`)
+	var calls atomic.Int32
+
+	func() {
+		defer func() {
+			if v := recover(); v != "boom" {
+				t.Errorf("recovered %v, want the handler's panic to go on", v)
+			}
+		}()
+		_, _, _ = store.Execute(t.Context(), c, func(ctx context.Context, tx pgx.Tx) (Response, error) {
+			if _, err := insertExec(&calls, h.tenant, "panicked", created(`{}`))(ctx, tx); err != nil {
+				t.Fatal(err)
+			}
+			panic("boom")
+		})
+	}()
+
+	if n := h.pool.Stat().AcquiredConns(); n != 0 {
+		// The connection stays idle in transaction, holding the key's row
+		// lock; the pool's cleanup would wait for it forever.
+		t.Fatalf("connections still acquired after the panic = %d, want 0", n)
+	}
+	if rows := h.keyRows(t); len(rows) != 0 {
+		t.Errorf("key rows after the panic = %+v, want none", rows)
+	}
+	if rows := h.scratch(t); len(rows) != 0 {
+		t.Errorf("business rows after the panic = %+v, want none", rows)
+	}
+	want := created(`{"id":"t_1"}`)
+	res, replayed, err := store.Execute(t.Context(), c, insertExec(&calls, h.tenant, "retried", want))
+	if err != nil || replayed {
+		t.Fatalf("retry after the panic: replayed %v, err %v; want a fresh execution", replayed, err)
+	}
+	if diff := cmp.Diff(want, res); diff != "" {
+		t.Errorf("retry response (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]scratchRow{{h.tenant, "retried"}}, h.scratch(t)); diff != "" {
+		t.Errorf("business rows (-want +got):\n%s", diff)
+	}
+}
