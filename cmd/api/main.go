@@ -4,7 +4,8 @@
 //	api dev                    development mode: a private PostgreSQL when
 //	                           DATABASE_URL is unset, migrations, a demo
 //	                           tenant and ready-to-paste curl commands
-//	api completer              finish abandoned payments (also runs inside serve)
+//	api completer              finish abandoned payments and run the
+//	                           reconciliation sweep (also runs inside serve)
 //	api migrate up|down        apply or roll back the schema
 //	api tenant create NAME     create a tenant; prints its API key last
 //
@@ -25,7 +26,7 @@ import (
 const usage = `usage:
   api serve                 run the HTTP server
   api dev                   development mode (private PostgreSQL when DATABASE_URL is unset)
-  api completer             finish abandoned payments (serve also runs one)
+  api completer             finish abandoned payments, run the reconciliation sweep (serve also runs one)
   api migrate up|down       apply or roll back database migrations
   api tenant create NAME    create a tenant and print its API key
 `
