@@ -45,8 +45,9 @@ var problemStatus = map[string]int{
 	"refund_exceeds_payment":  422,
 	"processor_unavailable":   503,
 	// processor_outcome_unknown: the charge or refund may still land (S6).
-	"processor_outcome_unknown": 503,
-	"rate_limited":              429,
+	"processor_outcome_unknown":  503,
+	"rate_limited":               429,
+	"idempotency_result_expired": 409,
 }
 
 // postV1Responses are the responses every idempotent POST under /v1 must document.

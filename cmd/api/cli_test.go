@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
@@ -11,8 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/testdb"
 )
 
@@ -65,6 +68,12 @@ func TestConfigurationErrorsAreClear(t *testing.T) {
 		{"BadLogLevel", []string{"serve"}, map[string]string{"LOG_LEVEL": "loud"}, "LOG_LEVEL"},
 		{"LeaseShorterThanProcessorCall", []string{"serve"}, map[string]string{"PAYMENT_LEASE": "5s", "PROCESSOR_TIMEOUT": "10s"}, "PAYMENT_LEASE"},
 		{"ProcessorCallLongerThanRequest", []string{"serve"}, map[string]string{"PROCESSOR_TIMEOUT": "30s", "PAYMENT_LEASE": "60s"}, "REQUEST_TIMEOUT"},
+		{"KeyRetentionShorterThanTTL", []string{"serve"}, map[string]string{"IDEMPOTENCY_TTL": "48h", "IDEMPOTENCY_KEY_RETENTION": "24h"}, "IDEMPOTENCY_KEY_RETENTION"},
+		{"BadReaperInterval", []string{"serve"}, map[string]string{"REAPER_INTERVAL": "often"}, "REAPER_INTERVAL"},
+		{"BadReaperBatch", []string{"serve"}, map[string]string{"REAPER_BATCH": "0"}, "REAPER_BATCH"},
+		{"ReapWithoutDatabaseURL", []string{"reap"}, nil, "DATABASE_URL is not set"},
+		{"ReapLoopDisabled", []string{"reap", "--loop"}, map[string]string{"DATABASE_URL": "postgres://x/y", "REAPER_INTERVAL": "0"}, "REAPER_INTERVAL"},
+		{"ReapUnknownFlag", []string{"reap", "--forever"}, nil, "invalid command line"},
 		{"UnknownCommand", []string{"launch"}, nil, "invalid command line"},
 		{"NoCommand", nil, nil, "invalid command line"},
 	}
@@ -77,6 +86,61 @@ func TestConfigurationErrorsAreClear(t *testing.T) {
 				t.Fatalf("err = %v, want it to mention %q", err, tt.want)
 			}
 		})
+	}
+}
+
+// api reap prunes what is past its TTL, deletes what is past its retention,
+// prints both counts and leaves the rest alone.
+func TestReapPrintsTheCounts(t *testing.T) {
+	t.Parallel()
+	pool, url := testdb.NewPool(t)
+	tenant, _, err := tenants.Create(t.Context(), pool, "reap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Three completed keys past the TTL, two tombstones past retention, one
+	// key in progress since long ago, one completed key within its TTL.
+	if _, err := pool.Exec(t.Context(), `
+		INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, state,
+		    response_status, response_headers, response_body, completed_at, expires_at, retain_until)
+		SELECT $1, 'POST /v1/orders', k, sha256(convert_to(k, 'UTF8')), 1, s,
+		    CASE WHEN s <> 'in_progress' THEN 201 END,
+		    CASE WHEN s = 'completed' THEN '{}'::jsonb END, CASE WHEN s = 'completed' THEN '{}'::bytea END,
+		    CASE WHEN s <> 'in_progress' THEN now() END, now() + e, now() + r
+		FROM (VALUES ('due-1', 'completed', interval '-1s', interval '1h'),
+		             ('due-2', 'completed', interval '-1s', interval '1h'),
+		             ('due-3', 'completed', interval '-1s', interval '1h'),
+		             ('old-1', 'expired', interval '-2h', interval '-1s'),
+		             ('old-2', 'expired', interval '-2h', interval '-1s'),
+		             ('busy', 'in_progress', interval '-2h', interval '-1s'),
+		             ('live', 'completed', interval '1h', interval '2h')) AS f (k, s, e, r)`, tenant); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(apiBinary(t), "reap")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+url)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("reap: %v\n%s", err, stderr.String())
+	}
+	if got, want := stdout.String(), "pruned 3\ndeleted 2\n"; got != want {
+		t.Fatalf("reap printed %q, want %q", got, want)
+	}
+	got := map[string]int{}
+	rows, err := pool.Query(t.Context(), `SELECT idem_key || ' ' || state FROM idempotency_keys ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		got[k]++
+	}
+	want := map[string]int{"busy in_progress": 1, "due-1 expired": 1, "due-2 expired": 1, "due-3 expired": 1, "live completed": 1}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("keys after reap = %v, want %v", got, want)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
+	"github.com/idemref/payments/internal/reaper"
 )
 
 // config is read from the environment. Every variable has a documented
@@ -26,9 +27,12 @@ type config struct {
 	ShutdownTimeout   time.Duration
 	LockTimeout       time.Duration
 	IdempotencyTTL    time.Duration
-	PaymentLease      time.Duration
-	ProcessorURL      string
-	ProcessorTimeout  time.Duration
+	// KeyRetention is how long a key's tombstone is kept (E3); at least
+	// IdempotencyTTL.
+	KeyRetention     time.Duration
+	PaymentLease     time.Duration
+	ProcessorURL     string
+	ProcessorTimeout time.Duration
 	// SettleWindow is how long a processor call may still land after it
 	// was sent (S6); see docs/payments.md.
 	SettleWindow time.Duration
@@ -38,7 +42,12 @@ type config struct {
 	// CompleterInterval is how often the completer looks for abandoned
 	// payments; 0 disables it in this process.
 	CompleterInterval time.Duration
-	LogLevel          slog.Level
+	// ReaperInterval is how often the reaper prunes and deletes expired
+	// idempotency keys; 0 disables it in this process.
+	ReaperInterval time.Duration
+	// ReaperBatch is the most rows one reaper transaction touches.
+	ReaperBatch int
+	LogLevel    slog.Level
 	// MaxConnections bounds the connections one process holds open (R3).
 	MaxConnections int
 	// RateLimit bounds each tenant's requests per process (R1).
@@ -73,21 +82,28 @@ func loadConfig(getenv func(string) string) (config, error) {
 		{"SHUTDOWN_TIMEOUT", &cfg.ShutdownTimeout, 15 * time.Second},
 		{"IDEMPOTENCY_LOCK_TIMEOUT", &cfg.LockTimeout, idem.DefaultLockTimeout},
 		{"IDEMPOTENCY_TTL", &cfg.IdempotencyTTL, idem.DefaultTTL},
+		{"IDEMPOTENCY_KEY_RETENTION", &cfg.KeyRetention, idem.DefaultKeyRetention},
 		{"PAYMENT_LEASE", &cfg.PaymentLease, idem.DefaultLease},
 		{"PROCESSOR_TIMEOUT", &cfg.ProcessorTimeout, processor.DefaultTimeout},
 		{"PROCESSOR_SETTLE_WINDOW", &cfg.SettleWindow, payments.DefaultSettleWindow},
 		{"COMPLETER_INTERVAL", &cfg.CompleterInterval, 5 * time.Second},
+		{"REAPER_INTERVAL", &cfg.ReaperInterval, reaper.DefaultInterval},
 		{"AUTH_CACHE_TTL", &cfg.AuthCacheTTL, 10 * time.Second},
 	}
 	for _, d := range durations {
 		*d.dst = d.def
 		if s := getenv(d.name); s != "" {
 			v, err := time.ParseDuration(s)
-			if err != nil || v < 0 || (v == 0 && d.name != "COMPLETER_INTERVAL" && d.name != "AUTH_CACHE_TTL") {
+			if err != nil || v < 0 || (v == 0 && d.name != "COMPLETER_INTERVAL" && d.name != "REAPER_INTERVAL" && d.name != "AUTH_CACHE_TTL") {
 				return config{}, fmt.Errorf("%s=%q: want a positive duration such as 2s or 24h", d.name, s)
 			}
 			*d.dst = v
 		}
+	}
+	// A tombstone outlives the result it replaces, never the other way
+	// round (the schema checks retain_until >= expires_at too).
+	if cfg.KeyRetention < cfg.IdempotencyTTL {
+		return config{}, fmt.Errorf("IDEMPOTENCY_KEY_RETENTION (%s) must be at least IDEMPOTENCY_TTL (%s)", cfg.KeyRetention, cfg.IdempotencyTTL)
 	}
 	// The lease must outlast one step, the processor call included, or a
 	// healthy attempt would be taken over while it waits for the answer.
@@ -116,6 +132,14 @@ func loadConfig(getenv func(string) string) (config, error) {
 			return config{}, fmt.Errorf("RATE_LIMIT_BURST=%q: want a positive number of requests, such as 200", s)
 		}
 		cfg.RateLimit.Burst = v
+	}
+	cfg.ReaperBatch = reaper.DefaultBatch
+	if s := getenv("REAPER_BATCH"); s != "" {
+		v, err := strconv.Atoi(s)
+		if err != nil || v < 1 {
+			return config{}, fmt.Errorf("REAPER_BATCH=%q: want a positive number of rows, such as 5000", s)
+		}
+		cfg.ReaperBatch = v
 	}
 	cfg.MaxConnections = defaultMaxConnections
 	if s := getenv("MAX_CONNECTIONS"); s != "" {

@@ -6,6 +6,10 @@
 //	                           tenant and ready-to-paste curl commands
 //	api completer              finish abandoned payments and run the
 //	                           reconciliation sweep (also runs inside serve)
+//	api reap [--loop]          prune expired idempotency results to tombstones
+//	                           and delete tombstones past retention, once
+//	                           (printing the counts) or every REAPER_INTERVAL
+//	                           until SIGINT (also runs inside serve)
 //	api migrate up|down        apply or roll back the schema
 //	api tenant create NAME     create a tenant; prints its API key last
 //
@@ -27,6 +31,7 @@ const usage = `usage:
   api serve                 run the HTTP server
   api dev                   development mode (private PostgreSQL when DATABASE_URL is unset)
   api completer             finish abandoned payments, run the reconciliation sweep (serve also runs one)
+  api reap [--loop]         prune expired idempotency keys once, or until SIGINT with --loop (serve also runs one)
   api migrate up|down       apply or roll back database migrations
   api tenant create NAME    create a tenant and print its API key
 `
@@ -73,6 +78,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			cfg.ProcessorURL = defaultProcessorURL
 		}
 		return runCompleter(ctx, cfg, logger)
+	case cmd == "reap" && (len(rest) == 0 || len(rest) == 1 && rest[0] == "--loop"):
+		if cfg.DatabaseURL == "" {
+			return errors.New("DATABASE_URL is not set")
+		}
+		return runReaper(ctx, cfg, logger, len(rest) == 1, stdout)
 	case cmd == "dev" && len(rest) == 0:
 		return dev(ctx, cfg, logger, stdout)
 	case cmd == "migrate" && len(rest) == 1 && (rest[0] == "up" || rest[0] == "down"):

@@ -18,6 +18,7 @@ import (
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
+	"github.com/idemref/payments/internal/reaper"
 	"github.com/idemref/payments/internal/tenants"
 )
 
@@ -82,6 +83,20 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 		<-completerDone
 	}()
 
+	// So does the reaper (E1, E3), when enabled.
+	reaperCtx, stopReaper := context.WithCancel(ctx)
+	reaperDone := make(chan struct{})
+	go func() {
+		defer close(reaperDone)
+		if cfg.ReaperInterval > 0 {
+			newReaper(pool, cfg, logger).Run(reaperCtx)
+		}
+	}()
+	defer func() {
+		stopReaper()
+		<-reaperDone
+	}()
+
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	select {
@@ -104,7 +119,9 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 
 // services builds the idempotency store and the payments service from cfg.
 func services(pool *pgxpool.Pool, cfg config, logger *slog.Logger) (*idem.Store, *payments.Service) {
-	store := idem.NewStore(pool, idem.Config{LockTimeout: cfg.LockTimeout, TTL: cfg.IdempotencyTTL, Lease: cfg.PaymentLease})
+	store := idem.NewStore(pool, idem.Config{
+		LockTimeout: cfg.LockTimeout, TTL: cfg.IdempotencyTTL, KeyRetention: cfg.KeyRetention, Lease: cfg.PaymentLease,
+	})
 	proc := processor.NewClient(cfg.ProcessorURL, cfg.ProcessorTimeout)
 	return store, payments.NewService(pool, store, proc, httpapi.Renderer{}, logger, payments.Config{SettleWindow: cfg.SettleWindow})
 }
@@ -123,6 +140,36 @@ func runCompleter(ctx context.Context, cfg config, logger *slog.Logger) error {
 	_, svc := services(pool, cfg, logger)
 	logger.Info("completer running", slog.Duration("interval", cfg.CompleterInterval))
 	payments.NewCompleter(svc, cfg.CompleterInterval).Run(ctx)
+	return nil
+}
+
+// newReaper builds the reaper from cfg.
+func newReaper(pool *pgxpool.Pool, cfg config, logger *slog.Logger) *reaper.Reaper {
+	return reaper.New(pool, reaper.Config{Interval: cfg.ReaperInterval, Batch: cfg.ReaperBatch, Logger: logger})
+}
+
+// runReaper makes one reaper pass and prints its counts, or with loop runs
+// the reaper every REAPER_INTERVAL until ctx is cancelled.
+func runReaper(ctx context.Context, cfg config, logger *slog.Logger, loop bool, stdout io.Writer) error {
+	if loop && cfg.ReaperInterval <= 0 {
+		return errors.New("REAPER_INTERVAL must be positive for reap --loop")
+	}
+	pool, err := db.Open(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	r := newReaper(pool, cfg, logger)
+	if loop {
+		logger.Info("reaper running", slog.Duration("interval", cfg.ReaperInterval), slog.Int("batch", cfg.ReaperBatch))
+		r.Run(ctx)
+		return nil
+	}
+	res, err := r.RunOnce(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "pruned %d\ndeleted %d\n", res.Pruned, res.Deleted)
 	return nil
 }
 

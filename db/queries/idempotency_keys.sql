@@ -5,23 +5,53 @@
 SELECT set_config('lock_timeout', @timeout::text, true);
 
 -- name: IdemKeyClaim :one
--- The claim (L1). The primary key decides who owns the key: no
--- check-then-insert. Returns no row when the key already exists; when
--- another transaction holds an uncommitted claim on it, the insert waits
--- for that transaction (bounded by lock_timeout). A multi-step key (S3) is
--- claimed holding a lease of lease_seconds, generation 1, at recovery point
--- 'started'; a one-transaction key passes NULL and holds no lease.
-INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at,
-                              recovery_point, locked_until, lease_generation)
-VALUES (@tenant_id, @endpoint, @idem_key, @fingerprint, @fingerprint_version, @expires_at,
-        CASE WHEN sqlc.narg('lease_seconds')::float8 IS NOT NULL THEN 'started' END,
-        now() + make_interval(0, 0, 0, 0, 0, 0, sqlc.narg('lease_seconds')::float8),
-        CASE WHEN sqlc.narg('lease_seconds')::float8 IS NOT NULL THEN 1 ELSE 0 END)
-ON CONFLICT (tenant_id, endpoint, idem_key) DO NOTHING
-RETURNING lease_generation;
+-- The claim (L1), in one statement. The primary key decides who owns the
+-- key: no check-then-insert. The INSERT returns no row when the key
+-- exists; when another transaction holds an uncommitted claim on it, it
+-- waits for that transaction (bounded by lock_timeout). A key that exists
+-- but is past its retention (E3) and finished is unknown: the UPDATE claims
+-- it over in the same statement, re-checking the horizon under the row
+-- lock, so two requests cannot both take it. Rows inside their retention
+-- match neither and are not locked, so a replay takes no write lock. No row
+-- back: the key exists (see IdemKeyGet).
+--
+-- A multi-step key (S3) is claimed holding a lease of lease_seconds at
+-- recovery point 'started'; a one-transaction key passes NULL and holds no
+-- lease. A key claimed over gets a new lease generation, fencing off
+-- anything that still holds the old one.
+WITH inserted AS (
+    INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at,
+                                  retain_until, recovery_point, locked_until, lease_generation)
+    VALUES (@tenant_id, @endpoint, @idem_key, @fingerprint, @fingerprint_version, @expires_at, @retain_until,
+            CASE WHEN sqlc.narg('lease_seconds')::float8 IS NOT NULL THEN 'started' END,
+            now() + make_interval(0, 0, 0, 0, 0, 0, sqlc.narg('lease_seconds')::float8),
+            CASE WHEN sqlc.narg('lease_seconds')::float8 IS NOT NULL THEN 1 ELSE 0 END)
+    ON CONFLICT (tenant_id, endpoint, idem_key) DO NOTHING
+    RETURNING lease_generation
+), reclaimed AS (
+    UPDATE idempotency_keys
+    SET fingerprint = @fingerprint, fingerprint_version = @fingerprint_version,
+        state = 'in_progress', response_status = NULL, response_headers = NULL, response_body = NULL,
+        resource_id = NULL, resource_location = NULL, created_at = now(), completed_at = NULL,
+        expires_at = @expires_at, retain_until = @retain_until,
+        recovery_point = CASE WHEN sqlc.narg('lease_seconds')::float8 IS NOT NULL THEN 'started' END,
+        locked_until = now() + make_interval(0, 0, 0, 0, 0, 0, sqlc.narg('lease_seconds')::float8),
+        lease_generation = CASE WHEN sqlc.narg('lease_seconds')::float8 IS NOT NULL THEN lease_generation + 1 ELSE 0 END
+    WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key
+      AND retain_until <= now() AND state <> 'in_progress'
+      AND NOT EXISTS (SELECT 1 FROM inserted)
+    RETURNING lease_generation
+)
+SELECT lease_generation FROM inserted
+UNION ALL
+SELECT lease_generation FROM reclaimed;
 
 -- name: IdemKeyGet :one
-SELECT * FROM idempotency_keys
+-- result_expired: the response is no longer replayed (E3), whether the
+-- reaper has pruned it to a tombstone yet or not.
+SELECT sqlc.embed(idempotency_keys),
+       (state = 'expired' OR (state = 'completed' AND expires_at <= now()))::boolean AS result_expired
+FROM idempotency_keys
 WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key;
 
 -- name: IdemKeyComplete :execrows
@@ -31,6 +61,7 @@ SET state = 'completed',
     response_status = @response_status,
     response_headers = @response_headers,
     response_body = @response_body,
+    resource_location = sqlc.narg('resource_location'),
     completed_at = now()
 WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key
   AND state = 'in_progress';
@@ -41,7 +72,8 @@ WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key
 -- sees the takeover's new generation. lease_expired is read on the
 -- database clock, which every API process shares.
 SELECT sqlc.embed(idempotency_keys),
-       coalesce(locked_until <= now(), true)::boolean AS lease_expired
+       coalesce(locked_until <= now(), true)::boolean AS lease_expired,
+       (state = 'expired' OR (state = 'completed' AND expires_at <= now()))::boolean AS result_expired
 FROM idempotency_keys
 WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key
 FOR UPDATE;
@@ -75,6 +107,7 @@ SET state = 'completed',
     response_status = @response_status,
     response_headers = @response_headers,
     response_body = @response_body,
+    resource_location = sqlc.narg('resource_location'),
     completed_at = now()
 WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key
   AND state = 'in_progress' AND lease_generation = @generation;

@@ -204,8 +204,8 @@ func TestContractResponsesMatchSpec(t *testing.T) {
 	}
 	fp := sha256.Sum256([]byte("held"))
 	if _, err := blocker.Exec(context.Background(),
-		`INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at)
-		 VALUES ($1, $2, 'k-held', $3, $4, now() + interval '1 day')`,
+		`INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at, retain_until)
+		 VALUES ($1, $2, 'k-held', $3, $4, now() + interval '1 day', now() + interval '3 days')`,
 		e.a.ID, endpointOrders, fp[:], idem.FingerprintVersion); err != nil {
 		t.Fatal(err)
 	}
@@ -292,6 +292,11 @@ func TestContractResponsesMatchSpec(t *testing.T) {
 	send(t, "refund idempotency_key_reused", 422, refunds, e.a.Key, "r-create", refundBody(2))
 	e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathRefunds, Kind: processorsim.FaultServerError})
 	send(t, "refund processor_outcome_unknown", 503, refunds, e.a.Key, "r-fault", refundBody(1))
+
+	// A key whose result is past its TTL (E3).
+	post(t, "idempotency_result_expired key", 201, e.a.Key, "k-expiring", orderBody("inv-expiring"))
+	e.ageKey(t, e.a.ID, endpointOrders, "k-expiring", false)
+	post(t, "idempotency_result_expired", 409, e.a.Key, "k-expiring", orderBody("inv-expiring"))
 
 	// A tenant past its rate limit: every /v1 operation answers 429.
 	limited := setup(t, withRateLimit(0.001, 1))

@@ -331,6 +331,9 @@ type problem struct {
 	// PaymentID and DeclineCode come with payment problems.
 	PaymentID   string `json:"payment_id"`
 	DeclineCode string `json:"decline_code"`
+	// Resource and OriginalStatus come with idempotency_result_expired.
+	Resource       string `json:"resource"`
+	OriginalStatus int    `json:"original_status"`
 }
 
 // wantProblem checks that res is a problem with the given status and code,

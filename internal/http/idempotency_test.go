@@ -411,8 +411,8 @@ func TestCreateOrderBlockedByUncommittedClaim(t *testing.T) {
 	t.Cleanup(func() { _ = blocker.Rollback(context.Background()) })
 	fingerprint := sha256.Sum256([]byte("another attempt's request"))
 	if _, err := blocker.Exec(ctx,
-		`INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at)
-		 VALUES ($1, $2, $3, $4, $5, now() + interval '1 day')`,
+		`INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at, retain_until)
+		 VALUES ($1, $2, $3, $4, $5, now() + interval '1 day', now() + interval '3 days')`,
 		e.a.ID, endpointOrders, key, fingerprint[:], idem.FingerprintVersion); err != nil {
 		t.Fatal(err)
 	}

@@ -51,6 +51,7 @@ const (
 	CodeProcessorUnavailable = "processor_unavailable"
 	CodeOutcomeUnknown       = "processor_outcome_unknown"
 	CodeRateLimited          = "rate_limited"
+	CodeResultExpired        = "idempotency_result_expired"
 )
 
 // retryAfterSeconds is sent with 409 idempotency_key_in_use and 503.
@@ -71,9 +72,13 @@ type Problem struct {
 	Errors  []validation.FieldError `json:"errors,omitempty"`
 	OrderID *uuid.UUID              `json:"order_id,omitempty"`
 	// PaymentID and DeclineCode detail payment problems.
-	PaymentID   *uuid.UUID        `json:"payment_id,omitempty"`
-	DeclineCode string            `json:"decline_code,omitempty"`
-	header      map[string]string // extra response headers, e.g. Retry-After
+	PaymentID   *uuid.UUID `json:"payment_id,omitempty"`
+	DeclineCode string     `json:"decline_code,omitempty"`
+	// Resource and OriginalStatus detail idempotency_result_expired: what
+	// the expired request created, and how it was answered.
+	Resource       string            `json:"resource,omitempty"`
+	OriginalStatus int               `json:"original_status,omitempty"`
+	header         map[string]string // extra response headers, e.g. Retry-After
 }
 
 func newProblem(status int, code, title, detail string) Problem {
@@ -94,6 +99,7 @@ func problemFor(err error) Problem {
 		refExists *orders.ReferenceExistsError
 		bodyErr   *bodyError
 		limited   *rateLimitedError
+		expired   *idem.ResultExpiredError
 		mismatch  *payments.AmountMismatchError
 		payExists *payments.PaymentExistsError
 		declined  *payments.DeclinedError
@@ -122,6 +128,12 @@ func problemFor(err error) Problem {
 		p := newProblem(http.StatusConflict, CodeKeyInUse, "Request in progress",
 			"A request with this Idempotency-Key is still being processed. Retry with the same key after the Retry-After delay.")
 		p.header = map[string]string{"Retry-After": retryAfterSeconds}
+		return p
+	case errors.As(err, &expired):
+		p := newProblem(http.StatusConflict, CodeResultExpired, "Idempotency result expired",
+			fmt.Sprintf("This request was already made under this Idempotency-Key; its result expired at %s and is no longer replayed, and the request is not run again. See resource (if it created one) and original_status. The key is forgotten after %s.",
+				expired.ExpiredAt.UTC().Format(time.RFC3339), expired.RetainedUntil.UTC().Format(time.RFC3339)))
+		p.Resource, p.OriginalStatus = expired.Location, expired.Status
 		return p
 	case errors.Is(err, idem.ErrKeyReused):
 		return newProblem(http.StatusUnprocessableEntity, CodeKeyReused, "Idempotency-Key reused",

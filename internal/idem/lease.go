@@ -169,7 +169,7 @@ func (s *Store) takeOver(ctx context.Context, q *dbsqlc.Queries, c Claim) (Begun
 	}
 	row := locked.IdempotencyKey
 	// Never take over, or replay, another request's key (S3, L5).
-	res, err := settled(row, c)
+	res, err := settled(row, locked.ResultExpired, c)
 	if err != nil || res != nil {
 		return Begun{Response: res, Replayed: res != nil}, err
 	}
@@ -228,7 +228,7 @@ func (s *Store) apply(ctx context.Context, q *dbsqlc.Queries, l *Lease, step Ste
 		}
 		n, err = q.IdemKeyCompleteLease(ctx, dbsqlc.IdemKeyCompleteLeaseParams{
 			TenantID: l.TenantID, Endpoint: l.Endpoint, IdemKey: l.Key, Generation: l.Generation,
-			ResponseStatus: &rec.status, ResponseHeaders: rec.headers, ResponseBody: rec.body,
+			ResponseStatus: &rec.status, ResponseHeaders: rec.headers, ResponseBody: rec.body, ResourceLocation: rec.location,
 		})
 		step.RecoveryPoint = RecoveryFinished
 	} else {

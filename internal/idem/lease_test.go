@@ -688,8 +688,8 @@ func TestTakeOverExpired(t *testing.T) {
 		// locked_until, is not the completer's: it has no recovery point.
 		oneTx := h.claim(t, "one-transaction", `{}`)
 		if _, err := h.pool.Exec(bound, `
-			INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at, locked_until)
-			VALUES ($1, $2, $3, $4, $5, now() + interval '1 day', now() - interval '1 hour')`,
+			INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at, retain_until, locked_until)
+			VALUES ($1, $2, $3, $4, $5, now() + interval '1 day', now() + interval '3 days', now() - interval '1 hour')`,
 			oneTx.TenantID, oneTx.Endpoint, oneTx.Key, oneTx.Fingerprint, FingerprintVersion); err != nil {
 			t.Fatal(err)
 		}

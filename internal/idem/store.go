@@ -24,17 +24,38 @@ var (
 	ErrKeyInUse = errors.New("a request with this Idempotency-Key is still in progress")
 	// ErrKeyReused: the key was used before for a different request (L5).
 	ErrKeyReused = errors.New("this Idempotency-Key was already used for a different request")
+	// ErrResultExpired matches *ResultExpiredError.
+	ErrResultExpired = errors.New("the result of this Idempotency-Key has expired")
 	// ErrUnavailable wraps transient failures (key store unreachable,
 	// serialization failure, deadlock, timeout). Nothing was recorded, so a
 	// retry with the same key runs the request again (L6, O2).
 	ErrUnavailable = errors.New("temporarily unavailable")
 )
 
+// ResultExpiredError: the key was used for this same request, but its
+// result is past the TTL and no longer replayed (E3). The request is not
+// run again either: the client learns what it created, if anything.
+type ResultExpiredError struct {
+	// Status is the status the request was answered with.
+	Status int
+	// Location is the resource it created ("" if none).
+	Location string
+	// ExpiredAt is when the result expired; RetainedUntil when the key
+	// will be forgotten.
+	ExpiredAt, RetainedUntil time.Time
+}
+
+func (e *ResultExpiredError) Error() string { return ErrResultExpired.Error() }
+
+// Is makes errors.Is(err, ErrResultExpired) hold.
+func (e *ResultExpiredError) Is(target error) bool { return target == ErrResultExpired }
+
 // Defaults for Config.
 const (
-	DefaultLockTimeout = 2 * time.Second
-	DefaultTTL         = 24 * time.Hour
-	DefaultLease       = 60 * time.Second
+	DefaultLockTimeout  = 2 * time.Second
+	DefaultTTL          = 24 * time.Hour
+	DefaultKeyRetention = 72 * time.Hour
+	DefaultLease        = 60 * time.Second
 )
 
 // Config tunes a Store.
@@ -42,9 +63,15 @@ type Config struct {
 	// LockTimeout bounds how long a duplicate waits on another
 	// transaction's uncommitted claim before it gets ErrKeyInUse.
 	LockTimeout time.Duration
-	// TTL is how long a record is kept (E1). It must exceed the longest
-	// time a client keeps retrying one operation.
+	// TTL is how long a record's exact response is kept and replayed (E1).
+	// It must exceed the longest time a client keeps retrying one
+	// operation.
 	TTL time.Duration
+	// KeyRetention is how long the key itself is remembered (E3): after the
+	// TTL, until KeyRetention from its creation, a retry finds a tombstone
+	// and gets ErrResultExpired, never a second execution. Past it the key
+	// is unknown and a request with it runs afresh. At least TTL.
+	KeyRetention time.Duration
 	// Lease is how long a multi-step attempt owns its key (S3) before
 	// another attempt with the same request, or the completer, may take
 	// over. It must stay well above the p99 latency of one step, the
@@ -66,6 +93,10 @@ func NewStore(pool *pgxpool.Pool, cfg Config) *Store {
 	if cfg.TTL <= 0 {
 		cfg.TTL = DefaultTTL
 	}
+	if cfg.KeyRetention <= 0 {
+		cfg.KeyRetention = max(DefaultKeyRetention, cfg.TTL)
+	}
+	cfg.KeyRetention = max(cfg.KeyRetention, cfg.TTL)
 	if cfg.Lease <= 0 {
 		cfg.Lease = DefaultLease
 	}
@@ -151,12 +182,13 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Cont
 			return err
 		}
 		n, err := q.IdemKeyComplete(ctx, dbsqlc.IdemKeyCompleteParams{
-			TenantID:        c.TenantID,
-			Endpoint:        c.Endpoint,
-			IdemKey:         c.Key,
-			ResponseStatus:  &rec.status,
-			ResponseHeaders: rec.headers,
-			ResponseBody:    rec.body,
+			TenantID:         c.TenantID,
+			Endpoint:         c.Endpoint,
+			IdemKey:          c.Key,
+			ResponseStatus:   &rec.status,
+			ResponseHeaders:  rec.headers,
+			ResponseBody:     rec.body,
+			ResourceLocation: rec.location,
 		})
 		if err != nil {
 			return err
@@ -219,7 +251,7 @@ func (s *Store) existing(ctx context.Context, q *dbsqlc.Queries, c Claim) (Respo
 	if err != nil {
 		return Response{}, err
 	}
-	res, err := settled(row, c)
+	res, err := settled(row.IdempotencyKey, row.ResultExpired, c)
 	if err != nil {
 		return Response{}, err
 	}
@@ -238,13 +270,15 @@ func (s *Store) claim(ctx context.Context, q *dbsqlc.Queries, c Claim, lease *ti
 		v := lease.Seconds()
 		seconds = &v
 	}
+	now := time.Now()
 	return q.IdemKeyClaim(ctx, dbsqlc.IdemKeyClaimParams{
 		TenantID:           c.TenantID,
 		Endpoint:           c.Endpoint,
 		IdemKey:            c.Key,
 		Fingerprint:        c.Fingerprint,
 		FingerprintVersion: FingerprintVersion,
-		ExpiresAt:          time.Now().Add(s.cfg.TTL),
+		ExpiresAt:          now.Add(s.cfg.TTL),
+		RetainUntil:        now.Add(s.cfg.KeyRetention),
 		LeaseSeconds:       seconds,
 	})
 }
@@ -255,9 +289,24 @@ func (s *Store) claim(ctx context.Context, q *dbsqlc.Queries, c Claim, lease *ti
 // a key still in progress gives nil. Records made under another
 // fingerprint version cannot be compared; they are trusted rather than
 // turned into 422s for honest retries (F3).
-func settled(row dbsqlc.IdempotencyKey, c Claim) (*Response, error) {
+//
+// A record whose result is past its TTL (resultExpired, computed on the
+// database clock) is a tombstone whether the reaper has pruned it or not
+// (E3): the same request gets *ResultExpiredError, never its old response
+// and never a second execution.
+func settled(row dbsqlc.IdempotencyKey, resultExpired bool, c Claim) (*Response, error) {
 	if row.FingerprintVersion == FingerprintVersion && !bytes.Equal(row.Fingerprint, c.Fingerprint) {
 		return nil, ErrKeyReused
+	}
+	if resultExpired {
+		e := &ResultExpiredError{ExpiredAt: row.ExpiresAt, RetainedUntil: row.RetainUntil}
+		if row.ResponseStatus != nil {
+			e.Status = int(*row.ResponseStatus)
+		}
+		if row.ResourceLocation != nil {
+			e.Location = *row.ResourceLocation
+		}
+		return nil, e
 	}
 	if row.State != "completed" {
 		return nil, nil
@@ -280,6 +329,8 @@ type record struct {
 	status  int32
 	headers []byte
 	body    []byte
+	// location is the Location header, kept past the result's TTL.
+	location *string
 }
 
 // encodeRecord keeps only RecordedHeaders. A response without a body (204)
@@ -294,7 +345,11 @@ func encodeRecord(res Response) (record, error) {
 	if body == nil {
 		body = []byte{}
 	}
-	return record{status: int32(res.Status), headers: headers, body: body}, nil
+	rec := record{status: int32(res.Status), headers: headers, body: body}
+	if loc := res.Header.Get("Location"); loc != "" {
+		rec.location = &loc
+	}
+	return rec, nil
 }
 
 func pickHeaders(h http.Header) http.Header {

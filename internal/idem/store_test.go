@@ -734,8 +734,8 @@ func TestExecuteDuplicateBehindUncommittedClaim(t *testing.T) {
 			}
 			defer blocker.Rollback(context.WithoutCancel(ctx))
 			if _, err := blocker.Exec(ctx, `
-				INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at)
-				VALUES ($1, $2, $3, $4, $5, now() + interval '1 day')`,
+				INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at, retain_until)
+				VALUES ($1, $2, $3, $4, $5, now() + interval '1 day', now() + interval '3 days')`,
 				c.TenantID, c.Endpoint, c.Key, c.Fingerprint, FingerprintVersion); err != nil {
 				t.Fatal(err)
 			}
@@ -985,8 +985,8 @@ func TestExecuteCommittedInProgressIsKeyInUse(t *testing.T) {
 	store := NewStore(h.pool, Config{LockTimeout: 200 * time.Millisecond})
 	c := h.claim(t, "key-1", `{}`)
 	if _, err := h.pool.Exec(t.Context(), `
-		INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at)
-		VALUES ($1, $2, $3, $4, $5, now() + interval '1 day')`,
+		INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at, retain_until)
+		VALUES ($1, $2, $3, $4, $5, now() + interval '1 day', now() + interval '3 days')`,
 		c.TenantID, c.Endpoint, c.Key, c.Fingerprint, FingerprintVersion); err != nil {
 		t.Fatal(err)
 	}
@@ -1022,8 +1022,8 @@ func TestExecuteTrustsRecordOfOtherFingerprintVersion(t *testing.T) {
 	oldFingerprint := make([]byte, 32)
 	if _, err := h.pool.Exec(t.Context(), `
 		INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version,
-		                              state, response_status, response_headers, response_body, completed_at, expires_at)
-		VALUES ($1, $2, $3, $4, $5, 'completed', $6, $7, $8, now(), now() + interval '1 day')`,
+		                              state, response_status, response_headers, response_body, completed_at, expires_at, retain_until)
+		VALUES ($1, $2, $3, $4, $5, 'completed', $6, $7, $8, now(), now() + interval '1 day', now() + interval '3 days')`,
 		c.TenantID, c.Endpoint, c.Key, oldFingerprint, FingerprintVersion-1, want.Status, headers, want.Body); err != nil {
 		t.Fatal(err)
 	}

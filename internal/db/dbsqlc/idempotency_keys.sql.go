@@ -51,14 +51,32 @@ func (q *Queries) IdemKeyAdvance(ctx context.Context, arg IdemKeyAdvanceParams) 
 }
 
 const idemKeyClaim = `-- name: IdemKeyClaim :one
-INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at,
-                              recovery_point, locked_until, lease_generation)
-VALUES ($1, $2, $3, $4, $5, $6,
-        CASE WHEN $7::float8 IS NOT NULL THEN 'started' END,
-        now() + make_interval(0, 0, 0, 0, 0, 0, $7::float8),
-        CASE WHEN $7::float8 IS NOT NULL THEN 1 ELSE 0 END)
-ON CONFLICT (tenant_id, endpoint, idem_key) DO NOTHING
-RETURNING lease_generation
+WITH inserted AS (
+    INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at,
+                                  retain_until, recovery_point, locked_until, lease_generation)
+    VALUES ($1, $2, $3, $4, $5, $6, $7,
+            CASE WHEN $8::float8 IS NOT NULL THEN 'started' END,
+            now() + make_interval(0, 0, 0, 0, 0, 0, $8::float8),
+            CASE WHEN $8::float8 IS NOT NULL THEN 1 ELSE 0 END)
+    ON CONFLICT (tenant_id, endpoint, idem_key) DO NOTHING
+    RETURNING lease_generation
+), reclaimed AS (
+    UPDATE idempotency_keys
+    SET fingerprint = $4, fingerprint_version = $5,
+        state = 'in_progress', response_status = NULL, response_headers = NULL, response_body = NULL,
+        resource_id = NULL, resource_location = NULL, created_at = now(), completed_at = NULL,
+        expires_at = $6, retain_until = $7,
+        recovery_point = CASE WHEN $8::float8 IS NOT NULL THEN 'started' END,
+        locked_until = now() + make_interval(0, 0, 0, 0, 0, 0, $8::float8),
+        lease_generation = CASE WHEN $8::float8 IS NOT NULL THEN lease_generation + 1 ELSE 0 END
+    WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
+      AND retain_until <= now() AND state <> 'in_progress'
+      AND NOT EXISTS (SELECT 1 FROM inserted)
+    RETURNING lease_generation
+)
+SELECT lease_generation FROM inserted
+UNION ALL
+SELECT lease_generation FROM reclaimed
 `
 
 type IdemKeyClaimParams struct {
@@ -68,15 +86,24 @@ type IdemKeyClaimParams struct {
 	Fingerprint        []byte
 	FingerprintVersion int16
 	ExpiresAt          time.Time
+	RetainUntil        time.Time
 	LeaseSeconds       *float64
 }
 
-// The claim (L1). The primary key decides who owns the key: no
-// check-then-insert. Returns no row when the key already exists; when
-// another transaction holds an uncommitted claim on it, the insert waits
-// for that transaction (bounded by lock_timeout). A multi-step key (S3) is
-// claimed holding a lease of lease_seconds, generation 1, at recovery point
-// 'started'; a one-transaction key passes NULL and holds no lease.
+// The claim (L1), in one statement. The primary key decides who owns the
+// key: no check-then-insert. The INSERT returns no row when the key
+// exists; when another transaction holds an uncommitted claim on it, it
+// waits for that transaction (bounded by lock_timeout). A key that exists
+// but is past its retention (E3) and finished is unknown: the UPDATE claims
+// it over in the same statement, re-checking the horizon under the row
+// lock, so two requests cannot both take it. Rows inside their retention
+// match neither and are not locked, so a replay takes no write lock. No row
+// back: the key exists (see IdemKeyGet).
+//
+// A multi-step key (S3) is claimed holding a lease of lease_seconds at
+// recovery point 'started'; a one-transaction key passes NULL and holds no
+// lease. A key claimed over gets a new lease generation, fencing off
+// anything that still holds the old one.
 func (q *Queries) IdemKeyClaim(ctx context.Context, arg IdemKeyClaimParams) (int64, error) {
 	row := q.db.QueryRow(ctx, idemKeyClaim,
 		arg.TenantID,
@@ -85,6 +112,7 @@ func (q *Queries) IdemKeyClaim(ctx context.Context, arg IdemKeyClaimParams) (int
 		arg.Fingerprint,
 		arg.FingerprintVersion,
 		arg.ExpiresAt,
+		arg.RetainUntil,
 		arg.LeaseSeconds,
 	)
 	var lease_generation int64
@@ -98,18 +126,20 @@ SET state = 'completed',
     response_status = $1,
     response_headers = $2,
     response_body = $3,
+    resource_location = $4,
     completed_at = now()
-WHERE tenant_id = $4 AND endpoint = $5 AND idem_key = $6
+WHERE tenant_id = $5 AND endpoint = $6 AND idem_key = $7
   AND state = 'in_progress'
 `
 
 type IdemKeyCompleteParams struct {
-	ResponseStatus  *int32
-	ResponseHeaders json.RawMessage
-	ResponseBody    []byte
-	TenantID        uuid.UUID
-	Endpoint        string
-	IdemKey         string
+	ResponseStatus   *int32
+	ResponseHeaders  json.RawMessage
+	ResponseBody     []byte
+	ResourceLocation *string
+	TenantID         uuid.UUID
+	Endpoint         string
+	IdemKey          string
 }
 
 // The record step (L3): the exact response, in the claim's transaction.
@@ -118,6 +148,7 @@ func (q *Queries) IdemKeyComplete(ctx context.Context, arg IdemKeyCompleteParams
 		arg.ResponseStatus,
 		arg.ResponseHeaders,
 		arg.ResponseBody,
+		arg.ResourceLocation,
 		arg.TenantID,
 		arg.Endpoint,
 		arg.IdemKey,
@@ -136,19 +167,21 @@ SET state = 'completed',
     response_status = $1,
     response_headers = $2,
     response_body = $3,
+    resource_location = $4,
     completed_at = now()
-WHERE tenant_id = $4 AND endpoint = $5 AND idem_key = $6
-  AND state = 'in_progress' AND lease_generation = $7
+WHERE tenant_id = $5 AND endpoint = $6 AND idem_key = $7
+  AND state = 'in_progress' AND lease_generation = $8
 `
 
 type IdemKeyCompleteLeaseParams struct {
-	ResponseStatus  *int32
-	ResponseHeaders json.RawMessage
-	ResponseBody    []byte
-	TenantID        uuid.UUID
-	Endpoint        string
-	IdemKey         string
-	Generation      int64
+	ResponseStatus   *int32
+	ResponseHeaders  json.RawMessage
+	ResponseBody     []byte
+	ResourceLocation *string
+	TenantID         uuid.UUID
+	Endpoint         string
+	IdemKey          string
+	Generation       int64
 }
 
 // The record step (L3) for a multi-step key, fenced like every step.
@@ -157,6 +190,7 @@ func (q *Queries) IdemKeyCompleteLease(ctx context.Context, arg IdemKeyCompleteL
 		arg.ResponseStatus,
 		arg.ResponseHeaders,
 		arg.ResponseBody,
+		arg.ResourceLocation,
 		arg.TenantID,
 		arg.Endpoint,
 		arg.IdemKey,
@@ -169,7 +203,9 @@ func (q *Queries) IdemKeyCompleteLease(ctx context.Context, arg IdemKeyCompleteL
 }
 
 const idemKeyGet = `-- name: IdemKeyGet :one
-SELECT tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, state, response_status, response_headers, response_body, created_at, completed_at, expires_at, recovery_point, locked_until, lease_generation, resource_id FROM idempotency_keys
+SELECT idempotency_keys.tenant_id, idempotency_keys.endpoint, idempotency_keys.idem_key, idempotency_keys.fingerprint, idempotency_keys.fingerprint_version, idempotency_keys.state, idempotency_keys.response_status, idempotency_keys.response_headers, idempotency_keys.response_body, idempotency_keys.created_at, idempotency_keys.completed_at, idempotency_keys.expires_at, idempotency_keys.recovery_point, idempotency_keys.locked_until, idempotency_keys.lease_generation, idempotency_keys.resource_id, idempotency_keys.retain_until, idempotency_keys.resource_location,
+       (state = 'expired' OR (state = 'completed' AND expires_at <= now()))::boolean AS result_expired
+FROM idempotency_keys
 WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
 `
 
@@ -179,33 +215,44 @@ type IdemKeyGetParams struct {
 	IdemKey  string
 }
 
-func (q *Queries) IdemKeyGet(ctx context.Context, arg IdemKeyGetParams) (IdempotencyKey, error) {
+type IdemKeyGetRow struct {
+	IdempotencyKey IdempotencyKey
+	ResultExpired  bool
+}
+
+// result_expired: the response is no longer replayed (E3), whether the
+// reaper has pruned it to a tombstone yet or not.
+func (q *Queries) IdemKeyGet(ctx context.Context, arg IdemKeyGetParams) (IdemKeyGetRow, error) {
 	row := q.db.QueryRow(ctx, idemKeyGet, arg.TenantID, arg.Endpoint, arg.IdemKey)
-	var i IdempotencyKey
+	var i IdemKeyGetRow
 	err := row.Scan(
-		&i.TenantID,
-		&i.Endpoint,
-		&i.IdemKey,
-		&i.Fingerprint,
-		&i.FingerprintVersion,
-		&i.State,
-		&i.ResponseStatus,
-		&i.ResponseHeaders,
-		&i.ResponseBody,
-		&i.CreatedAt,
-		&i.CompletedAt,
-		&i.ExpiresAt,
-		&i.RecoveryPoint,
-		&i.LockedUntil,
-		&i.LeaseGeneration,
-		&i.ResourceID,
+		&i.IdempotencyKey.TenantID,
+		&i.IdempotencyKey.Endpoint,
+		&i.IdempotencyKey.IdemKey,
+		&i.IdempotencyKey.Fingerprint,
+		&i.IdempotencyKey.FingerprintVersion,
+		&i.IdempotencyKey.State,
+		&i.IdempotencyKey.ResponseStatus,
+		&i.IdempotencyKey.ResponseHeaders,
+		&i.IdempotencyKey.ResponseBody,
+		&i.IdempotencyKey.CreatedAt,
+		&i.IdempotencyKey.CompletedAt,
+		&i.IdempotencyKey.ExpiresAt,
+		&i.IdempotencyKey.RecoveryPoint,
+		&i.IdempotencyKey.LockedUntil,
+		&i.IdempotencyKey.LeaseGeneration,
+		&i.IdempotencyKey.ResourceID,
+		&i.IdempotencyKey.RetainUntil,
+		&i.IdempotencyKey.ResourceLocation,
+		&i.ResultExpired,
 	)
 	return i, err
 }
 
 const idemKeyGetForUpdate = `-- name: IdemKeyGetForUpdate :one
-SELECT idempotency_keys.tenant_id, idempotency_keys.endpoint, idempotency_keys.idem_key, idempotency_keys.fingerprint, idempotency_keys.fingerprint_version, idempotency_keys.state, idempotency_keys.response_status, idempotency_keys.response_headers, idempotency_keys.response_body, idempotency_keys.created_at, idempotency_keys.completed_at, idempotency_keys.expires_at, idempotency_keys.recovery_point, idempotency_keys.locked_until, idempotency_keys.lease_generation, idempotency_keys.resource_id,
-       coalesce(locked_until <= now(), true)::boolean AS lease_expired
+SELECT idempotency_keys.tenant_id, idempotency_keys.endpoint, idempotency_keys.idem_key, idempotency_keys.fingerprint, idempotency_keys.fingerprint_version, idempotency_keys.state, idempotency_keys.response_status, idempotency_keys.response_headers, idempotency_keys.response_body, idempotency_keys.created_at, idempotency_keys.completed_at, idempotency_keys.expires_at, idempotency_keys.recovery_point, idempotency_keys.locked_until, idempotency_keys.lease_generation, idempotency_keys.resource_id, idempotency_keys.retain_until, idempotency_keys.resource_location,
+       coalesce(locked_until <= now(), true)::boolean AS lease_expired,
+       (state = 'expired' OR (state = 'completed' AND expires_at <= now()))::boolean AS result_expired
 FROM idempotency_keys
 WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
 FOR UPDATE
@@ -220,6 +267,7 @@ type IdemKeyGetForUpdateParams struct {
 type IdemKeyGetForUpdateRow struct {
 	IdempotencyKey IdempotencyKey
 	LeaseExpired   bool
+	ResultExpired  bool
 }
 
 // Locks the key row for the rest of a phase's transaction: a takeover
@@ -246,7 +294,10 @@ func (q *Queries) IdemKeyGetForUpdate(ctx context.Context, arg IdemKeyGetForUpda
 		&i.IdempotencyKey.LockedUntil,
 		&i.IdempotencyKey.LeaseGeneration,
 		&i.IdempotencyKey.ResourceID,
+		&i.IdempotencyKey.RetainUntil,
+		&i.IdempotencyKey.ResourceLocation,
 		&i.LeaseExpired,
+		&i.ResultExpired,
 	)
 	return i, err
 }

@@ -35,6 +35,8 @@ type IdempotencyKey struct {
 	LockedUntil        *time.Time
 	LeaseGeneration    int64
 	ResourceID         *uuid.UUID
+	RetainUntil        time.Time
+	ResourceLocation   *string
 }
 
 type Order struct {

@@ -1,0 +1,2 @@
+DROP INDEX idempotency_keys_expires_at_idx;
+CREATE INDEX idempotency_keys_expires_at_idx ON idempotency_keys (expires_at);

@@ -1,0 +1,155 @@
+package reaper_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemref/payments/internal/reaper"
+	"github.com/idemref/payments/internal/testdb"
+)
+
+// BenchmarkReaperUnderLoad measures what a reaper pass over a large backlog
+// costs live traffic: the latency of key claims (the first statement of
+// every create) with and without the reaper running, and how fast the
+// reaper goes meanwhile. One iteration takes a minute or so:
+//
+//	go test -run='^$' -bench=ReaperUnderLoad -benchtime=1x ./internal/reaper/
+func BenchmarkReaperUnderLoad(b *testing.B) {
+	const (
+		expired = 1_000_000 // completed, past expires_at: the backlog
+		live    = 1_000_000 // completed, within their TTL
+		clients = 16
+		quiet   = 5 * time.Second // the load alone
+	)
+	for b.Loop() {
+		b.StopTimer()
+		pool, _ := testdb.NewPool(b)
+		tenant := newTenant(b, pool)
+		start := time.Now()
+		fill(b, pool, tenant, "due", expired, "completed", "-1 hour", "+2 days")
+		fill(b, pool, tenant, "live", live, "completed", "+12 hours", "+60 hours")
+		if _, err := pool.Exec(b.Context(), `VACUUM ANALYZE idempotency_keys`); err != nil {
+			b.Fatal(err)
+		}
+		b.Logf("filled %d expired and %d live rows in %s", expired, live, time.Since(start))
+		b.StartTimer()
+
+		// The load alone.
+		base := claimLoad(b, pool, tenant, "base", clients, func(ctx context.Context) {
+			select {
+			case <-ctx.Done():
+			case <-time.After(quiet):
+			}
+		})
+
+		// The same load while one reaper pass works the backlog off.
+		var res reaper.Result
+		var took time.Duration
+		with := claimLoad(b, pool, tenant, "with", clients, func(ctx context.Context) {
+			t0 := time.Now()
+			var err error
+			res, err = reaper.New(pool, reaper.Config{Logger: testLogger()}).RunOnce(ctx)
+			took = time.Since(t0)
+			if err != nil {
+				b.Error(err)
+			}
+		})
+		if res.Pruned != expired {
+			b.Errorf("pruned %d, want %d", res.Pruned, expired)
+		}
+
+		b.ReportMetric(ms(base.p50), "base-p50-ms")
+		b.ReportMetric(ms(base.p99), "base-p99-ms")
+		b.ReportMetric(base.rate, "base-claims/s")
+		b.ReportMetric(ms(with.p50), "reaping-p50-ms")
+		b.ReportMetric(ms(with.p99), "reaping-p99-ms")
+		b.ReportMetric(with.rate, "reaping-claims/s")
+		b.ReportMetric(float64(res.Pruned)/took.Seconds(), "reaped-rows/s")
+		b.Logf("alone: %s; reaping: %s; reaper pruned %d rows in %s", base, with, res.Pruned, took)
+	}
+}
+
+type loadStats struct {
+	n        int
+	p50, p99 time.Duration
+	rate     float64 // claims per second
+}
+
+func (s loadStats) String() string {
+	return fmt.Sprintf("%d claims, %.0f/s, p50 %s, p99 %s", s.n, s.rate, s.p50, s.p99)
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// claimLoad runs clients goroutines, each claiming fresh keys in a
+// transaction of its own as a create does, until during returns, and
+// reports the claims' latencies.
+func claimLoad(b *testing.B, pool *pgxpool.Pool, tenant uuid.UUID, prefix string, clients int, during func(context.Context)) loadStats {
+	ctx, stop := context.WithCancel(b.Context())
+	defer stop()
+	var (
+		mu   sync.Mutex
+		lats []time.Duration
+		seq  atomic.Int64
+		wg   sync.WaitGroup
+	)
+	for range clients {
+		wg.Go(func() {
+			var mine []time.Duration
+			for ctx.Err() == nil {
+				key := fmt.Sprintf("%s-%d", prefix, seq.Add(1))
+				t0 := time.Now()
+				if err := claim(ctx, pool, tenant, key); err != nil {
+					if ctx.Err() == nil {
+						b.Error(err)
+					}
+					break
+				}
+				mine = append(mine, time.Since(t0))
+			}
+			mu.Lock()
+			lats = append(lats, mine...)
+			mu.Unlock()
+		})
+	}
+	t0 := time.Now()
+	during(ctx)
+	elapsed := time.Since(t0)
+	stop()
+	wg.Wait()
+	slices.Sort(lats)
+	if len(lats) == 0 {
+		b.Fatal("no claims")
+	}
+	return loadStats{
+		n:    len(lats),
+		p50:  lats[len(lats)/2],
+		p99:  lats[len(lats)*99/100],
+		rate: float64(len(lats)) / elapsed.Seconds(),
+	}
+}
+
+// claim is the idempotency claim of a one-transaction create: the INSERT
+// of the key in progress, in its own transaction.
+func claim(ctx context.Context, pool *pgxpool.Pool, tenant uuid.UUID, key string) error {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, `
+		INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at, retain_until)
+		VALUES ($1, 'POST /v1/orders', $2, sha256(convert_to($2, 'UTF8')), 1, now() + interval '24 hours', now() + interval '72 hours')
+		ON CONFLICT (tenant_id, endpoint, idem_key) DO NOTHING`, tenant, key); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
