@@ -131,3 +131,13 @@ WHERE state = 'in_progress' AND recovery_point IS NOT NULL AND locked_until < no
 ORDER BY locked_until
 LIMIT @max_rows
 FOR UPDATE SKIP LOCKED;
+
+-- name: IdemKeyStatus :one
+-- What became of a key (E4), for its client: never the stored body. The
+-- horizons are read on the database clock, as the claim reads them.
+SELECT state, recovery_point, response_status, resource_id, resource_location,
+       created_at, completed_at, expires_at, retain_until,
+       (state = 'expired' OR (state = 'completed' AND expires_at <= now()))::boolean AS result_expired,
+       (state <> 'in_progress' AND retain_until <= now())::boolean AS forgotten
+FROM idempotency_keys
+WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key;

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"slices"
 	"sort"
 	"strings"
@@ -298,6 +299,17 @@ func TestContractResponsesMatchSpec(t *testing.T) {
 	e.ageKey(t, e.a.ID, endpointOrders, "k-expiring", false)
 	post(t, "idempotency_result_expired", 409, e.a.Key, "k-expiring", orderBody("inv-expiring"))
 
+	keyStatus := func(key, endpoint string) string {
+		return "/v1/idempotency-keys/" + url.PathEscape(key) + "?endpoint=" + url.QueryEscape(endpoint)
+	}
+	get(t, "key status", 200, e.a.Key, keyStatus("k-create", endpointOrders))
+	get(t, "key status in progress", 200, e.a.Key, keyStatus("p-limited", endpointPayments))
+	get(t, "key status expired", 200, e.a.Key, keyStatus("k-expiring", endpointOrders))
+	get(t, "key status bad endpoint", 400, e.a.Key, keyStatus("k-create", "GET /v1/orders"))
+	get(t, "key status unknown", 404, e.a.Key, keyStatus("never-used", endpointOrders))
+	get(t, "key status other tenant", 404, e.b.Key, keyStatus("k-create", endpointOrders))
+	get(t, "key status unauthorized", 401, "", keyStatus("k-create", endpointOrders))
+
 	// A tenant past its rate limit: every /v1 operation answers 429.
 	limited := setup(t, withRateLimit(0.001, 1))
 	wantStatus(t, limited.get(t, limited.a.Key, "/v1/orders"), http.StatusOK) // the one token
@@ -309,6 +321,7 @@ func TestContractResponsesMatchSpec(t *testing.T) {
 		{http.MethodPost, "/v1/payments", payBody(someID, cardVisa)},
 		{http.MethodGet, "/v1/payments/" + someID, ""},
 		{http.MethodPost, "/v1/payments/" + someID + "/refunds", refundBody(1)},
+		{http.MethodGet, keyStatus("k-limited", endpointOrders), ""},
 	} {
 		var opts []reqOption
 		if op.method == http.MethodPost {
@@ -325,6 +338,7 @@ func TestContractResponsesMatchSpec(t *testing.T) {
 	post(t, "service_unavailable", 503, e.a.Key, "k-outage", orderBody("inv-4"))
 	get(t, "readyz down", 503, "", "/readyz")
 	get(t, "list down", 503, e.a.Key, "/v1/orders")
+	get(t, "key status down", 503, e.a.Key, keyStatus("k-create", endpointOrders))
 	get(t, "get down", 503, e.a.Key, "/v1/orders/"+uuid.NewString())
 	send(t, "pay down", 503, pay, e.a.Key, "p-outage", payBody(toFail.ID, cardVisa))
 	get(t, "get payment down", 503, e.a.Key, "/v1/payments/"+paymentID)

@@ -3,11 +3,14 @@ package httpapi_test
 import (
 	"context"
 	"net/http"
+	"net/url"
+	"strings"
 	"testing"
 
 	"github.com/google/uuid"
 
 	httpapi "github.com/idemref/payments/internal/http"
+	"github.com/idemref/payments/internal/processorsim"
 )
 
 // ageKey moves the key's horizons (E3) into the past: the result's TTL,
@@ -83,4 +86,97 @@ func TestPaymentKeyResultExpired(t *testing.T) {
 	if n := e.netCharged(o.ID); n != orderAmount {
 		t.Errorf("net charged = %d, want %d", n, orderAmount)
 	}
+}
+
+// keyStatus is the client's view of GET /v1/idempotency-keys/{key}.
+type keyStatus struct {
+	Key            string  `json:"key"`
+	Endpoint       string  `json:"endpoint"`
+	State          string  `json:"state"`
+	RecoveryPoint  *string `json:"recovery_point"`
+	ResponseStatus *int    `json:"response_status"`
+	Resource       *string `json:"resource"`
+	CreatedAt      string  `json:"created_at"`
+	CompletedAt    *string `json:"completed_at"`
+	ExpiresAt      string  `json:"expires_at"`
+	RetainUntil    string  `json:"retain_until"`
+}
+
+func statusPath(key, endpoint string) string {
+	return "/v1/idempotency-keys/" + url.PathEscape(key) + "?endpoint=" + url.QueryEscape(endpoint)
+}
+
+// E4: a client asks what became of its key: in progress (with the
+// recovery point and the payment), completed (status and resource),
+// result expired; never the body. Another tenant's key, a forgotten key
+// and an unknown one are 404; an endpoint that takes no keys is 400.
+func TestKeyStatus(t *testing.T) {
+	t.Parallel()
+	e := setup(t, withProcessor())
+	const orderKey = "status/order?1" // a slash and a question mark, path-escaped
+	created := e.post(t, e.a.Key, orderKey, orderBody("inv-status"))
+	wantStatus(t, created, http.StatusCreated)
+	o := decodeOrder(t, created)
+
+	get := func(t *testing.T, apiKey, key, endpoint string) (response, keyStatus) {
+		t.Helper()
+		res := e.get(t, apiKey, statusPath(key, endpoint))
+		var st keyStatus
+		if res.status == http.StatusOK {
+			decodeJSON(t, res, &st)
+			if res.header.Get("Cache-Control") != "no-store" {
+				t.Errorf("Cache-Control = %q, want no-store", res.header.Get("Cache-Control"))
+			}
+		}
+		return res, st
+	}
+
+	t.Run("Completed", func(t *testing.T) {
+		res, st := get(t, e.a.Key, orderKey, endpointOrders)
+		wantStatus(t, res, http.StatusOK)
+		if st.Key != orderKey || st.Endpoint != endpointOrders || st.State != "completed" ||
+			st.ResponseStatus == nil || *st.ResponseStatus != 201 || st.Resource == nil || *st.Resource != "/v1/orders/"+o.ID ||
+			st.CompletedAt == nil || st.ExpiresAt == "" || st.RetainUntil == "" {
+			t.Errorf("status = %+v", st)
+		}
+		if strings.Contains(string(res.body), "inv-status") {
+			t.Errorf("the status shows the stored body: %s", res.body)
+		}
+	})
+
+	t.Run("InProgressPayment", func(t *testing.T) {
+		po := e.newOrder(t, e.a, "inv-pay")
+		e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: processorsim.FaultServerError})
+		wantStatus(t, e.pay(t, e.a.Key, "pay-status", payBody(po.ID, cardVisa)), http.StatusServiceUnavailable)
+		row := e.onePayment(t, po.ID)
+		res, st := get(t, e.a.Key, "pay-status", endpointPayments)
+		wantStatus(t, res, http.StatusOK)
+		if st.State != "in_progress" || st.RecoveryPoint == nil || *st.RecoveryPoint != "charge_sent" ||
+			st.ResponseStatus != nil || st.Resource == nil || *st.Resource != "/v1/payments/"+row.ID || st.CompletedAt != nil {
+			t.Errorf("status = %+v", st)
+		}
+	})
+
+	t.Run("OtherTenantUnknownAndBadEndpoint", func(t *testing.T) {
+		res, _ := get(t, e.b.Key, orderKey, endpointOrders)
+		wantProblem(t, res, http.StatusNotFound, httpapi.CodeNotFound)
+		res, _ = get(t, e.a.Key, "never-used", endpointOrders)
+		wantProblem(t, res, http.StatusNotFound, httpapi.CodeNotFound)
+		res, _ = get(t, e.a.Key, orderKey, "POST /v1/orders/{id}")
+		wantProblem(t, res, http.StatusBadRequest, httpapi.CodeInvalidQuery)
+		res, _ = get(t, e.a.Key, orderKey, endpointPayments) // same key, other endpoint (K2)
+		wantProblem(t, res, http.StatusNotFound, httpapi.CodeNotFound)
+	})
+
+	t.Run("ResultExpiredThenForgotten", func(t *testing.T) {
+		e.ageKey(t, e.a.ID, endpointOrders, orderKey, false)
+		res, st := get(t, e.a.Key, orderKey, endpointOrders)
+		wantStatus(t, res, http.StatusOK)
+		if st.State != "result_expired" || st.Resource == nil || *st.Resource != "/v1/orders/"+o.ID {
+			t.Errorf("status = %+v, want result_expired with the order", st)
+		}
+		e.ageKey(t, e.a.ID, endpointOrders, orderKey, true)
+		res, _ = get(t, e.a.Key, orderKey, endpointOrders)
+		wantProblem(t, res, http.StatusNotFound, httpapi.CodeNotFound)
+	})
 }

@@ -186,7 +186,7 @@ func problemFor(err error) Problem {
 		return newProblem(http.StatusNotFound, CodeNotFound, "Not found", "")
 	case errors.Is(err, errMethodNotAllowed):
 		return newProblem(http.StatusMethodNotAllowed, CodeMethodNotAllowed, "Method not allowed", "")
-	case errors.Is(err, orders.ErrInvalidCursor), errors.Is(err, errInvalidLimit):
+	case errors.Is(err, orders.ErrInvalidCursor), errors.Is(err, errInvalidLimit), errors.Is(err, errEndpointParam):
 		return newProblem(http.StatusBadRequest, CodeInvalidQuery, "Invalid query parameter", err.Error())
 	case errors.Is(err, errNotReady):
 		p := newProblem(http.StatusServiceUnavailable, CodeUnavailable, "Service unavailable",

@@ -83,6 +83,7 @@ func NewHandler(cfg Config) http.Handler {
 			r.Get("/", a.listOrders)
 			r.Get("/{id}", a.getOrder)
 		})
+		r.Get("/idempotency-keys/{key}", a.getKeyStatus)
 		r.Route("/payments", func(r chi.Router) {
 			r.Post("/", multiStep[createPaymentRequest](a.createPayment))
 			r.Get("/{id}", a.getPayment)

@@ -383,6 +383,56 @@ func (q *Queries) IdemKeyRelease(ctx context.Context, arg IdemKeyReleaseParams) 
 	return result.RowsAffected(), nil
 }
 
+const idemKeyStatus = `-- name: IdemKeyStatus :one
+SELECT state, recovery_point, response_status, resource_id, resource_location,
+       created_at, completed_at, expires_at, retain_until,
+       (state = 'expired' OR (state = 'completed' AND expires_at <= now()))::boolean AS result_expired,
+       (state <> 'in_progress' AND retain_until <= now())::boolean AS forgotten
+FROM idempotency_keys
+WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
+`
+
+type IdemKeyStatusParams struct {
+	TenantID uuid.UUID
+	Endpoint string
+	IdemKey  string
+}
+
+type IdemKeyStatusRow struct {
+	State            string
+	RecoveryPoint    *string
+	ResponseStatus   *int32
+	ResourceID       *uuid.UUID
+	ResourceLocation *string
+	CreatedAt        time.Time
+	CompletedAt      *time.Time
+	ExpiresAt        time.Time
+	RetainUntil      time.Time
+	ResultExpired    bool
+	Forgotten        bool
+}
+
+// What became of a key (E4), for its client: never the stored body. The
+// horizons are read on the database clock, as the claim reads them.
+func (q *Queries) IdemKeyStatus(ctx context.Context, arg IdemKeyStatusParams) (IdemKeyStatusRow, error) {
+	row := q.db.QueryRow(ctx, idemKeyStatus, arg.TenantID, arg.Endpoint, arg.IdemKey)
+	var i IdemKeyStatusRow
+	err := row.Scan(
+		&i.State,
+		&i.RecoveryPoint,
+		&i.ResponseStatus,
+		&i.ResourceID,
+		&i.ResourceLocation,
+		&i.CreatedAt,
+		&i.CompletedAt,
+		&i.ExpiresAt,
+		&i.RetainUntil,
+		&i.ResultExpired,
+		&i.Forgotten,
+	)
+	return i, err
+}
+
 const idemKeyTakeOver = `-- name: IdemKeyTakeOver :one
 UPDATE idempotency_keys
 SET lease_generation = lease_generation + 1,

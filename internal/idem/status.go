@@ -1,0 +1,75 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemref/payments/internal/db/dbsqlc"
+)
+
+// Key states a client can be told (E4).
+const (
+	StateInProgress    = "in_progress"
+	StateCompleted     = "completed"
+	StateResultExpired = "result_expired"
+)
+
+// ErrKeyUnknown: no record of the key on that endpoint for this tenant, or
+// the key is past its retention and forgotten.
+var ErrKeyUnknown = errors.New("no record of this Idempotency-Key")
+
+// KeyStatus is what became of a key (E4): what a client asks after its
+// retries ran out without a final answer. It never carries the stored body.
+type KeyStatus struct {
+	State string
+	// RecoveryPoint is the last committed step of a multi-step key.
+	RecoveryPoint string
+	// ResponseStatus is the recorded status, 0 while in progress.
+	ResponseStatus int
+	// ResourceID and ResourceLocation name what the request created, when
+	// known.
+	ResourceID       uuid.UUID
+	ResourceLocation string
+	CreatedAt        time.Time
+	CompletedAt      *time.Time
+	// ExpiresAt: the result is replayed until then. RetainUntil: the key
+	// is remembered until then.
+	ExpiresAt, RetainUntil time.Time
+}
+
+// Status reports the state of the tenant's key on endpoint, or
+// ErrKeyUnknown.
+func (s *Store) Status(ctx context.Context, tenantID uuid.UUID, endpoint, key string) (KeyStatus, error) {
+	row, err := dbsqlc.New(s.pool).IdemKeyStatus(ctx, dbsqlc.IdemKeyStatusParams{TenantID: tenantID, Endpoint: endpoint, IdemKey: key})
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && row.Forgotten) {
+		// Past its retention a key behaves as unknown (E3), pruned or not.
+		return KeyStatus{}, ErrKeyUnknown
+	}
+	if err != nil {
+		return KeyStatus{}, s.wrap(err)
+	}
+	st := KeyStatus{
+		State: row.State, CreatedAt: row.CreatedAt, CompletedAt: row.CompletedAt,
+		ExpiresAt: row.ExpiresAt, RetainUntil: row.RetainUntil,
+	}
+	if row.ResultExpired {
+		st.State = StateResultExpired
+	}
+	if row.RecoveryPoint != nil {
+		st.RecoveryPoint = *row.RecoveryPoint
+	}
+	if row.ResponseStatus != nil {
+		st.ResponseStatus = int(*row.ResponseStatus)
+	}
+	if row.ResourceID != nil {
+		st.ResourceID = *row.ResourceID
+	}
+	if row.ResourceLocation != nil {
+		st.ResourceLocation = *row.ResourceLocation
+	}
+	return st, nil
+}
