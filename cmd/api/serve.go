@@ -36,6 +36,13 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 		return err
 	}
 	defer pool.Close()
+	// Pool statistics and the key gauges, served at /metrics (X1).
+	if err := db.RegisterPoolMetrics(pool); err != nil {
+		return fmt.Errorf("register pool metrics: %w", err)
+	}
+	if err := idem.RegisterKeyStats(pool, logger); err != nil {
+		return fmt.Errorf("register idempotency key metrics: %w", err)
+	}
 
 	store, paymentsSvc := services(pool, cfg, logger)
 	handler := httpapi.NewHandler(httpapi.Config{

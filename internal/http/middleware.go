@@ -93,11 +93,13 @@ func requestContext(base *slog.Logger, timeout time.Duration) func(http.Handler)
 					}
 				}
 				route := chi.RouteContext(r.Context()).RoutePattern()
+				elapsed := time.Since(start)
+				observeRequest(route, r.Method, rec.status, elapsed)
 				logger.InfoContext(ctx, "request",
 					slog.String("method", r.Method),
 					slog.String("route", route),
 					slog.Int("status", rec.status),
-					slog.Duration("duration", time.Since(start)),
+					slog.Duration("duration", elapsed),
 					slog.Bool("replayed", rec.Header().Get(ReplayedHeader) == "true"),
 				)
 			}()

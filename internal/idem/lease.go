@@ -107,19 +107,33 @@ func DeriveChildKey(parent, step string) string {
 // for another fingerprint, ErrKeyInUse while another attempt's lease is
 // live, and otherwise takes the lease over and returns it with Resumed set:
 // the caller resumes from its RecoveryPoint.
-func (s *Store) Begin(ctx context.Context, c Claim, first func(ctx context.Context, tx pgx.Tx, l Lease) (Step, error)) (Begun, error) {
+func (s *Store) Begin(ctx context.Context, c Claim, first func(ctx context.Context, tx pgx.Tx, l Lease) (Step, error)) (begun Begun, err error) {
+	// Counted once, when the outcome is decided: after the commit or the
+	// rollback.
+	var createdAt time.Time // a replayed record's, for the replay age metric
+	defer func() {
+		countOutcome(c.Endpoint, err, begun.Replayed, begun.Lease.Resumed, createdAt)
+		switch {
+		case err == nil && begun.Lease.Resumed:
+			leaseTakeoversTotal.WithLabelValues(c.Endpoint).Inc()
+		case errors.Is(err, ErrLeaseLost):
+			fencingRejectionsTotal.WithLabelValues(c.Endpoint).Inc()
+		}
+	}()
 	var b Begun
-	err := db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
+	err = db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
 		q := dbsqlc.New(tx)
 		if err := s.boundLockWaits(ctx, q); err != nil {
 			return err
 		}
+		start := time.Now()
 		gen, err := s.claim(ctx, q, c, &s.cfg.Lease)
+		observeLockWait(c.Endpoint, start)
 		switch {
 		case db.IsLockTimeout(err):
 			return ErrKeyInUse
 		case errors.Is(err, pgx.ErrNoRows):
-			b, err = s.takeOver(ctx, q, c)
+			b, createdAt, err = s.takeOver(ctx, q, c)
 			return err
 		case err != nil:
 			return err
@@ -156,34 +170,37 @@ type Begun struct {
 	Replayed bool
 }
 
-// takeOver handles a claim that found the key already there.
-func (s *Store) takeOver(ctx context.Context, q *dbsqlc.Queries, c Claim) (Begun, error) {
+// takeOver handles a claim that found the key already there. createdAt is
+// the key's creation time.
+func (s *Store) takeOver(ctx context.Context, q *dbsqlc.Queries, c Claim) (_ Begun, createdAt time.Time, err error) {
+	start := time.Now()
 	locked, err := q.IdemKeyGetForUpdate(ctx, dbsqlc.IdemKeyGetForUpdateParams{TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key})
+	observeLockWait(c.Endpoint, start)
 	switch {
 	case db.IsLockTimeout(err):
-		return Begun{}, ErrKeyInUse
+		return Begun{}, time.Time{}, ErrKeyInUse
 	case errors.Is(err, pgx.ErrNoRows):
-		return Begun{}, ErrKeyInUse // deleted by expiry in between; the retry claims afresh
+		return Begun{}, time.Time{}, ErrKeyInUse // deleted by expiry in between; the retry claims afresh
 	case err != nil:
-		return Begun{}, err
+		return Begun{}, time.Time{}, err
 	}
 	row := locked.IdempotencyKey
 	// Never take over, or replay, another request's key (S3, L5).
 	res, err := settled(row, locked.ResultExpired, c)
 	if err != nil || res != nil {
-		return Begun{Response: res, Replayed: res != nil}, err
+		return Begun{Response: res, Replayed: res != nil}, row.CreatedAt, err
 	}
 	if !locked.LeaseExpired || row.RecoveryPoint == nil {
-		return Begun{}, ErrKeyInUse
+		return Begun{}, time.Time{}, ErrKeyInUse
 	}
 	taken, err := q.IdemKeyTakeOver(ctx, dbsqlc.IdemKeyTakeOverParams{
 		TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key,
 		Generation: row.LeaseGeneration, LeaseSeconds: s.cfg.Lease.Seconds(),
 	})
 	if err != nil {
-		return Begun{}, err
+		return Begun{}, time.Time{}, err
 	}
-	return Begun{Lease: leaseFrom(c, taken.LeaseGeneration, taken.RecoveryPoint, taken.ResourceID)}, nil
+	return Begun{Lease: leaseFrom(c, taken.LeaseGeneration, taken.RecoveryPoint, taken.ResourceID)}, row.CreatedAt, nil
 }
 
 // Phase runs one step of a multi-step request in its own transaction. It
@@ -212,6 +229,9 @@ func (s *Store) Phase(ctx context.Context, l *Lease, fn func(ctx context.Context
 		return s.apply(ctx, q, l, step)
 	})
 	if err != nil {
+		if errors.Is(err, ErrLeaseLost) {
+			fencingRejectionsTotal.WithLabelValues(l.Endpoint).Inc()
+		}
 		return nil, s.wrap(err)
 	}
 	return step.Response, nil
@@ -297,6 +317,10 @@ func (s *Store) TakeOverExpired(ctx context.Context, endpoints []string, max int
 	})
 	if err != nil {
 		return nil, s.wrap(err)
+	}
+	// Counted once the takeovers are committed.
+	for _, l := range leases {
+		leaseTakeoversTotal.WithLabelValues(l.Endpoint).Inc()
 	}
 	return leases, nil
 }

@@ -146,6 +146,10 @@ var RecordedHeaders = []string{"Content-Type", "Location", "Cache-Control"}
 // Conflicts: a completed key with another fingerprint gives ErrKeyReused;
 // a key whose first request is still running gives ErrKeyInUse.
 func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Context, tx pgx.Tx) (Response, error)) (res Response, replayed bool, err error) {
+	var createdAt time.Time
+	// Counted once, when the outcome is decided: after the commit or the
+	// rollback.
+	defer func() { countOutcome(c.Endpoint, err, replayed, false, createdAt) }()
 	err = db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
 		q := dbsqlc.New(tx)
 
@@ -155,7 +159,9 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Cont
 
 		// 1. Claim. The unique primary key decides who owns the key; a
 		// SELECT-then-INSERT would let two requests both see "no row".
+		start := time.Now()
 		_, err := s.claim(ctx, q, c, nil)
+		observeLockWait(c.Endpoint, start)
 		switch {
 		case db.IsLockTimeout(err):
 			return ErrKeyInUse
@@ -163,7 +169,7 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Cont
 			// 4. The key exists. Under READ COMMITTED this statement takes a
 			// new snapshot, so it sees the row the other transaction
 			// committed while our insert waited for it.
-			res, err = s.existing(ctx, q, c)
+			res, createdAt, err = s.existing(ctx, q, c)
 			replayed = err == nil
 			return err
 		case err != nil:
@@ -241,24 +247,25 @@ func executeInSavepoint(ctx context.Context, tx pgx.Tx, exec func(context.Contex
 }
 
 // existing handles a key that is already claimed: replay, 409 or 422.
-func (s *Store) existing(ctx context.Context, q *dbsqlc.Queries, c Claim) (Response, error) {
+// createdAt is the record's creation time, for the replay age metric.
+func (s *Store) existing(ctx context.Context, q *dbsqlc.Queries, c Claim) (res Response, createdAt time.Time, err error) {
 	row, err := q.IdemKeyGet(ctx, dbsqlc.IdemKeyGetParams{TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key})
 	if errors.Is(err, pgx.ErrNoRows) {
 		// The row vanished between our insert and this read: it expired
 		// and was deleted. Rare; the retry will claim it afresh.
-		return Response{}, ErrKeyInUse
+		return Response{}, time.Time{}, ErrKeyInUse
 	}
 	if err != nil {
-		return Response{}, err
+		return Response{}, time.Time{}, err
 	}
-	res, err := settled(row.IdempotencyKey, row.ResultExpired, c)
+	stored, err := settled(row.IdempotencyKey, row.ResultExpired, c)
 	if err != nil {
-		return Response{}, err
+		return Response{}, time.Time{}, err
 	}
-	if res == nil {
-		return Response{}, ErrKeyInUse
+	if stored == nil {
+		return Response{}, time.Time{}, ErrKeyInUse
 	}
-	return *res, nil
+	return *stored, row.IdempotencyKey.CreatedAt, nil
 }
 
 // claim inserts the key row (L1). lease is nil for a one-transaction key;

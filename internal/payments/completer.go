@@ -67,6 +67,7 @@ func (c *Completer) resumeExpired(ctx context.Context) int {
 		leases, err := c.svc.store.TakeOverExpired(ctx, []string{EndpointPay, EndpointRefund}, 1)
 		if err != nil {
 			if ctx.Err() == nil {
+				completerFailuresTotal.Inc()
 				log.WarnContext(ctx, "completer: take over expired keys", slog.Any("error", err))
 			}
 			return finished
@@ -80,14 +81,17 @@ func (c *Completer) resumeExpired(ctx context.Context) int {
 		switch {
 		case isWaitingToSettle(err):
 			// The key is held until its next look: go on with the others.
+			completerWaitingTotal.Inc()
 			log.InfoContext(ctx, "completer: outcome not settled yet", append(attrs, slog.Any("error", err))...)
 			continue
 		case err != nil:
 			// The key was released; waiting for the next tick is the backoff.
+			completerFailuresTotal.Inc()
 			log.WarnContext(ctx, "completer: resume failed; will retry", append(attrs, slog.Any("error", err))...)
 			return finished
 		}
 		log.InfoContext(ctx, "completer: finished", append(attrs, slog.Int("status", res.Status))...)
+		completerFinishedTotal.Inc()
 		finished++
 	}
 	return finished

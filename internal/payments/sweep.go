@@ -47,6 +47,7 @@ func (s *Service) Sweep(ctx context.Context, max int) (int, error) {
 	}
 	for _, p := range payments {
 		retry := s.sweepPayment(ctx, p)
+		sweepRowsTotal.WithLabelValues("payment", sweepResult(retry > 0)).Inc()
 		if err := q.PaymentSweepDone(ctx, dbsqlc.PaymentSweepDoneParams{
 			TenantID: p.TenantID, ID: p.ID, ClaimedUntil: p.SweepAt,
 			RetrySeconds: retry.Seconds(), SweepDelaySeconds: s.sweepDelay().Seconds(),
@@ -60,6 +61,7 @@ func (s *Service) Sweep(ctx context.Context, max int) (int, error) {
 	}
 	for _, r := range refunds {
 		retry := s.sweepRefund(ctx, r)
+		sweepRowsTotal.WithLabelValues("refund", sweepResult(retry > 0)).Inc()
 		if err := q.RefundSweepDone(ctx, dbsqlc.RefundSweepDoneParams{
 			TenantID: r.TenantID, ID: r.ID, ClaimedUntil: r.SweepAt,
 			RetrySeconds: retry.Seconds(), SweepDelaySeconds: s.sweepDelay().Seconds(),
@@ -135,6 +137,7 @@ func (s *Service) compensate(ctx context.Context, log *slog.Logger, p dbsqlc.Pay
 		return succeeded(nil)
 	case errors.As(err, &rejected):
 		// Final, and not something a retry changes: a person must look.
+		compensationsRefusedTotal.Inc()
 		log.ErrorContext(ctx, "sweep: the processor refused to refund an extra charge; the compensation stays pending",
 			slog.String("charge_id", ch.ID), slog.Int64("amount", left), slog.Any("error", err))
 		return true

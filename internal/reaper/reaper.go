@@ -123,6 +123,7 @@ func (r *Reaper) Run(ctx context.Context) {
 	defer ticker.Stop()
 	for {
 		if _, err := r.RunOnce(ctx); err != nil && ctx.Err() == nil {
+			passFailuresTotal.Inc()
 			r.log.WarnContext(ctx, "reaper: pass failed", slog.Any("error", err))
 		}
 		select {
@@ -140,13 +141,13 @@ func (r *Reaper) Run(ctx context.Context) {
 func (r *Reaper) RunOnce(ctx context.Context) (Result, error) {
 	var res Result
 	var err error
-	res.Pruned, err = r.drain(ctx, "prune", func(q *dbsqlc.Queries, n int32) (int64, error) {
+	res.Pruned, err = r.drain(ctx, "prune", "pruned", func(q *dbsqlc.Queries, n int32) (int64, error) {
 		return q.ReaperPruneBatch(ctx, n)
 	})
 	if err != nil {
 		return res, err
 	}
-	res.Deleted, err = r.drain(ctx, "delete", func(q *dbsqlc.Queries, n int32) (int64, error) {
+	res.Deleted, err = r.drain(ctx, "delete", "deleted", func(q *dbsqlc.Queries, n int32) (int64, error) {
 		return q.ReaperDeleteBatch(ctx, n)
 	})
 	if err != nil {
@@ -159,15 +160,17 @@ func (r *Reaper) RunOnce(ctx context.Context) (Result, error) {
 }
 
 // drain runs step in batches until a batch comes back short and returns
-// the rows it affected.
-func (r *Reaper) drain(ctx context.Context, what string, step func(*dbsqlc.Queries, int32) (int64, error)) (int64, error) {
+// the rows it affected, counted under action as each batch commits.
+func (r *Reaper) drain(ctx context.Context, what, action string, step func(*dbsqlc.Queries, int32) (int64, error)) (int64, error) {
 	var total int64
 	timeouts, streak, successes := 0, 0, 0
 	for {
 		n := r.batch
+		batchSize.Set(float64(n))
 		rows, err := r.batchTx(ctx, func(q *dbsqlc.Queries) (int64, error) { return step(q, int32(n)) })
 		switch {
 		case isStatementTimeout(err) && ctx.Err() == nil:
+			timeoutsTotal.Inc()
 			timeouts++
 			streak++
 			successes = 0
@@ -184,6 +187,7 @@ func (r *Reaper) drain(ctx context.Context, what string, step func(*dbsqlc.Queri
 			return total, fmt.Errorf("reaper %s: %w", what, err)
 		default:
 			total += rows
+			rowsTotal.WithLabelValues(action).Add(float64(rows))
 			streak = 0
 			if rows < int64(n) {
 				return total, nil // short batch: nothing more is due

@@ -1,0 +1,31 @@
+package reaper
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics of the reaper (X1), served at /metrics.
+var (
+	rowsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "idempotency_reaper_rows_total",
+		Help: "Idempotency keys the reaper handled, by action: pruned (response dropped, tombstone kept), deleted (key forgotten).",
+	}, []string{"action"})
+	timeoutsTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "idempotency_reaper_timeouts_total",
+		Help: "Reaper batches that hit the statement timeout (the batch size halves after repeated ones).",
+	})
+	passFailuresTotal = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "idempotency_reaper_pass_failures_total",
+		Help: "Reaper passes that ended in an error; the next tick retries.",
+	})
+	batchSize = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "idempotency_reaper_batch_size",
+		Help: "The reaper's current adaptive batch size; below the configured batch after statement timeouts.",
+	})
+)
+
+func init() {
+	prometheus.MustRegister(rowsTotal, timeoutsTotal, passFailuresTotal, batchSize)
+	// Present at 0 before the first pass, so rate() and increase() work
+	// from the start.
+	rowsTotal.WithLabelValues("pruned")
+	rowsTotal.WithLabelValues("deleted")
+}
