@@ -54,17 +54,22 @@ SELECT sqlc.embed(idempotency_keys),
 FROM idempotency_keys
 WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key;
 
--- name: IdemKeyComplete :execrows
+-- name: IdemKeyComplete :one
 -- The record step (L3): the exact response, in the claim's transaction.
+-- The response is stamped with Idempotency-Expires, when its replay ends
+-- (E4), taken from the row itself, so the answer and every replay say the
+-- same instant.
 UPDATE idempotency_keys
 SET state = 'completed',
     response_status = @response_status,
-    response_headers = @response_headers,
+    response_headers = @response_headers::jsonb || jsonb_build_object('Idempotency-Expires',
+        jsonb_build_array(to_char(expires_at AT TIME ZONE 'UTC', 'Dy, DD Mon YYYY HH24:MI:SS "GMT"'))),
     response_body = @response_body,
     resource_location = sqlc.narg('resource_location'),
     completed_at = now()
 WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key
-  AND state = 'in_progress';
+  AND state = 'in_progress'
+RETURNING to_char(expires_at AT TIME ZONE 'UTC', 'Dy, DD Mon YYYY HH24:MI:SS "GMT"')::text AS result_expires;
 
 -- name: IdemKeyGetForUpdate :one
 -- Locks the key row for the rest of a phase's transaction: a takeover
@@ -98,19 +103,22 @@ SET recovery_point = @recovery_point,
 WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key
   AND state = 'in_progress' AND lease_generation = @generation;
 
--- name: IdemKeyCompleteLease :execrows
--- The record step (L3) for a multi-step key, fenced like every step.
+-- name: IdemKeyCompleteLease :one
+-- The record step (L3) for a multi-step key, fenced like every step, and
+-- stamped like IdemKeyComplete. No row: the lease was lost.
 UPDATE idempotency_keys
 SET state = 'completed',
     recovery_point = 'finished',
     locked_until = NULL,
     response_status = @response_status,
-    response_headers = @response_headers,
+    response_headers = @response_headers::jsonb || jsonb_build_object('Idempotency-Expires',
+        jsonb_build_array(to_char(expires_at AT TIME ZONE 'UTC', 'Dy, DD Mon YYYY HH24:MI:SS "GMT"'))),
     response_body = @response_body,
     resource_location = sqlc.narg('resource_location'),
     completed_at = now()
 WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key
-  AND state = 'in_progress' AND lease_generation = @generation;
+  AND state = 'in_progress' AND lease_generation = @generation
+RETURNING to_char(expires_at AT TIME ZONE 'UTC', 'Dy, DD Mon YYYY HH24:MI:SS "GMT"')::text AS result_expires;
 
 -- name: IdemKeyRelease :execrows
 -- Gives the key back at its recovery point after a transient failure (O2):

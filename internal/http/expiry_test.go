@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -38,6 +39,16 @@ func TestOrderKeyAcrossTheTwoHorizons(t *testing.T) {
 	wantStatus(t, first, http.StatusCreated)
 	o := decodeOrder(t, first)
 	e.wantRows(t, 1, 1)
+	expires, err := http.ParseTime(first.header.Get("Idempotency-Expires"))
+	if err != nil {
+		t.Fatalf("Idempotency-Expires = %q: %v", first.header.Get("Idempotency-Expires"), err)
+	}
+	if d := time.Until(expires); d < 23*time.Hour || d > 25*time.Hour {
+		t.Errorf("Idempotency-Expires is %s away, want the 24 h TTL", d)
+	}
+	if got := e.post(t, e.a.Key, key, body).header.Get("Idempotency-Expires"); got != first.header.Get("Idempotency-Expires") {
+		t.Errorf("replay's Idempotency-Expires = %q, want the first answer's %q", got, first.header.Get("Idempotency-Expires"))
+	}
 
 	e.ageKey(t, e.a.ID, endpointOrders, key, false)
 	res := e.post(t, e.a.Key, key, body)

@@ -246,10 +246,19 @@ func (s *Store) apply(ctx context.Context, q *dbsqlc.Queries, l *Lease, step Ste
 		if rerr != nil {
 			return rerr
 		}
-		n, err = q.IdemKeyCompleteLease(ctx, dbsqlc.IdemKeyCompleteLeaseParams{
+		expires, cerr := q.IdemKeyCompleteLease(ctx, dbsqlc.IdemKeyCompleteLeaseParams{
 			TenantID: l.TenantID, Endpoint: l.Endpoint, IdemKey: l.Key, Generation: l.Generation,
 			ResponseStatus: &rec.status, ResponseHeaders: rec.headers, ResponseBody: rec.body, ResourceLocation: rec.location,
 		})
+		switch {
+		case errors.Is(cerr, pgx.ErrNoRows):
+			n = 0 // the lease was lost
+		case cerr != nil:
+			err = cerr
+		default:
+			n = 1
+			stampExpiry(step.Response, expires)
+		}
 		step.RecoveryPoint = RecoveryFinished
 	} else {
 		var resource *uuid.UUID

@@ -121,6 +121,20 @@ type Response struct {
 	Body   []byte
 }
 
+// ExpiresHeader tells, on every response recorded under a key and on its
+// replays, when the replay ends (E4): the key's expires_at as an HTTP-date.
+// The recording statement stamps it from the row, so the first answer and
+// every replay carry the same instant.
+const ExpiresHeader = "Idempotency-Expires"
+
+// stampExpiry puts the recorded expiry on the response being answered.
+func stampExpiry(res *Response, httpDate string) {
+	if res.Header == nil {
+		res.Header = http.Header{}
+	}
+	res.Header.Set(ExpiresHeader, httpDate)
+}
+
 // RecordedHeaders are the response headers stored with the record and
 // replayed. Per-request headers (X-Request-Id, Date) are not: they describe
 // the retry, not the original outcome.
@@ -187,7 +201,7 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Cont
 		if err != nil {
 			return err
 		}
-		n, err := q.IdemKeyComplete(ctx, dbsqlc.IdemKeyCompleteParams{
+		expires, err := q.IdemKeyComplete(ctx, dbsqlc.IdemKeyCompleteParams{
 			TenantID:         c.TenantID,
 			Endpoint:         c.Endpoint,
 			IdemKey:          c.Key,
@@ -196,12 +210,13 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Cont
 			ResponseBody:     rec.body,
 			ResourceLocation: rec.location,
 		})
+		if errors.Is(err, pgx.ErrNoRows) {
+			return errors.New("idem: recording the response updated no row, want 1")
+		}
 		if err != nil {
 			return err
 		}
-		if n != 1 {
-			return fmt.Errorf("idem: recording the response updated %d rows, want 1", n)
-		}
+		stampExpiry(&res, expires)
 		return nil
 	})
 	if err != nil {

@@ -153,6 +153,14 @@ func checkCompleted(t *testing.T, row keyRow, c Claim, want Response) {
 	}
 }
 
+// withExpiry is h plus the Idempotency-Expires the recording stamps from
+// row's expires_at.
+func withExpiry(h http.Header, row keyRow) http.Header {
+	h = h.Clone()
+	h.Set(ExpiresHeader, row.ExpiresAt.UTC().Format(http.TimeFormat))
+	return h
+}
+
 func recorded(t *testing.T, row keyRow) Response {
 	t.Helper()
 	var res Response
@@ -321,7 +329,7 @@ func TestExecuteRecordsOnlyRecordedHeaders(t *testing.T) {
 	if diff := cmp.Diff(full, res.Header); diff != "" {
 		t.Errorf("first call's headers are not exec's (-want +got):\n%s", diff)
 	}
-	want := Response{Status: 201, Header: kept, Body: []byte(`{}`)}
+	want := Response{Status: 201, Header: withExpiry(kept, h.onlyKeyRow(t)), Body: []byte(`{}`)}
 	checkCompleted(t, h.onlyKeyRow(t), c, want)
 
 	res, replayed, err := store.Execute(t.Context(), c, notCalled(t))
@@ -348,7 +356,7 @@ func TestExecuteRecordsEmptyBody(t *testing.T) {
 	if replayed {
 		t.Errorf("replayed = true on the first call")
 	}
-	want := Response{Status: http.StatusNoContent, Header: http.Header{}, Body: []byte{}}
+	want := Response{Status: http.StatusNoContent, Header: withExpiry(http.Header{}, h.onlyKeyRow(t)), Body: []byte{}}
 	checkCompleted(t, h.onlyKeyRow(t), c, want)
 	if diff := cmp.Diff([]scratchRow{{h.tenant, "v"}}, h.scratch(t)); diff != "" {
 		t.Errorf("business rows (-want +got):\n%s", diff)

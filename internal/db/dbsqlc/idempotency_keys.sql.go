@@ -120,16 +120,18 @@ func (q *Queries) IdemKeyClaim(ctx context.Context, arg IdemKeyClaimParams) (int
 	return lease_generation, err
 }
 
-const idemKeyComplete = `-- name: IdemKeyComplete :execrows
+const idemKeyComplete = `-- name: IdemKeyComplete :one
 UPDATE idempotency_keys
 SET state = 'completed',
     response_status = $1,
-    response_headers = $2,
+    response_headers = $2::jsonb || jsonb_build_object('Idempotency-Expires',
+        jsonb_build_array(to_char(expires_at AT TIME ZONE 'UTC', 'Dy, DD Mon YYYY HH24:MI:SS "GMT"'))),
     response_body = $3,
     resource_location = $4,
     completed_at = now()
 WHERE tenant_id = $5 AND endpoint = $6 AND idem_key = $7
   AND state = 'in_progress'
+RETURNING to_char(expires_at AT TIME ZONE 'UTC', 'Dy, DD Mon YYYY HH24:MI:SS "GMT"')::text AS result_expires
 `
 
 type IdemKeyCompleteParams struct {
@@ -143,8 +145,11 @@ type IdemKeyCompleteParams struct {
 }
 
 // The record step (L3): the exact response, in the claim's transaction.
-func (q *Queries) IdemKeyComplete(ctx context.Context, arg IdemKeyCompleteParams) (int64, error) {
-	result, err := q.db.Exec(ctx, idemKeyComplete,
+// The response is stamped with Idempotency-Expires, when its replay ends
+// (E4), taken from the row itself, so the answer and every replay say the
+// same instant.
+func (q *Queries) IdemKeyComplete(ctx context.Context, arg IdemKeyCompleteParams) (string, error) {
+	row := q.db.QueryRow(ctx, idemKeyComplete,
 		arg.ResponseStatus,
 		arg.ResponseHeaders,
 		arg.ResponseBody,
@@ -153,24 +158,25 @@ func (q *Queries) IdemKeyComplete(ctx context.Context, arg IdemKeyCompleteParams
 		arg.Endpoint,
 		arg.IdemKey,
 	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+	var result_expires string
+	err := row.Scan(&result_expires)
+	return result_expires, err
 }
 
-const idemKeyCompleteLease = `-- name: IdemKeyCompleteLease :execrows
+const idemKeyCompleteLease = `-- name: IdemKeyCompleteLease :one
 UPDATE idempotency_keys
 SET state = 'completed',
     recovery_point = 'finished',
     locked_until = NULL,
     response_status = $1,
-    response_headers = $2,
+    response_headers = $2::jsonb || jsonb_build_object('Idempotency-Expires',
+        jsonb_build_array(to_char(expires_at AT TIME ZONE 'UTC', 'Dy, DD Mon YYYY HH24:MI:SS "GMT"'))),
     response_body = $3,
     resource_location = $4,
     completed_at = now()
 WHERE tenant_id = $5 AND endpoint = $6 AND idem_key = $7
   AND state = 'in_progress' AND lease_generation = $8
+RETURNING to_char(expires_at AT TIME ZONE 'UTC', 'Dy, DD Mon YYYY HH24:MI:SS "GMT"')::text AS result_expires
 `
 
 type IdemKeyCompleteLeaseParams struct {
@@ -184,9 +190,10 @@ type IdemKeyCompleteLeaseParams struct {
 	Generation       int64
 }
 
-// The record step (L3) for a multi-step key, fenced like every step.
-func (q *Queries) IdemKeyCompleteLease(ctx context.Context, arg IdemKeyCompleteLeaseParams) (int64, error) {
-	result, err := q.db.Exec(ctx, idemKeyCompleteLease,
+// The record step (L3) for a multi-step key, fenced like every step, and
+// stamped like IdemKeyComplete. No row: the lease was lost.
+func (q *Queries) IdemKeyCompleteLease(ctx context.Context, arg IdemKeyCompleteLeaseParams) (string, error) {
+	row := q.db.QueryRow(ctx, idemKeyCompleteLease,
 		arg.ResponseStatus,
 		arg.ResponseHeaders,
 		arg.ResponseBody,
@@ -196,10 +203,9 @@ func (q *Queries) IdemKeyCompleteLease(ctx context.Context, arg IdemKeyCompleteL
 		arg.IdemKey,
 		arg.Generation,
 	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+	var result_expires string
+	err := row.Scan(&result_expires)
+	return result_expires, err
 }
 
 const idemKeyGet = `-- name: IdemKeyGet :one
