@@ -89,30 +89,32 @@ func prepare[T any, PT interface {
 	*T
 	request
 }](w http.ResponseWriter, r *http.Request) (idem.Claim, *T, bool) {
-	key, err := idem.ParseKey(r.Header.Values(idem.HeaderName))
-	if err != nil {
-		writeError(w, r, err)
-		return idem.Claim{}, nil, false
-	}
-	req := PT(new(T))
-	if err := decodeBody(r, req); err != nil {
-		writeError(w, r, err)
-		return idem.Claim{}, nil, false
-	}
-	req.applyDefaults()
-
 	// The endpoint is the route template, not the path (K2), and the path
 	// parameters are part of the fingerprint (F2).
 	rctx := chi.RouteContext(r.Context())
 	endpoint := r.Method + " " + rctx.RoutePattern()
+	reject := func(err error) (idem.Claim, *T, bool) {
+		idem.CountRejectedBeforeClaim(endpoint)
+		writeError(w, r, err)
+		return idem.Claim{}, nil, false
+	}
+	key, err := idem.ParseKey(r.Header.Values(idem.HeaderName))
+	if err != nil {
+		return reject(err)
+	}
+	req := PT(new(T))
+	if err := decodeBody(r, req); err != nil {
+		return reject(err)
+	}
+	req.applyDefaults()
+
 	params := map[string]string{}
 	for i, k := range rctx.URLParams.Keys {
 		params[k] = canonicalParam(rctx.URLParams.Values[i])
 	}
 	fingerprint, err := idem.Fingerprint(endpoint, params, req)
 	if err != nil {
-		writeError(w, r, err)
-		return idem.Claim{}, nil, false
+		return reject(err)
 	}
 	claim := idem.Claim{TenantID: tenantFrom(r.Context()), Endpoint: endpoint, Key: key, Fingerprint: fingerprint}
 	return claim, (*T)(req), true

@@ -102,18 +102,23 @@ func TestMetricsCountIdempotencyOutcomes(t *testing.T) {
 	wantProblem(t, e.post(t, e.a.Key, "transient-key", orderBody("inv-4")), http.StatusServiceUnavailable, httpapi.CodeUnavailable)
 	wantStatus(t, e.post(t, e.a.Key, "transient-key", orderBody("inv-4")), http.StatusCreated)
 
+	// rejected_before_claim: no key, and a body that is not JSON.
+	wantProblem(t, e.post(t, e.a.Key, "", orderBody("inv-5")), http.StatusBadRequest, httpapi.CodeKeyMissing)
+	wantProblem(t, e.post(t, e.a.Key, "bad-body", `{"reference":`), http.StatusBadRequest, httpapi.CodeInvalidJSON)
+
 	after := e.scrape(t)
 	delta := func(sample string) float64 { return after[sample] - before[sample] }
 
 	for outcome, want := range map[string]float64{
-		"executed":           2,
-		"replayed":           1,
-		"mismatch":           1,
-		"in_progress":        1,
-		"released_transient": 1,
-		"result_expired":     0,
-		"takeover":           0,
-		"failed":             0,
+		"executed":              2,
+		"replayed":              1,
+		"mismatch":              1,
+		"in_progress":           1,
+		"released_transient":    1,
+		"result_expired":        0,
+		"takeover":              0,
+		"failed":                0,
+		"rejected_before_claim": 2,
 	} {
 		sample := `idempotency_requests_total{endpoint="` + endpointOrders + `",outcome="` + outcome + `"}`
 		if got := delta(sample); got != want {
@@ -126,7 +131,7 @@ func TestMetricsCountIdempotencyOutcomes(t *testing.T) {
 	if got := delta(`idempotency_lock_wait_seconds_count{endpoint="` + endpointOrders + `"}`); got != 6 {
 		t.Errorf("idempotency_lock_wait_seconds observed %v claims, want 6", got)
 	}
-	for class, want := range map[string]float64{"2xx": 3, "4xx": 2, "5xx": 1} {
+	for class, want := range map[string]float64{"2xx": 3, "4xx": 4, "5xx": 1} {
 		sample := `http_request_duration_seconds_count{method="POST",route="/v1/orders",status_class="` + class + `"}`
 		if got := delta(sample); got != want {
 			t.Errorf("%s moved by %v, want %v", sample, got, want)

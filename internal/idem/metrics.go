@@ -17,7 +17,7 @@ import (
 var (
 	requestsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "idempotency_requests_total",
-		Help: "Idempotent requests by endpoint and outcome: executed, replayed, takeover (a multi-step key resumed by a retry), in_progress (409), mismatch (422), result_expired (409), released_transient (503, nothing kept), failed (other error).",
+		Help: "Idempotent requests by endpoint and outcome: executed, replayed, takeover (a multi-step key resumed by a retry), in_progress (409), mismatch (422), result_expired (409), released_transient (503, nothing kept), rejected_before_claim (invalid key or body, nothing recorded), failed (other error).",
 	}, []string{"endpoint", "outcome"})
 	leaseTakeoversTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "idempotency_lease_takeovers_total",
@@ -54,10 +54,17 @@ const (
 	outcomeResultExpired     = "result_expired"
 	outcomeReleasedTransient = "released_transient"
 	outcomeFailed            = "failed"
+	outcomeRejected          = "rejected_before_claim"
 )
 
 // countOutcome counts one Execute or Begin call; err is the error it
 // returns (already wrapped).
+// CountRejectedBeforeClaim counts a request refused before its key was
+// claimed (an invalid key or body, O3): nothing was recorded.
+func CountRejectedBeforeClaim(endpoint string) {
+	requestsTotal.WithLabelValues(endpoint, outcomeRejected).Inc()
+}
+
 func countOutcome(endpoint string, err error, replayed, takenOver bool, createdAt time.Time) {
 	outcome := outcomeExecuted
 	switch {
