@@ -2,6 +2,7 @@ package reaper_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -27,7 +28,8 @@ func BenchmarkReaperUnderLoad(b *testing.B) {
 		expired = 1_000_000 // completed, past expires_at: the backlog
 		live    = 1_000_000 // completed, within their TTL
 		clients = 16
-		quiet   = 5 * time.Second // the load alone
+		quiet   = 10 * time.Second // the load alone
+		reaping = 20 * time.Second // the load with the reaper
 	)
 	for b.Loop() {
 		b.StopTimer()
@@ -50,20 +52,25 @@ func BenchmarkReaperUnderLoad(b *testing.B) {
 			}
 		})
 
-		// The same load while one reaper pass works the backlog off.
+		// The same load while the reaper works on the backlog, for a fixed
+		// time: at its default duty cycle a backlog of a million takes
+		// minutes, and the figure that matters is what it costs the load
+		// meanwhile.
 		var res reaper.Result
 		var took time.Duration
 		with := claimLoad(b, pool, tenant, "with", clients, func(ctx context.Context) {
+			ctx, cancel := context.WithTimeout(ctx, reaping)
+			defer cancel()
 			t0 := time.Now()
 			var err error
 			res, err = reaper.New(pool, reaper.Config{Logger: testLogger()}).RunOnce(ctx)
 			took = time.Since(t0)
-			if err != nil {
+			if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 				b.Error(err)
 			}
 		})
-		if res.Pruned != expired {
-			b.Errorf("pruned %d, want %d", res.Pruned, expired)
+		if res.Pruned == 0 {
+			b.Error("the reaper pruned nothing")
 		}
 
 		b.ReportMetric(ms(base.p50), "base-p50-ms")

@@ -24,8 +24,10 @@
 //   - Rows are claimed with FOR UPDATE SKIP LOCKED: a row a request holds
 //     is skipped (it will be there next pass), so the reaper never waits
 //     behind live traffic, and any number of reapers can run at once.
-//   - Between batches it sleeps a little (jittered), so a large backlog is
-//     worked off as a trickle rather than a burst.
+//   - Between batches it rests in proportion to the batch it just ran (at
+//     most Duty of its time in batches, jittered), so a large backlog is
+//     worked off as a trickle rather than a burst, and more slowly the
+//     more loaded the database is.
 //   - When batches keep hitting the statement timeout (a cold cache, a
 //     loaded database), the batch size halves, down to minBatch; it grows
 //     back as batches succeed.
@@ -52,6 +54,7 @@ const (
 	DefaultInterval         = time.Minute
 	DefaultBatch            = 5000
 	DefaultStatementTimeout = 2 * time.Second
+	DefaultDuty             = 0.2
 )
 
 const (
@@ -80,6 +83,11 @@ type Config struct {
 	Batch int
 	// StatementTimeout bounds each batch's statement.
 	StatementTimeout time.Duration
+	// Duty is the largest share of its time the reaper spends inside
+	// batches (0 < Duty ≤ 1): after a batch it rests in proportion, so a
+	// large backlog is worked off as a trickle that leaves the database to
+	// live traffic. Default DefaultDuty.
+	Duty float64
 	// Logger receives warnings and a line per pass that did work.
 	Logger *slog.Logger
 }
@@ -109,6 +117,9 @@ func New(pool *pgxpool.Pool, cfg Config) *Reaper {
 	}
 	if cfg.StatementTimeout <= 0 {
 		cfg.StatementTimeout = DefaultStatementTimeout
+	}
+	if cfg.Duty <= 0 || cfg.Duty > 1 {
+		cfg.Duty = DefaultDuty
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -167,7 +178,9 @@ func (r *Reaper) drain(ctx context.Context, what, action string, step func(*dbsq
 	for {
 		n := r.batch
 		batchSize.Set(float64(n))
+		started := time.Now()
 		rows, err := r.batchTx(ctx, func(q *dbsqlc.Queries) (int64, error) { return step(q, int32(n)) })
+		worked := time.Since(started)
 		switch {
 		case isStatementTimeout(err) && ctx.Err() == nil:
 			timeoutsTotal.Inc()
@@ -197,7 +210,7 @@ func (r *Reaper) drain(ctx context.Context, what, action string, step func(*dbsq
 				successes = 0
 			}
 		}
-		if err := pause(ctx); err != nil {
+		if err := r.pause(ctx, worked); err != nil {
 			return total, err
 		}
 	}
@@ -219,9 +232,13 @@ func (r *Reaper) batchTx(ctx context.Context, fn func(*dbsqlc.Queries) (int64, e
 	return rows, err
 }
 
-// pause sleeps between batches: the reaper yields to live traffic.
-func pause(ctx context.Context) error {
-	d := minPause + rand.N(maxPause-minPause)
+// pause sleeps between batches: the reaper yields to live traffic. It
+// rests at least worked×(1−Duty)/Duty after a batch that took worked, so it
+// spends no more than Duty of its time in batches however slow they get
+// under load, and a jittered moment more.
+func (r *Reaper) pause(ctx context.Context, worked time.Duration) error {
+	rest := time.Duration(float64(worked) * (1 - r.cfg.Duty) / r.cfg.Duty)
+	d := rest + minPause + rand.N(maxPause-minPause)
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
