@@ -59,7 +59,7 @@ const retryAfterSeconds = "1"
 
 // retryAfter renders d as Retry-After delay-seconds: rounded up, at least 1.
 func retryAfter(d time.Duration) string {
-	return strconv.FormatInt(max(int64((d+time.Second-1)/time.Second), 1), 10)
+	return strconv.FormatInt(max(ceilSeconds(d), 1), 10)
 }
 
 // Problem is an RFC 9457 problem detail.

@@ -270,8 +270,7 @@ func (s *Service) Get(ctx context.Context, tenantID, id uuid.UUID) (Payment, err
 	return withCompensations(ctx, q, paymentFrom(row))
 }
 
-// withCompensations loads p's compensations, so every view of a payment
-// (GET, the recorded response) shows them.
+// withCompensations loads p's compensations, for GET.
 func withCompensations(ctx context.Context, q *dbsqlc.Queries, p Payment) (Payment, error) {
 	rows, err := q.CompensationsForPayment(ctx, dbsqlc.CompensationsForPaymentParams{TenantID: p.TenantID, PaymentID: p.ID})
 	if err != nil {
