@@ -47,7 +47,10 @@ type config struct {
 	ReaperInterval time.Duration
 	// ReaperBatch is the most rows one reaper transaction touches.
 	ReaperBatch int
-	LogLevel    slog.Level
+	// ReaperDuty is the largest share of its time the reaper spends in
+	// batches.
+	ReaperDuty float64
+	LogLevel   slog.Level
 	// MaxConnections bounds the connections one process holds open (R3).
 	MaxConnections int
 	// RateLimit bounds each tenant's requests per process (R1).
@@ -137,9 +140,17 @@ func loadConfig(getenv func(string) string) (config, error) {
 	if s := getenv("REAPER_BATCH"); s != "" {
 		v, err := strconv.Atoi(s)
 		if err != nil || v < 1 {
-			return config{}, fmt.Errorf("REAPER_BATCH=%q: want a positive number of rows, such as 5000", s)
+			return config{}, fmt.Errorf("REAPER_BATCH=%q: want a positive number of rows, such as 500", s)
 		}
 		cfg.ReaperBatch = v
+	}
+	cfg.ReaperDuty = reaper.DefaultDuty
+	if s := getenv("REAPER_DUTY"); s != "" {
+		v, err := strconv.ParseFloat(s, 64)
+		if err != nil || v <= 0 || v > 1 {
+			return config{}, fmt.Errorf("REAPER_DUTY=%q: want a share of time above 0 and at most 1, such as 0.05", s)
+		}
+		cfg.ReaperDuty = v
 	}
 	cfg.MaxConnections = defaultMaxConnections
 	if s := getenv("MAX_CONNECTIONS"); s != "" {

@@ -152,7 +152,7 @@ func runCompleter(ctx context.Context, cfg config, logger *slog.Logger) error {
 
 // newReaper builds the reaper from cfg.
 func newReaper(pool *pgxpool.Pool, cfg config, logger *slog.Logger) *reaper.Reaper {
-	return reaper.New(pool, reaper.Config{Interval: cfg.ReaperInterval, Batch: cfg.ReaperBatch, Logger: logger})
+	return reaper.New(pool, reaper.Config{Interval: cfg.ReaperInterval, Batch: cfg.ReaperBatch, Duty: cfg.ReaperDuty, Logger: logger})
 }
 
 // runReaper makes one reaper pass and prints its counts, or with loop runs
