@@ -50,7 +50,8 @@ type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// WithTx runs fn inside a transaction and commits when fn returns nil. A
+// WithTx runs fn inside a transaction and commits when fn returns nil
+// (unless fn had the commit sent with its last statement: CommitAfterNext). A
 // panic in fn rolls the transaction back and goes on panicking.
 //
 // The rollback runs under context.WithoutCancel: a request whose context was
@@ -63,7 +64,14 @@ type Beginner interface {
 // caller as transient errors (see IsTransient); the one-transaction
 // idempotency path answers 503 and the client's retry runs it again.
 func WithTx(ctx context.Context, db Beginner, fn func(ctx context.Context, tx pgx.Tx) error) (err error) {
-	tx, err := db.Begin(ctx)
+	var tx pgx.Tx
+	if pool, ok := db.(*pgxpool.Pool); ok {
+		// A transaction on the pool is pipelined (see Tx): its BEGIN goes
+		// out with its first statement.
+		tx, err = Begin(ctx, pool)
+	} else {
+		tx, err = db.Begin(ctx)
+	}
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}

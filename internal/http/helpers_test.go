@@ -25,6 +25,7 @@ import (
 	payments "github.com/idemref/payments"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
+	"github.com/idemref/payments/internal/pgwire"
 	paymentsvc "github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
 	"github.com/idemref/payments/internal/processorsim"
@@ -64,6 +65,9 @@ type env struct {
 	// withProcessor, and payments the service that calls it; nil otherwise.
 	sim      *processorsim.Simulator
 	payments *paymentsvc.Service
+	// wire counts the server's round trips to PostgreSQL when setup was
+	// given withWireCounter; nil otherwise.
+	wire *pgwire.Proxy
 }
 
 type setupOptions struct {
@@ -71,7 +75,13 @@ type setupOptions struct {
 	processor    bool
 	settleWindow time.Duration
 	rateLimit    httpapi.RateLimit
+	wireCounter  bool
 }
+
+// withWireCounter routes the server's pool, one connection, through a
+// proxy that counts round trips and statements (e.wire), and caches
+// authentication as serve does by default.
+func withWireCounter() setupOption { return func(o *setupOptions) { o.wireCounter = true } }
 
 type setupOption func(*setupOptions)
 
@@ -149,6 +159,35 @@ func setup(t *testing.T, opts ...setupOption) *env {
 		t.Cleanup(serverPool.Close)
 	}
 
+	var authCacheTTL time.Duration
+	if o.wireCounter {
+		var err error
+		cfg, err := pgxpool.ParseConfig(dbURL)
+		if err != nil {
+			t.Fatalf("parse database URL: %v", err)
+		}
+		e.wire, err = pgwire.Listen(net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = e.wire.Close() })
+		url, err := e.wire.URL(dbURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg, err = pgxpool.ParseConfig(url); err != nil {
+			t.Fatal(err)
+		}
+		// One connection: every statement is prepared on it once, so a
+		// measured request pays what it pays in steady state.
+		cfg.MaxConns = 1
+		if serverPool, err = pgxpool.NewWithConfig(context.Background(), cfg); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(serverPool.Close)
+		authCacheTTL = 10 * time.Second
+	}
+
 	var err error
 	e.a.ID, e.a.Key, err = tenants.Create(t.Context(), pool, "tenant a")
 	if err != nil {
@@ -177,6 +216,7 @@ func setup(t *testing.T, opts ...setupOption) *env {
 		RequestTimeout: 10 * time.Second,
 		OpenAPI:        payments.OpenAPI,
 		RateLimit:      o.rateLimit,
+		AuthCacheTTL:   authCacheTTL,
 	})
 	e.srv = httptest.NewServer(e.handler)
 	t.Cleanup(e.srv.Close) // waits for in-flight requests, so no log line comes late

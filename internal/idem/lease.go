@@ -123,7 +123,7 @@ func (s *Store) Begin(ctx context.Context, c Claim, first func(ctx context.Conte
 	var b Begun
 	err = db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
 		q := dbsqlc.New(tx)
-		if err := s.boundLockWaits(ctx, q); err != nil {
+		if err := s.boundLockWaits(ctx, tx); err != nil {
 			return err
 		}
 		start := time.Now()
@@ -151,7 +151,7 @@ func (s *Store) Begin(ctx context.Context, c Claim, first func(ctx context.Conte
 			return err
 		}
 		b.Response = step.Response
-		return s.apply(ctx, q, &b.Lease, step)
+		return s.apply(ctx, tx, &b.Lease, step)
 	})
 	if err != nil {
 		return Begun{}, s.wrap(err)
@@ -213,7 +213,7 @@ func (s *Store) Phase(ctx context.Context, l *Lease, fn func(ctx context.Context
 	var step Step
 	err := db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
 		q := dbsqlc.New(tx)
-		if err := s.boundLockWaits(ctx, q); err != nil {
+		if err := s.boundLockWaits(ctx, tx); err != nil {
 			return err
 		}
 		locked, err := q.IdemKeyGetForUpdate(ctx, dbsqlc.IdemKeyGetForUpdateParams{TenantID: l.TenantID, Endpoint: l.Endpoint, IdemKey: l.Key})
@@ -226,7 +226,7 @@ func (s *Store) Phase(ctx context.Context, l *Lease, fn func(ctx context.Context
 		if step, err = fn(ctx, tx); err != nil {
 			return err
 		}
-		return s.apply(ctx, q, l, step)
+		return s.apply(ctx, tx, l, step)
 	})
 	if err != nil {
 		if errors.Is(err, ErrLeaseLost) {
@@ -238,9 +238,16 @@ func (s *Store) Phase(ctx context.Context, l *Lease, fn func(ctx context.Context
 }
 
 // apply commits a phase's decision on the key row, fenced by generation.
-func (s *Store) apply(ctx context.Context, q *dbsqlc.Queries, l *Lease, step Step) error {
+// It is the phase's last statement, and the transaction's COMMIT travels
+// with it: its fence cannot fail here, because the caller holds the row
+// (Begin inserted it; Phase locked it FOR UPDATE and checked the
+// generation), so its result cannot change the decision to commit. An
+// error from it still aborts the transaction and the COMMIT rolls back.
+func (s *Store) apply(ctx context.Context, tx pgx.Tx, l *Lease, step Step) error {
+	q := dbsqlc.New(tx)
 	var n int64
 	var err error
+	db.CommitAfterNext(tx)
 	if step.Response != nil {
 		rec, rerr := encodeRecord(*step.Response)
 		if rerr != nil {

@@ -167,7 +167,7 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Cont
 	err = db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
 		q := dbsqlc.New(tx)
 
-		if err := s.boundLockWaits(ctx, q); err != nil {
+		if err := s.boundLockWaits(ctx, tx); err != nil {
 			return err
 		}
 
@@ -182,7 +182,10 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Cont
 		case errors.Is(err, pgx.ErrNoRows):
 			// 4. The key exists. Under READ COMMITTED this statement takes a
 			// new snapshot, so it sees the row the other transaction
-			// committed while our insert waited for it.
+			// committed while our insert waited for it. The claim wrote
+			// nothing, so the transaction ends with this read, whatever it
+			// finds: the COMMIT travels with it.
+			db.CommitAfterNext(tx)
 			res, createdAt, err = s.existing(ctx, q, c)
 			replayed = err == nil
 			return err
@@ -201,6 +204,13 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Cont
 		if err != nil {
 			return err
 		}
+		// The record is the transaction's last statement, and nothing it
+		// returns can change the decision to commit: it updates the row
+		// this transaction inserted (or claimed over) and holds locked, so
+		// it cannot miss. COMMIT travels with it; an error from it still
+		// aborts the transaction, and the COMMIT then rolls everything
+		// back.
+		db.CommitAfterNext(tx)
 		expires, err := q.IdemKeyComplete(ctx, dbsqlc.IdemKeyCompleteParams{
 			TenantID:         c.TenantID,
 			Endpoint:         c.Endpoint,
@@ -211,7 +221,9 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Cont
 			ResourceLocation: rec.location,
 		})
 		if errors.Is(err, pgx.ErrNoRows) {
-			return errors.New("idem: recording the response updated no row, want 1")
+			// Cannot happen (see above); if it did, the work committed
+			// without its record, and it must not pass silently.
+			return errors.New("idem: recording the response updated no row of the key this transaction holds")
 		}
 		if err != nil {
 			return err
@@ -233,9 +245,10 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Cont
 // duplicate of a request whose transaction is still open blocks on that
 // transaction's uncommitted row in the primary key index. Never wait
 // unbounded (L5): after lock_timeout the statement fails with 55P03 and the
-// duplicate gets 409.
-func (s *Store) boundLockWaits(ctx context.Context, q *dbsqlc.Queries) error {
-	return q.IdemSetLockTimeout(ctx, fmt.Sprintf("%dms", s.cfg.LockTimeout.Milliseconds()))
+// duplicate gets 409. The setting is deferred (db.Deferred): it travels to
+// the server with the claim, in the same round trip, ahead of it.
+func (s *Store) boundLockWaits(ctx context.Context, tx pgx.Tx) error {
+	return dbsqlc.New(db.Deferred(tx)).IdemSetLockTimeout(ctx, fmt.Sprintf("%dms", s.cfg.LockTimeout.Milliseconds()))
 }
 
 // executeInSavepoint runs exec inside a savepoint and rolls the savepoint

@@ -36,32 +36,44 @@ type chargeOutcome struct {
 }
 
 // markChargeSent commits, before every charge call, that a call may be in
-// flight: from here on a crash or a timeout cannot hide it.
-func markChargeSent(ctx context.Context, tx pgx.Tx, l *idem.Lease) error {
-	_, err := dbsqlc.New(tx).PaymentMarkChargeSent(ctx, dbsqlc.PaymentMarkChargeSentParams{TenantID: l.TenantID, ID: l.ResourceID})
-	return err
+// flight: from here on a crash or a timeout cannot hide it. It returns the
+// payment as marked.
+func markChargeSent(ctx context.Context, tx pgx.Tx, l *idem.Lease) (dbsqlc.Payment, error) {
+	return dbsqlc.New(tx).PaymentMarkChargeSent(ctx, dbsqlc.PaymentMarkChargeSentParams{TenantID: l.TenantID, ID: l.ResourceID})
 }
 
 // charge gets the charge's final outcome: from the call this attempt just
-// marked (fresh), or, for an attempt that resumed, from a lookup of what
-// earlier calls did, sending again only once they can no longer land (S6).
-func (s *Service) charge(ctx context.Context, l *idem.Lease, fresh bool) (chargeOutcome, error) {
-	row, err := dbsqlc.New(s.pool).PaymentGetUnsettled(ctx, dbsqlc.PaymentGetUnsettledParams{
-		TenantID: l.TenantID, ID: l.ResourceID, SettleSeconds: s.cfg.SettleWindow.Seconds(),
-	})
-	if err != nil {
-		return chargeOutcome{}, err
+// marked (marked is the payment as that mark left it), or, for an attempt
+// that resumed (marked nil), from a lookup of what earlier calls did,
+// sending again only once they can no longer land (S6).
+func (s *Service) charge(ctx context.Context, l *idem.Lease, marked *dbsqlc.Payment) (chargeOutcome, error) {
+	var p dbsqlc.Payment
+	var unsettled time.Duration
+	if marked != nil {
+		// The mark's own transaction returned the row: reading it again
+		// would cost a round trip and tell nothing new (P2).
+		p = *marked
+	} else {
+		row, err := dbsqlc.New(s.pool).PaymentGetUnsettled(ctx, dbsqlc.PaymentGetUnsettledParams{
+			TenantID: l.TenantID, ID: l.ResourceID, SettleSeconds: s.cfg.SettleWindow.Seconds(),
+		})
+		if err != nil {
+			return chargeOutcome{}, err
+		}
+		p, unsettled = row.Payment, seconds(row.UnsettledSeconds)
 	}
-	p := row.Payment
 	return settle(ctx, s.log, processorCall[chargeOutcome]{
-		fresh:     fresh,
+		fresh:     marked != nil,
 		sentAt:    p.ChargeSentAt,
-		unsettled: seconds(row.UnsettledSeconds),
+		unsettled: unsettled,
 		lookup: func(ctx context.Context) (*chargeOutcome, error) {
 			return s.lookUpCharge(ctx, p.ChargeKey)
 		},
 		mark: func(ctx context.Context) error {
-			return s.stayAt(ctx, l, func(ctx context.Context, tx pgx.Tx) error { return markChargeSent(ctx, tx, l) })
+			return s.stayAt(ctx, l, func(ctx context.Context, tx pgx.Tx) error {
+				_, err := markChargeSent(ctx, tx, l)
+				return err
+			})
 		},
 		unmark: func(ctx context.Context, previous *time.Time) error {
 			return s.stayAt(ctx, l, func(ctx context.Context, tx pgx.Tx) error {

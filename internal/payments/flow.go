@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemref/payments/internal/db"
+	"github.com/idemref/payments/internal/db/dbsqlc"
 	"github.com/idemref/payments/internal/failpoint"
 	"github.com/idemref/payments/internal/idem"
 )
@@ -85,23 +86,26 @@ func (s *Service) resume(ctx context.Context, l *idem.Lease) (_ idem.Response, e
 			err = s.release(ctx, l, err)
 		}
 	}()
-	// fresh: this attempt has just committed the mark for the processor
-	// call and has not sent it, so nothing can be in flight but the call
-	// it is about to make.
+	// A fresh mark: this attempt has just committed the mark for the
+	// processor call and has not sent it, so nothing can be in flight but
+	// the call it is about to make. For a charge, marked is the payment as
+	// that mark left it; for a refund, fresh says so.
+	var marked *dbsqlc.Payment
 	fresh := false
 	for {
 		switch l.RecoveryPoint {
 		case pointPaymentCreated:
 			if _, err := s.store.Phase(ctx, l, func(ctx context.Context, tx pgx.Tx) (idem.Step, error) {
-				return idem.Step{RecoveryPoint: pointChargeSent}, markChargeSent(ctx, tx, l)
+				p, err := markChargeSent(ctx, tx, l)
+				marked = &p
+				return idem.Step{RecoveryPoint: pointChargeSent}, err
 			}); err != nil {
 				return idem.Response{}, err
 			}
-			fresh = true
 			failpoint.Inject("payment-after-charge-sent")
 
 		case pointChargeSent:
-			outcome, err := s.charge(ctx, l, fresh)
+			outcome, err := s.charge(ctx, l, marked)
 			if err != nil {
 				return idem.Response{}, err
 			}

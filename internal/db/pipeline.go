@@ -1,0 +1,411 @@
+package db
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Tx is a transaction that spends as few round trips as the work allows
+// (P2). The statements whose results nothing waits on (BEGIN, SET LOCAL,
+// SAVEPOINT, RELEASE, ROLLBACK TO) are queued and travel to the server in
+// one pipeline with the next statement whose result the caller reads, and
+// the caller may ask for COMMIT to travel behind its last statement. The
+// server runs them in order exactly as if each had been sent alone: when a
+// queued statement fails, the transaction is aborted and the error comes
+// back from the statement that carried it, so nothing after it takes
+// effect.
+//
+// This is a transport detail: the code running in a Tx reads as a plain
+// sequence of statements. The one visible choice is CommitAfterNext, and
+// its rule: only call it when no result of the statement that follows can
+// change the decision to commit.
+//
+// A Tx implements pgx.Tx and is not safe for concurrent use, like any
+// transaction.
+type Tx struct {
+	conn    *pgxpool.Conn
+	pending []queued
+	// begun: BEGIN has been sent, so ending the transaction needs a
+	// statement on the wire.
+	begun bool
+	// commitNext: the next statement sent carries COMMIT behind it.
+	commitNext bool
+	// done: committed (with commitErr as the outcome) or rolled back; the
+	// connection has gone back to the pool.
+	done       bool
+	committed  bool
+	commitErr  error
+	savepoints int
+}
+
+type queued struct {
+	sql  string
+	args []any
+}
+
+// Begin starts a pipelined transaction on a connection from pool. It costs
+// no round trip: BEGIN goes out with the first statement.
+func Begin(ctx context.Context, pool *pgxpool.Pool) (*Tx, error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &Tx{conn: conn, pending: []queued{{sql: "BEGIN"}}}, nil
+}
+
+// Queue adds a statement whose result nothing waits on; it is sent with the
+// next statement that is.
+func (t *Tx) Queue(sql string, args ...any) {
+	t.pending = append(t.pending, queued{sql: sql, args: args})
+}
+
+// CommitAfterNext makes the next statement carry COMMIT behind it in the
+// same round trip; Commit then only reports that COMMIT's outcome. Use it
+// only when nothing the next statement returns could make the caller roll
+// back instead: an error from the statement itself still aborts the
+// transaction, and COMMIT then rolls it back.
+func (t *Tx) CommitAfterNext() { t.commitNext = true }
+
+// CommitAfterNext is Tx.CommitAfterNext for a transaction that may or may
+// not be pipelined (a test's transaction, a savepoint); for any other
+// transaction it does nothing and the commit costs its own round trip.
+func CommitAfterNext(tx pgx.Tx) {
+	switch t := tx.(type) {
+	case *Tx:
+		t.CommitAfterNext()
+	case *savepoint:
+		// A savepoint is released, never committed, by its own owner.
+	}
+}
+
+// send starts one round trip: the queued statements, then q, then COMMIT
+// if asked. It reads the queued statements' results and returns the batch
+// positioned at q's result, and whether COMMIT follows it.
+func (t *Tx) send(ctx context.Context, q queued) (pgx.BatchResults, bool, error) {
+	if t.done {
+		return nil, false, pgx.ErrTxClosed
+	}
+	if t.conn.Conn().PgConn().TxStatus() == 'E' {
+		// An aborted transaction refuses to prepare statements, and a batch
+		// prepares the ones it has not seen before; the queue (which holds
+		// the ROLLBACK TO that ends the abort) goes ahead on its own, in
+		// the simple protocol. Only a failure path pays this round trip.
+		pending := t.pending
+		t.pending = nil
+		for _, p := range pending {
+			if _, err := t.conn.Exec(ctx, p.sql, p.args...); err != nil {
+				return nil, false, err
+			}
+		}
+	}
+	b := &pgx.Batch{}
+	for _, p := range t.pending {
+		b.Queue(p.sql, p.args...)
+	}
+	b.Queue(q.sql, q.args...)
+	commit := t.commitNext
+	if commit {
+		b.Queue("COMMIT")
+	}
+	n := len(t.pending)
+	t.pending, t.commitNext, t.begun = nil, false, true
+	br := t.conn.SendBatch(ctx, b)
+	for range n {
+		if _, err := br.Exec(); err != nil {
+			closeErr := br.Close()
+			if commit {
+				t.finish(errors.Join(err, closeErr))
+			}
+			return nil, false, err
+		}
+	}
+	return br, commit, nil
+}
+
+// end reads COMMIT's result, if it was sent, and closes the batch.
+func (t *Tx) end(br pgx.BatchResults, commit bool, stmtErr error) error {
+	var commitErr error
+	if commit {
+		tag, err := br.Exec()
+		switch {
+		case err != nil:
+			commitErr = err
+		case stmtErr != nil || tag.String() == "ROLLBACK":
+			// PostgreSQL answers COMMIT in an aborted transaction with
+			// ROLLBACK, not an error.
+			commitErr = pgx.ErrTxCommitRollback
+		}
+	}
+	closeErr := br.Close()
+	if commit {
+		if commitErr == nil {
+			commitErr = closeErr
+		}
+		t.finish(commitErr)
+	}
+	if stmtErr != nil {
+		return stmtErr
+	}
+	if closeErr != nil && !commit {
+		return closeErr
+	}
+	return nil
+}
+
+// finish records how the transaction ended and returns the connection.
+func (t *Tx) finish(commitErr error) {
+	t.done, t.committed, t.commitErr = true, true, commitErr
+	t.conn.Release()
+}
+
+// flush sends the queued statements alone, when something must reach the
+// server before an operation that cannot carry them.
+func (t *Tx) flush(ctx context.Context) error {
+	if len(t.pending) == 0 {
+		return nil
+	}
+	last := t.pending[len(t.pending)-1]
+	t.pending = t.pending[:len(t.pending)-1]
+	_, err := t.Exec(ctx, last.sql, last.args...)
+	return err
+}
+
+// Exec runs sql, with whatever is queued, in one round trip.
+func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	br, commit, err := t.send(ctx, queued{sql, args})
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	tag, err := br.Exec()
+	return tag, t.end(br, commit, err)
+}
+
+// QueryRow runs sql, with whatever is queued, when the row is scanned.
+func (t *Tx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return &pipedRow{t: t, ctx: ctx, q: queued{sql, args}}
+}
+
+type pipedRow struct {
+	t   *Tx
+	ctx context.Context
+	q   queued
+}
+
+func (r *pipedRow) Scan(dest ...any) error {
+	br, commit, err := r.t.send(r.ctx, r.q)
+	if err != nil {
+		return err
+	}
+	err = br.QueryRow().Scan(dest...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// No row is an answer, not a failure: a COMMIT behind it commits.
+		if endErr := r.t.end(br, commit, nil); endErr != nil {
+			return endErr
+		}
+		return err
+	}
+	return r.t.end(br, commit, err)
+}
+
+// Query runs sql, with whatever is queued, in one round trip; the rows must
+// be closed before the next statement.
+func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	br, commit, err := t.send(ctx, queued{sql, args})
+	if err != nil {
+		return nil, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, t.end(br, commit, err)
+	}
+	return &pipedRows{Rows: rows, t: t, br: br, commit: commit}, nil
+}
+
+type pipedRows struct {
+	pgx.Rows
+	t      *Tx
+	br     pgx.BatchResults
+	commit bool
+	closed bool
+	err    error
+}
+
+func (r *pipedRows) Close() {
+	if r.closed {
+		return
+	}
+	r.closed = true
+	r.Rows.Close()
+	r.err = r.t.end(r.br, r.commit, r.Rows.Err())
+}
+
+func (r *pipedRows) Err() error {
+	if r.closed {
+		return r.err
+	}
+	return r.Rows.Err()
+}
+
+// SendBatch sends what is queued first, then b. Batches are not pipelined
+// with the queue; nothing on a hot path uses them.
+func (t *Tx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if err := t.flush(ctx); err != nil {
+		return errBatch{err}
+	}
+	return t.conn.SendBatch(ctx, b)
+}
+
+type errBatch struct{ err error }
+
+func (e errBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, e.err }
+func (e errBatch) Query() (pgx.Rows, error)         { return nil, e.err }
+func (e errBatch) QueryRow() pgx.Row                { return errRow{e.err} }
+func (e errBatch) Close() error                     { return e.err }
+func (e errBatch) Tx() pgx.Tx                       { return nil }
+
+type errRow struct{ err error }
+
+func (e errRow) Scan(...any) error { return e.err }
+
+// CopyFrom sends what is queued, then copies.
+func (t *Tx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if err := t.flush(ctx); err != nil {
+		return 0, err
+	}
+	return t.conn.CopyFrom(ctx, table, columns, src)
+}
+
+// Prepare prepares on the transaction's connection.
+func (t *Tx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	return t.conn.Conn().Prepare(ctx, name, sql)
+}
+
+// LargeObjects is not supported on a pipelined transaction.
+func (t *Tx) LargeObjects() pgx.LargeObjects { panic("db.Tx: large objects are not supported") }
+
+// Conn returns the transaction's connection.
+func (t *Tx) Conn() *pgx.Conn { return t.conn.Conn() }
+
+// Begin opens a savepoint, queued like the statements that need no answer.
+func (t *Tx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if t.done {
+		return nil, pgx.ErrTxClosed
+	}
+	t.savepoints++
+	name := fmt.Sprintf("sp_%d", t.savepoints)
+	t.Queue("SAVEPOINT " + name)
+	return &savepoint{Tx: t, name: name}, nil
+}
+
+// Commit commits, or reports the outcome of the COMMIT that CommitAfterNext
+// sent. What is still queued travels with the COMMIT.
+func (t *Tx) Commit(ctx context.Context) error {
+	if t.done {
+		if t.committed {
+			return t.commitErr
+		}
+		return pgx.ErrTxClosed
+	}
+	if !t.begun {
+		// Nothing reached the server: there is nothing to commit.
+		t.finish(nil)
+		return nil
+	}
+	t.commitNext = false
+	br, _, err := t.send(ctx, queued{sql: "COMMIT"})
+	if err != nil {
+		t.finish(err)
+		return err
+	}
+	tag, err := br.Exec()
+	closeErr := br.Close()
+	if err == nil && tag.String() == "ROLLBACK" {
+		err = pgx.ErrTxCommitRollback
+	}
+	if err == nil {
+		err = closeErr
+	}
+	t.finish(err)
+	return err
+}
+
+// Rollback ends the transaction without its work. After Commit it does
+// nothing and returns pgx.ErrTxClosed, so it can always be deferred. A
+// transaction that never reached the server needs no statement.
+func (t *Tx) Rollback(ctx context.Context) error {
+	if t.done {
+		return pgx.ErrTxClosed
+	}
+	t.done, t.pending = true, nil
+	defer t.conn.Release()
+	if !t.begun {
+		return nil
+	}
+	if _, err := t.conn.Exec(ctx, "ROLLBACK"); err != nil {
+		// The connection's state is unknown: close it rather than let the
+		// pool hand out a connection in a transaction.
+		_ = t.conn.Conn().Close(ctx)
+		return err
+	}
+	return nil
+}
+
+// Deferred returns a DBTX for statements whose result nothing reads (the
+// transaction's SET LOCAL settings): on a Tx, Exec queues them to travel
+// with the next statement; on any other transaction it runs them at once.
+func Deferred(tx pgx.Tx) Deferrer { return Deferrer{tx} }
+
+// Deferrer is what Deferred returns. Only Exec may be deferred: a statement
+// whose rows are read cannot wait.
+type Deferrer struct{ tx pgx.Tx }
+
+func (d Deferrer) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	switch t := d.tx.(type) {
+	case *Tx:
+		t.Queue(sql, args...)
+		return pgconn.CommandTag{}, nil
+	case *savepoint:
+		t.Queue(sql, args...)
+		return pgconn.CommandTag{}, nil
+	}
+	return d.tx.Exec(ctx, sql, args...)
+}
+
+func (d Deferrer) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return nil, errors.New("db: a deferred statement cannot return rows")
+}
+
+func (d Deferrer) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return errRow{errors.New("db: a deferred statement cannot return rows")}
+}
+
+// savepoint is a pseudo-nested transaction inside a Tx: its SAVEPOINT,
+// RELEASE and ROLLBACK TO are queued like any statement nothing waits on.
+type savepoint struct {
+	*Tx
+	name   string
+	closed bool
+}
+
+func (s *savepoint) Commit(ctx context.Context) error {
+	if s.closed {
+		return pgx.ErrTxClosed
+	}
+	s.closed = true
+	s.Queue("RELEASE SAVEPOINT " + s.name)
+	return nil
+}
+
+func (s *savepoint) Rollback(ctx context.Context) error {
+	if s.closed {
+		return pgx.ErrTxClosed
+	}
+	s.closed = true
+	s.Queue("ROLLBACK TO SAVEPOINT " + s.name)
+	return nil
+}
