@@ -46,6 +46,18 @@
 // committed row, so the duplicate replays it. Under REPEATABLE READ the
 // old snapshot would not see it and the duplicate would fail instead.
 //
+// What it costs (P2): three round trips to PostgreSQL for a create, two for
+// a replay. The transaction is a db.Tx, which pipelines: BEGIN and the
+// lock_timeout setting travel with the claim; the SAVEPOINT with exec's
+// first statement; the RELEASE and the COMMIT with the record. The four
+// steps above are still four statements, run in order, each seeing the one
+// before it; pipelining only saves the waits between those whose results
+// nothing reads. The one rule it adds: COMMIT may travel behind a statement
+// only when nothing that statement returns could decide a rollback (see
+// db.Tx.CommitAfterNext); an error from it still aborts the transaction and
+// the COMMIT then rolls back. TestRoundTripsPerRequest in internal/http
+// counts them on the wire.
+//
 // Side effects outside our database (a payment processor) cannot share one
 // transaction; they use the multi-step path in lease.go (S1-S3).
 package idem
