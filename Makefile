@@ -5,7 +5,7 @@ SQLC := $(GO) run github.com/sqlc-dev/sqlc/cmd/sqlc@v1.31.1
 BIN  := bin
 
 .DEFAULT_GOAL := help
-.PHONY: help run test bench fuzz fuzz-ci generate verify lint build migrate-new
+.PHONY: help run test bench loadtest loadtest-smoke fuzz fuzz-ci generate verify lint build migrate-new
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -18,6 +18,12 @@ test: ## Run every test on a real PostgreSQL (a throwaway cluster unless TEST_DA
 
 bench: ## Run the benchmarks
 	$(GO) test -run='^$$' -bench=. -benchmem ./...
+
+loadtest: ## Load benchmark: real server, durable PostgreSQL, vegeta at c=32; prints the ratios, round trips per request, RSS (a few minutes)
+	$(GO) run ./cmd/loadtest $(LOADTEST_FLAGS)
+
+loadtest-smoke: ## The load benchmark's short mode (what CI runs): it must finish and print, speed is not judged
+	$(GO) run ./cmd/loadtest -short $(LOADTEST_FLAGS)
 
 FUZZTIME ?= 30s
 fuzz: ## Fuzz the key parser, the canonicalizer, the strict decoder and the whole request path (FUZZTIME each)

@@ -45,6 +45,11 @@ type api struct {
 	auth     *tenants.Cache
 }
 
+// buildRoutes adds routes that only some builds have, under /v1 and its
+// middleware. The normal build has none; -tags loadtest adds the load
+// benchmark's baseline (baseline_loadtest.go).
+var buildRoutes []func(a *api, r chi.Router)
+
 // NewHandler returns the service's HTTP handler.
 func NewHandler(cfg Config) http.Handler {
 	a := &api{pool: cfg.Pool, idem: cfg.Idem, payments: cfg.Payments, auth: tenants.NewCache(cfg.Pool, cfg.AuthCacheTTL)}
@@ -89,6 +94,9 @@ func NewHandler(cfg Config) http.Handler {
 			r.Get("/{id}", a.getPayment)
 			r.Post("/{id}/refunds", a.createRefund)
 		})
+		for _, add := range buildRoutes {
+			add(a, r)
+		}
 	})
 	allow = routeIndex(r)
 	return r

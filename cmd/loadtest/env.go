@@ -1,0 +1,160 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemref/payments/internal/pgtmp"
+	"github.com/idemref/payments/internal/pgwire"
+)
+
+// environment is everything the benchmark started.
+type environment struct {
+	settings  map[string]string
+	cluster   *pgtmp.Cluster
+	dirs      []string // temporary directories to remove
+	keep      bool
+	processor *process
+	loadAPI   *process // the API under load, straight to PostgreSQL
+	probeAPI  *process // the API measured at the wire, through the proxy
+	proxy     *pgwire.Proxy
+	db        *pgxpool.Pool // straight to PostgreSQL, for the checks
+
+	processorURL      string
+	loadURL, probeURL string // the two APIs, http://host:port
+	apiKey            string
+	unusedKeys        [2]string // for the probe's authentication cache miss
+	runID             string
+}
+
+// start builds and starts everything; on error, what it started is in the
+// returned environment for stop.
+func start(ctx context.Context, o options) (*environment, error) {
+	env := &environment{keep: o.keep, runID: randomHex(4)}
+	root, err := moduleRoot()
+	if err != nil {
+		return nil, err
+	}
+	work, err := os.MkdirTemp("", "loadtest-")
+	if err != nil {
+		return nil, err
+	}
+	env.dirs = append(env.dirs, work)
+	// The data directory is its own temporary directory: when we are root,
+	// PostgreSQL runs as another user, who must be able to reach it.
+	dataDir, err := os.MkdirTemp("", "loadtest-pg-")
+	if err != nil {
+		return env, err
+	}
+	env.dirs = append(env.dirs, dataDir)
+
+	apiBin, err := build(root, work, "api", "./cmd/api", "loadtest")
+	if err != nil {
+		return env, err
+	}
+	processorBin, err := build(root, work, "processor", "./cmd/processor", "")
+	if err != nil {
+		return env, err
+	}
+
+	env.cluster, env.settings, err = startDatabase(ctx, dataDir)
+	if err != nil {
+		return env, err
+	}
+	dbURL := env.cluster.URL("payments")
+	migrate := exec.CommandContext(ctx, apiBin, "migrate", "up")
+	migrate.Env = append(os.Environ(), "DATABASE_URL="+dbURL)
+	if out, err := migrate.CombinedOutput(); err != nil {
+		return env, fmt.Errorf("api migrate up: %w\n%s", err, out)
+	}
+	if env.apiKey, err = createTenant(apiBin, dbURL, "loadtest"); err != nil {
+		return env, err
+	}
+	for i := range env.unusedKeys {
+		if env.unusedKeys[i], err = createTenant(apiBin, dbURL, "loadtest-unused-"+strconv.Itoa(i)); err != nil {
+			return env, err
+		}
+	}
+	if env.db, err = pgxpool.New(ctx, dbURL); err != nil {
+		return env, err
+	}
+
+	var addr string
+	env.processor, addr, err = startProcess(ctx, work, "processor", processorBin, nil,
+		[]string{"PROCESSOR_ADDR=127.0.0.1:0"}, "processor simulator listening")
+	if err != nil {
+		return env, err
+	}
+	env.processorURL = "http://" + addr
+
+	// Both APIs run as `api serve` with its defaults, except that the
+	// per-tenant rate limit is off (the benchmark is one tenant sending as
+	// fast as it can) and the pool size is fixed.
+	apiURL := dbURL + "&pool_max_conns=" + strconv.Itoa(o.pool)
+	common := []string{"ADDR=127.0.0.1:0", "PROCESSOR_URL=" + env.processorURL, "RATE_LIMIT_RPS=0"}
+	env.loadAPI, addr, err = startProcess(ctx, work, "api-load", apiBin, []string{"serve"},
+		append(common, "DATABASE_URL="+apiURL), "listening")
+	if err != nil {
+		return env, err
+	}
+	env.loadURL = "http://" + addr
+
+	if env.proxy, err = pgwire.Listen(net.JoinHostPort("127.0.0.1", strconv.Itoa(env.cluster.Port()))); err != nil {
+		return env, err
+	}
+	proxied, err := env.proxy.URL(apiURL)
+	if err != nil {
+		return env, err
+	}
+	// The probe's background jobs are off, so that every round trip the
+	// proxy counts belongs to the request being measured.
+	env.probeAPI, addr, err = startProcess(ctx, work, "api-probe", apiBin, []string{"serve"},
+		append(common, "DATABASE_URL="+proxied, "COMPLETER_INTERVAL=0", "REAPER_INTERVAL=0"), "listening")
+	if err != nil {
+		return env, err
+	}
+	env.probeURL = "http://" + addr
+	return env, nil
+}
+
+// stop ends every process, the proxy and PostgreSQL, and removes the
+// temporary directories (unless -keep).
+func (env *environment) stop() {
+	for _, p := range []*process{env.probeAPI, env.loadAPI, env.processor} {
+		if p != nil {
+			p.stop()
+		}
+	}
+	if env.proxy != nil {
+		_ = env.proxy.Close()
+	}
+	if env.db != nil {
+		env.db.Close()
+	}
+	if env.cluster != nil {
+		if err := env.cluster.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "loadtest: stop PostgreSQL:", err)
+		}
+	}
+	for _, d := range env.dirs {
+		if env.keep {
+			fmt.Fprintln(os.Stderr, "loadtest: kept", d)
+			continue
+		}
+		_ = os.RemoveAll(d)
+	}
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

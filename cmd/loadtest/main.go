@@ -1,0 +1,129 @@
+// Command loadtest is the service's load benchmark (make loadtest): it
+// starts a private PostgreSQL with its durability defaults, the real API
+// binary (built with -tags loadtest, which adds the baseline route without
+// idempotency) and the processor simulator as separate processes, and
+// drives the API over HTTP with vegeta at a fixed concurrency:
+//
+//	create    POST /v1/orders under fresh keys (executions)
+//	baseline  POST /v1/_baseline/orders, the same create without the key
+//	replay    POST /v1/orders under keys already used (replays)
+//	get       GET /v1/orders/{id}
+//	payment   POST /v1/payments on fresh orders, fresh keys
+//	storm     N identical requests under one key at once
+//
+// in interleaved rounds, and prints each figure as its median and range
+// over the rounds, the ratios the service is held to, the round trips and
+// statements of single requests (counted at the wire by internal/pgwire),
+// and the API process's memory. It checks its own traffic: a create must
+// be an execution and write one order, a replay must be a replay and write
+// nothing, a storm must execute once; anything else fails the run.
+//
+// Its last line is machine-readable, one name=value per figure:
+//
+//	loadtest: p1=0.83 p3=0.52 p4=2.4 p5_p99_ms=70 ... rss_mb=25
+//
+// Usage:
+//
+//	loadtest [-rounds 5] [-duration 4s] [-c 32] [-pool 4] [-storm 200] [-short]
+//
+// -short (or LOADTEST_SHORT=1) is the smoke test CI runs: 2 short rounds,
+// which proves the benchmark works and says nothing about speed.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"syscall"
+	"time"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "loadtest: FAILED:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	rounds      int
+	duration    time.Duration // of each scenario in each round
+	concurrency int
+	pool        int // the API's pool_max_conns
+	storm       int
+	replayKeys  int
+	samples     int // single requests measured at the wire, per kind
+	short       bool
+	keep        bool // keep the temporary directories (logs, data)
+}
+
+func parseOptions(args []string, getenv func(string) string) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("loadtest", flag.ContinueOnError)
+	fs.IntVar(&o.rounds, "rounds", 5, "interleaved rounds")
+	fs.DurationVar(&o.duration, "duration", 4*time.Second, "duration of each scenario in each round")
+	fs.IntVar(&o.concurrency, "c", 32, "concurrent clients")
+	fs.IntVar(&o.pool, "pool", 4, "the API's database pool size (pool_max_conns)")
+	fs.IntVar(&o.storm, "storm", 200, "simultaneous duplicates in the storm")
+	fs.IntVar(&o.replayKeys, "replay-keys", 100, "keys the replay scenario cycles through")
+	fs.IntVar(&o.samples, "samples", 7, "single requests measured at the wire, per kind")
+	fs.BoolVar(&o.short, "short", getenv("LOADTEST_SHORT") == "1", "smoke test: 2 rounds of 1s (also LOADTEST_SHORT=1)")
+	fs.BoolVar(&o.keep, "keep", false, "keep the temporary directories (logs, database) and print where they are")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.short {
+		// Flags given explicitly win over the short defaults.
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		if !set["rounds"] {
+			o.rounds = 2
+		}
+		if !set["duration"] {
+			o.duration = time.Second
+		}
+		if !set["samples"] {
+			o.samples = 3
+		}
+		if !set["replay-keys"] {
+			o.replayKeys = 20
+		}
+	}
+	if o.rounds < 1 || o.duration <= 0 || o.concurrency < 1 || o.pool < 1 || o.storm < 2 || o.replayKeys < 1 || o.samples < 1 {
+		return o, fmt.Errorf("every count and duration must be positive (storm at least 2)")
+	}
+	return o, nil
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	o, err := parseOptions(args, getenv)
+	if err != nil {
+		return err
+	}
+	env, err := start(ctx, o)
+	if env != nil {
+		defer env.stop()
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "loadtest: PostgreSQL %s (fsync=%s synchronous_commit=%s full_page_writes=%s), %d CPUs, c=%d, pool=%d, %d rounds of %s per scenario, storm of %d\n",
+		env.settings["server_version"], env.settings["fsync"], env.settings["synchronous_commit"], env.settings["full_page_writes"],
+		runtime.NumCPU(), o.concurrency, o.pool, o.rounds, o.duration, o.storm)
+	res, err := measureAll(ctx, o, env, stdout)
+	if err != nil {
+		return err
+	}
+	report(stdout, o, res)
+	return nil
+}

@@ -1,0 +1,244 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// scenario is one kind of request's figures, one entry per round.
+type scenario struct {
+	rps, p50, p99 series
+	requests      int // answered as expected, over all rounds
+}
+
+func (s *scenario) add(r outcome) {
+	s.rps = append(s.rps, r.rps())
+	s.p50 = append(s.p50, ms(percentile(r.latencies, 50)))
+	s.p99 = append(s.p99, ms(percentile(r.latencies, 99)))
+	s.requests += r.ok
+}
+
+type results struct {
+	create, baseline, replay, get, payment scenario
+	stormP99                               series
+	stormExecutions, stormReplays          int
+	stormInProgress, storms                int
+	paymentsRanOut                         bool
+	costs                                  probeCosts
+	rssPeak, rssEnd                        int64
+	charges, succeeded                     int
+}
+
+// measureAll runs a warm-up round (not reported), the rounds, the probe
+// and the final checks.
+func measureAll(ctx context.Context, o options, env *environment, stdout io.Writer) (*results, error) {
+	l := newLoad(env.loadURL, env.apiKey, env.runID, env.db, max(o.concurrency, o.storm)+8)
+	if err := l.setupReplays(ctx, o.replayKeys); err != nil {
+		return nil, err
+	}
+	res := &results{}
+	warm := &results{}
+	if err := oneRound(ctx, o, l, warm, max(o.duration/4, 250*time.Millisecond), 0); err != nil {
+		return nil, fmt.Errorf("warm-up: %w", err)
+	}
+	for i := 1; i <= o.rounds; i++ {
+		if err := oneRound(ctx, o, l, res, o.duration, i); err != nil {
+			return nil, fmt.Errorf("round %d: %w", i, err)
+		}
+		last := func(s series) float64 { return s[len(s)-1] }
+		fmt.Fprintf(stdout, "round %d/%d: create %.0f/s, baseline %.0f/s, replay %.0f/s, get %.0f/s, payment %.0f/s, storm p99 %.1f ms\n",
+			i, o.rounds, last(res.create.rps), last(res.baseline.rps), last(res.replay.rps), last(res.get.rps), last(res.payment.rps), last(res.stormP99))
+	}
+
+	var err error
+	if res.rssPeak, res.rssEnd, err = env.loadAPI.memory(); err != nil {
+		return nil, err
+	}
+
+	p := &probe{base: env.probeURL, apiKey: env.apiKey, proxy: env.proxy, load: l, client: &http.Client{Timeout: 30 * time.Second}}
+	if res.costs, err = p.run(ctx, 3, o.samples, env.unusedKeys); err != nil {
+		return nil, err
+	}
+
+	// Exactly one charge at the processor per succeeded payment (S2):
+	// the probe's payments included.
+	if res.charges, err = executedCharges(ctx, env.processorURL); err != nil {
+		return nil, err
+	}
+	if res.succeeded, err = l.count(ctx, countPayments); err != nil {
+		return nil, err
+	}
+	if res.charges != res.succeeded {
+		return nil, fmt.Errorf("the processor executed %d charges for %d succeeded payments", res.charges, res.succeeded)
+	}
+	return res, nil
+}
+
+// oneRound runs every scenario once. Create and baseline swap places from
+// one round to the next, so that neither always runs on the warmer (or
+// fuller) database.
+func oneRound(ctx context.Context, o options, l *load, res *results, d time.Duration, round int) error {
+	ids := &orderIDs{}
+	steps := []func() error{
+		func() error {
+			r, err := l.create(ctx, o.concurrency, d, ids)
+			res.create.add(r)
+			return err
+		},
+		func() error {
+			r, err := l.baseline(ctx, o.concurrency, d, ids)
+			res.baseline.add(r)
+			return err
+		},
+	}
+	if round%2 == 0 {
+		steps[0], steps[1] = steps[1], steps[0]
+	}
+	steps = append(steps,
+		func() error {
+			r, err := l.replay(ctx, o.concurrency, d)
+			res.replay.add(r)
+			return err
+		},
+		func() error {
+			r, err := l.get(o.concurrency, d, ids)
+			res.get.add(r)
+			return err
+		},
+		func() error {
+			r, ranOut, err := l.payment(ctx, o.concurrency, d, ids)
+			res.payment.add(r)
+			res.paymentsRanOut = res.paymentsRanOut || ranOut
+			return err
+		},
+		func() error {
+			s, err := l.storm(ctx, o.storm)
+			res.stormP99 = append(res.stormP99, ms(s.p99))
+			res.stormExecutions += s.executions
+			res.stormReplays += s.replays
+			res.stormInProgress += s.inProgress
+			res.storms++
+			return err
+		},
+	)
+	for _, step := range steps {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := step(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// executedCharges counts the charges the simulator executed (deduplicated
+// calls excluded).
+func executedCharges(ctx context.Context, processorURL string) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, processorURL+"/_sim/calls", nil)
+	if err != nil {
+		return 0, err
+	}
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer res.Body.Close()
+	var calls struct {
+		Data []struct {
+			Method, Path       string
+			Executed, Replayed bool
+		}
+	}
+	if err := json.NewDecoder(res.Body).Decode(&calls); err != nil {
+		return 0, fmt.Errorf("processor calls: %w", err)
+	}
+	n := 0
+	for _, c := range calls.Data {
+		if c.Method == http.MethodPost && c.Path == "/v1/charges" && c.Executed && !c.Replayed {
+			n++
+		}
+	}
+	return n, nil
+}
+
+func report(w io.Writer, o options, r *results) {
+	fmt.Fprintf(w, "\nthroughput and latency at c=%d, median (range) over %d rounds:\n", o.concurrency, o.rounds)
+	fmt.Fprintf(w, "  %-9s %-24s %-24s %s\n", "", "requests/s", "p50 ms", "p99 ms")
+	for _, s := range []struct {
+		name string
+		sc   scenario
+	}{{"create", r.create}, {"baseline", r.baseline}, {"replay", r.replay}, {"get", r.get}, {"payment", r.payment}} {
+		fmt.Fprintf(w, "  %-9s %-24s %-24s %s\n", s.name, s.sc.rps.format(0), s.sc.p50.format(1), s.sc.p99.format(1))
+	}
+	if r.paymentsRanOut {
+		fmt.Fprintln(w, "  (the payment scenario ran out of unpaid orders before its time in some round; its rate is over the time it ran)")
+	}
+
+	p1 := ratio(r.create.rps, r.baseline.rps)
+	p3 := ratio(r.payment.rps, r.create.rps)
+	p4 := ratio(r.replay.rps, r.create.rps)
+	fmt.Fprintf(w, "\nratios, per round, median (range):\n")
+	fmt.Fprintf(w, "  P1 create / baseline   %-22s target >= 0.8\n", p1.format(2))
+	fmt.Fprintf(w, "  P3 payment / create    %-22s target >= 0.5\n", p3.format(2))
+	fmt.Fprintf(w, "  P4 replay / create     %-22s target >= 2\n", p4.format(2))
+	fmt.Fprintf(w, "  P5 storm of %d: p99 %s ms, %d execution(s) in %d storm(s) (replays %d, 409 in progress %d); target one execution, p99 <= 100 ms\n",
+		o.storm, r.stormP99.format(1), r.stormExecutions, r.storms, r.stormReplays, r.stormInProgress)
+
+	c := r.costs
+	fmt.Fprintf(w, "\nround trips / statements per request, single requests at the wire, median (range) of %d:\n", o.samples)
+	for _, k := range []struct {
+		name string
+		c    cost
+		note string
+	}{
+		{"create", c.create, "target <= 4 round trips"},
+		{"replay", c.replay, "target <= 3"},
+		{"payment", c.payment, "target <= 12, plus the processor call"},
+		{"baseline", c.baseline, ""},
+		{"get", c.get, ""},
+	} {
+		fmt.Fprintf(w, "  %-9s %-12s / %-12s %s\n", k.name, k.c.roundTrips.format(0), k.c.statements.format(0), k.note)
+	}
+	fmt.Fprintf(w, "  an API key not in the authentication cache adds %d round trip(s) / %d statement(s), once per key per AUTH_CACHE_TTL\n",
+		c.authMiss.RoundTrips, c.authMiss.Statements)
+	for _, k := range []struct {
+		name string
+		c    cost
+	}{{"create", c.create}, {"replay", c.replay}, {"payment", c.payment}} {
+		fmt.Fprintf(w, "\nstatements of one %s, one line per round trip:\n", k.name)
+		for i, line := range formatStatements(k.c.recorded) {
+			fmt.Fprintf(w, "  %2d  %s\n", i+1, line)
+		}
+	}
+
+	mb := func(b int64) float64 { return float64(b) / (1 << 20) }
+	fmt.Fprintf(w, "\nAPI process memory: peak RSS (VmHWM) %.1f MB, RSS after the rounds (VmRSS) %.1f MB\n", mb(r.rssPeak), mb(r.rssEnd))
+	fmt.Fprintf(w, "checked: %d creates executed, %d baseline creates, %d replays, %d reads, %d payments, one order per storm; every one in the database; %d processor charges for %d succeeded payments\n",
+		r.create.requests, r.baseline.requests, r.replay.requests, r.get.requests, r.payment.requests, r.charges, r.succeeded)
+
+	fields := []string{
+		fmt.Sprintf("p1=%.2f", p1.median()),
+		fmt.Sprintf("p3=%.2f", p3.median()),
+		fmt.Sprintf("p4=%.2f", p4.median()),
+		fmt.Sprintf("p5_p99_ms=%.0f", r.stormP99.median()),
+		fmt.Sprintf("p5_executions=%d", r.stormExecutions/max(r.storms, 1)),
+		fmt.Sprintf("rt_create=%g", c.create.roundTrips.median()),
+		fmt.Sprintf("rt_replay=%g", c.replay.roundTrips.median()),
+		fmt.Sprintf("rt_payment=%g", c.payment.roundTrips.median()),
+		fmt.Sprintf("rt_baseline=%g", c.baseline.roundTrips.median()),
+		fmt.Sprintf("rt_auth_miss=%d", c.authMiss.RoundTrips),
+		fmt.Sprintf("st_create=%g", c.create.statements.median()),
+		fmt.Sprintf("st_replay=%g", c.replay.statements.median()),
+		fmt.Sprintf("st_payment=%g", c.payment.statements.median()),
+		fmt.Sprintf("create_rps=%.0f", r.create.rps.median()),
+		fmt.Sprintf("baseline_rps=%.0f", r.baseline.rps.median()),
+		fmt.Sprintf("rss_mb=%.0f", mb(r.rssPeak)),
+	}
+	fmt.Fprintf(w, "\nloadtest: %s\n", strings.Join(fields, " "))
+}

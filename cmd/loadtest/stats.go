@@ -1,0 +1,57 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"time"
+)
+
+// series is one figure measured once per round.
+type series []float64
+
+func (s series) median() float64 {
+	if len(s) == 0 {
+		return math.NaN()
+	}
+	v := slices.Sorted(slices.Values(s))
+	if n := len(v); n%2 == 1 {
+		return v[n/2]
+	} else {
+		return (v[n/2-1] + v[n/2]) / 2
+	}
+}
+
+// format returns "median (min–max)" with prec decimals.
+func (s series) format(prec int) string {
+	if len(s) == 0 {
+		return "n/a"
+	}
+	if len(s) == 1 {
+		return fmt.Sprintf("%.*f", prec, s[0])
+	}
+	return fmt.Sprintf("%.*f (%.*f–%.*f)", prec, s.median(), prec, slices.Min(s), prec, slices.Max(s))
+}
+
+// ratio divides a by b round by round: the rounds are interleaved, so a
+// ratio within one round compares figures measured minutes apart at most.
+func ratio(a, b series) series {
+	out := make(series, 0, len(a))
+	for i := range min(len(a), len(b)) {
+		out = append(out, a[i]/b[i])
+	}
+	return out
+}
+
+// percentile returns the p-th percentile (0 < p <= 100) of latencies by
+// the nearest-rank method.
+func percentile(latencies []time.Duration, p float64) time.Duration {
+	if len(latencies) == 0 {
+		return 0
+	}
+	v := slices.Sorted(slices.Values(latencies))
+	rank := int(math.Ceil(p / 100 * float64(len(v))))
+	return v[max(rank, 1)-1]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -1,0 +1,57 @@
+//go:build loadtest
+
+package httpapi
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemref/payments/internal/db"
+)
+
+// BaselineOrdersPath is the load benchmark's baseline (cmd/loadtest): the
+// order create of POST /v1/orders without idempotency, to measure what the
+// key costs. It exists only in a binary built with -tags loadtest.
+const BaselineOrdersPath = "/v1/_baseline/orders"
+
+func init() {
+	buildRoutes = append(buildRoutes, func(a *api, r chi.Router) {
+		r.Post("/_baseline/orders", a.createOrderBaseline)
+	})
+}
+
+// createOrderBaseline does what POST /v1/orders does, minus the key: the
+// same authentication and rate limit (the /v1 middleware), the same body
+// checks, the same validation and insert in one transaction (db.WithTx,
+// as a service without idempotency would write it: BEGIN, insert,
+// COMMIT), the same 201 body and Location. What it leaves out is exactly
+// the price of idempotency: no Idempotency-Key header, no fingerprint, no
+// claim, no savepoint, no recorded response. A retry of it creates a
+// second order, or meets the reference backstop (409).
+func (a *api) createOrderBaseline(w http.ResponseWriter, r *http.Request) {
+	var req createOrderRequest
+	if err := decodeBody(r, &req); err != nil {
+		writeError(w, r, err)
+		return
+	}
+	req.applyDefaults()
+	var out success
+	err := db.WithTx(r.Context(), a.pool, func(ctx context.Context, tx pgx.Tx) error {
+		var err error
+		out, err = createOrder(ctx, tx, tenantFrom(ctx), &req)
+		return err
+	})
+	if err != nil {
+		writeError(w, r, readError(err))
+		return
+	}
+	res, err := encodeJSON(out.status, out.body, out.location)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	writeResponse(w, res)
+}

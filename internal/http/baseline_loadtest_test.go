@@ -1,0 +1,67 @@
+//go:build loadtest
+
+package httpapi_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"testing"
+
+	httpapi "github.com/idemref/payments/internal/http"
+)
+
+// The load benchmark's baseline creates the order as POST /v1/orders does,
+// with the same authentication, validation and answer, and no key row.
+func TestBaselineCreate(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	count := func(sql string) int {
+		t.Helper()
+		var n int
+		if err := e.pool.QueryRow(context.Background(), sql, e.a.ID).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	t.Run("CreatesTheOrderWithoutAKey", func(t *testing.T) {
+		res := e.do(t, http.MethodPost, httpapi.BaselineOrdersPath, e.a.Key, []byte(orderBody("base-1")))
+		if res.status != http.StatusCreated {
+			t.Fatalf("status %d: %s", res.status, res.body)
+		}
+		var o struct{ ID, Reference string }
+		if err := json.Unmarshal(res.body, &o); err != nil || o.Reference != "base-1" {
+			t.Fatalf("body %s: %v", res.body, err)
+		}
+		if got, want := res.header.Get("Location"), "/v1/orders/"+o.ID; got != want {
+			t.Errorf("Location = %q, want %q", got, want)
+		}
+		if n := count(`SELECT count(*) FROM orders WHERE tenant_id = $1 AND reference = 'base-1'`); n != 1 {
+			t.Errorf("orders = %d, want 1", n)
+		}
+		if n := count(`SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1`); n != 0 {
+			t.Errorf("key rows = %d, want 0", n)
+		}
+		// The order is an ordinary order: the idempotent API reads it.
+		if got := e.get(t, e.a.Key, "/v1/orders/"+o.ID); got.status != http.StatusOK {
+			t.Errorf("GET the baseline's order: %d %s", got.status, got.body)
+		}
+	})
+
+	t.Run("AuthenticatesAndValidatesLikeTheRealCreate", func(t *testing.T) {
+		if res := e.do(t, http.MethodPost, httpapi.BaselineOrdersPath, "", []byte(orderBody("base-2"))); res.status != http.StatusUnauthorized {
+			t.Errorf("without an API key: %d, want 401", res.status)
+		}
+		bad := `{"reference":"base-3","customer_id":"cus_1","amount":-5,"currency":"EUR"}`
+		if res := e.do(t, http.MethodPost, httpapi.BaselineOrdersPath, e.a.Key, []byte(bad)); res.status != http.StatusBadRequest {
+			t.Errorf("negative amount: %d, want 400", res.status)
+		}
+		if res := e.do(t, http.MethodPost, httpapi.BaselineOrdersPath, e.a.Key, []byte(orderBody("base-1"))); res.status != http.StatusConflict {
+			t.Errorf("a reference that exists: %d, want 409 (the backstop)", res.status)
+		}
+		if n := count(`SELECT count(*) FROM orders WHERE tenant_id = $1`); n != 1 {
+			t.Errorf("orders = %d, want 1", n)
+		}
+	})
+}
