@@ -28,6 +28,12 @@ func createPayment(ctx context.Context, tx pgx.Tx, c idem.Claim, in PayInput) (d
 	if err != nil {
 		return dbsqlc.Payment{}, err
 	}
+	// The live payment is looked for with a plain read before the insert,
+	// although the insert's unique index would find it too: the index
+	// check waits for a transaction that is updating the live payment
+	// (its outcome being recorded, which then updates this order), while
+	// this one holds the order's lock that the other needs: a deadlock.
+	// The read waits for nothing (TestPayConcurrentDuplicates).
 	if live, err := q.PaymentGetLiveForOrder(ctx, dbsqlc.PaymentGetLiveForOrderParams{TenantID: c.TenantID, OrderID: in.OrderID}); err == nil {
 		return dbsqlc.Payment{}, &PaymentExistsError{PaymentID: live.ID}
 	} else if !errors.Is(err, pgx.ErrNoRows) {
