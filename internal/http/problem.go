@@ -236,8 +236,9 @@ func (p Problem) encode() idem.Response {
 	return idem.Response{Status: p.Status, Header: h, Body: body}
 }
 
-// writeError answers with the problem for err and logs it: 4xx at info,
-// 5xx at error with the internal cause.
+// writeError answers with the problem for err. Its code goes on the
+// request's one access log line; a 5xx also logs its internal cause, at
+// error level, since only the server can act on it.
 func writeError(w http.ResponseWriter, r *http.Request, err error) {
 	p := problemFor(err)
 	logProblem(r.Context(), p, err)
@@ -245,12 +246,12 @@ func writeError(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 func logProblem(ctx context.Context, p Problem, err error) {
-	logger := loggerFrom(ctx)
-	if p.Status >= 500 {
-		logger.ErrorContext(ctx, "request failed", slog.String("code", p.Code), slog.Any("error", err))
-		return
+	if n, ok := ctx.Value(ctxProblemCode).(*string); ok {
+		*n = p.Code
 	}
-	logger.InfoContext(ctx, "request rejected", slog.String("code", p.Code), slog.Int("status", p.Status))
+	if p.Status >= 500 {
+		loggerFrom(ctx).ErrorContext(ctx, "request failed", slog.String("code", p.Code), slog.Any("error", err))
+	}
 }
 
 func writeResponse(w http.ResponseWriter, res idem.Response) {
