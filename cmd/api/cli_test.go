@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemref/payments/internal/dbmigrate"
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/testdb"
 )
@@ -76,6 +77,8 @@ func TestConfigurationErrorsAreClear(t *testing.T) {
 		{"ReapLoopDisabled", []string{"reap", "--loop"}, map[string]string{"DATABASE_URL": "postgres://x/y", "REAPER_INTERVAL": "0"}, "REAPER_INTERVAL"},
 		{"ReapUnknownFlag", []string{"reap", "--forever"}, nil, "invalid command line"},
 		{"UnknownCommand", []string{"launch"}, nil, "invalid command line"},
+		{"BareMigrateDown", []string{"migrate", "down"}, map[string]string{"DATABASE_URL": "postgres://x/y"}, "--all"},
+		{"MigrateDownZero", []string{"migrate", "down", "0"}, map[string]string{"DATABASE_URL": "postgres://x/y"}, "positive number"},
 		{"NoCommand", nil, nil, "invalid command line"},
 	}
 	for _, tt := range tests {
@@ -189,5 +192,61 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met within 20s")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// migrate down rolls back exactly the number of migrations asked for, and
+// --all everything; a bare down is refused before it touches anything.
+func TestMigrateDownTakesACount(t *testing.T) {
+	t.Parallel()
+	url := testdb.CreateEmptyDatabase(t)
+	migrateCmd := func(args ...string) {
+		t.Helper()
+		cmd := exec.Command(apiBinary(t), append([]string{"migrate"}, args...)...)
+		cmd.Env = append(os.Environ(), "DATABASE_URL="+url)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("migrate %v: %v\n%s", args, err, out)
+		}
+	}
+	version := func() uint {
+		t.Helper()
+		v, _, err := dbmigrate.Version(t.Context(), url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	migrateCmd("up")
+	top := version()
+	migrateCmd("down", "1")
+	if got := version(); got >= top || got == 0 {
+		t.Fatalf("version after down 1 = %d, want the one before %d", got, top)
+	}
+	cmd := exec.Command(apiBinary(t), "migrate", "down")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+url)
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "--all") {
+		t.Fatalf("bare migrate down: err %v, output %s; want a refusal naming --all", err, out)
+	}
+	before := version()
+	if before == 0 {
+		t.Fatal("the refused down rolled back everything")
+	}
+	migrateCmd("down", "--all")
+	if got := version(); got != 0 {
+		t.Fatalf("version after down --all = %d, want 0", got)
+	}
+}
+
+// help, -h and --help print the usage on stdout and succeed.
+func TestHelp(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"help"}, {"-h"}, {"--help"}, {"serve", "-h"}, {"migrate", "--help"}} {
+		var stdout, stderr bytes.Buffer
+		if err := run(context.Background(), args, func(string) string { return "" }, &stdout, &stderr); err != nil {
+			t.Errorf("api %v: %v", args, err)
+		}
+		if !strings.Contains(stdout.String(), "api migrate down N") {
+			t.Errorf("api %v printed %q, want the usage", args, stdout.String())
+		}
 	}
 }

@@ -10,7 +10,9 @@
 //	                           and delete tombstones past retention, once
 //	                           (printing the counts) or every REAPER_INTERVAL
 //	                           until SIGINT (also runs inside serve)
-//	api migrate up|down        apply or roll back the schema
+//	api migrate up             apply every migration not yet applied
+//	api migrate down N|--all   roll back the last N migrations, or all of
+//	                           them (every table and row: never by default)
 //	api tenant create NAME     create a tenant; prints its API key last
 //
 // Configuration comes from the environment; see the README.
@@ -24,6 +26,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 )
 
@@ -32,7 +35,10 @@ const usage = `usage:
   api dev                   development mode (private PostgreSQL when DATABASE_URL is unset)
   api completer             finish abandoned payments, run the reconciliation sweep (serve also runs one)
   api reap [--loop]         prune expired idempotency keys once, or until SIGINT with --loop (serve also runs one)
-  api migrate up|down       apply or roll back database migrations
+  api migrate up            apply every database migration not yet applied
+  api migrate down N        roll back the last N migrations
+  api migrate down --all    roll back every migration: drops every table and row
+  api help                  this text (also -h, --help, and -h after any command)
   api tenant create NAME    create a tenant and print its API key
 `
 
@@ -52,6 +58,19 @@ func main() {
 
 var errUsage = errors.New("invalid command line")
 
+// wantsHelp: "api help", or -h / --help anywhere on the line.
+func wantsHelp(args []string) bool {
+	if args[0] == "help" {
+		return true
+	}
+	for _, a := range args {
+		if a == "-h" || a == "--help" || a == "-help" {
+			return true
+		}
+	}
+	return false
+}
+
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	cfg, err := loadConfig(getenv)
 	if err != nil {
@@ -60,6 +79,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	logger := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
 	if len(args) == 0 {
 		return errUsage
+	}
+	if wantsHelp(args) {
+		fmt.Fprint(stdout, usage)
+		return nil
 	}
 	switch cmd, rest := args[0], args[1:]; {
 	case cmd == "serve" && len(rest) == 0:
@@ -85,11 +108,29 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return runReaper(ctx, cfg, logger, len(rest) == 1, stdout)
 	case cmd == "dev" && len(rest) == 0:
 		return dev(ctx, cfg, logger, stdout)
-	case cmd == "migrate" && len(rest) == 1 && (rest[0] == "up" || rest[0] == "down"):
+	case cmd == "migrate" && len(rest) == 1 && rest[0] == "up":
 		if cfg.DatabaseURL == "" {
 			return errors.New("DATABASE_URL is not set")
 		}
-		return migrate(ctx, cfg.DatabaseURL, rest[0], logger)
+		return migrate(ctx, cfg.DatabaseURL, "up", 0, logger)
+	case cmd == "migrate" && len(rest) >= 1 && rest[0] == "down":
+		// Rolling back everything drops every table and row: it is never
+		// what a bare "down" does.
+		steps := -1
+		if len(rest) != 2 {
+			return fmt.Errorf("%w: migrate down needs how many migrations to roll back (N) or --all", errUsage)
+		}
+		if rest[1] != "--all" {
+			n, err := strconv.Atoi(rest[1])
+			if err != nil || n < 1 {
+				return fmt.Errorf("%w: migrate down %q: want a positive number of migrations or --all", errUsage, rest[1])
+			}
+			steps = n
+		}
+		if cfg.DatabaseURL == "" {
+			return errors.New("DATABASE_URL is not set")
+		}
+		return migrate(ctx, cfg.DatabaseURL, "down", steps, logger)
 	case cmd == "tenant" && len(rest) == 2 && rest[0] == "create":
 		if cfg.DatabaseURL == "" {
 			return errors.New("DATABASE_URL is not set")

@@ -180,12 +180,17 @@ func runReaper(ctx context.Context, cfg config, logger *slog.Logger, loop bool, 
 	return nil
 }
 
-func migrate(ctx context.Context, databaseURL, direction string, logger *slog.Logger) error {
+// migrate applies every migration ("up"), or rolls back steps of them
+// (steps > 0) or all of them (steps < 0, "down --all").
+func migrate(ctx context.Context, databaseURL, direction string, steps int, logger *slog.Logger) error {
 	var err error
-	if direction == "up" {
+	switch {
+	case direction == "up":
 		err = dbmigrate.Up(ctx, databaseURL)
-	} else {
+	case steps < 0:
 		err = dbmigrate.Down(ctx, databaseURL)
+	default:
+		err = dbmigrate.DownSteps(ctx, databaseURL, steps)
 	}
 	if err != nil {
 		return err

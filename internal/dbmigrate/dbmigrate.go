@@ -21,9 +21,17 @@ func Up(ctx context.Context, databaseURL string) error {
 	return run(ctx, databaseURL, func(m *migrate.Migrate) error { return m.Up() })
 }
 
-// Down rolls back every migration.
+// Down rolls back every migration: every table and every row goes.
 func Down(ctx context.Context, databaseURL string) error {
 	return run(ctx, databaseURL, func(m *migrate.Migrate) error { return m.Down() })
+}
+
+// DownSteps rolls back the last n applied migrations (n > 0).
+func DownSteps(ctx context.Context, databaseURL string, n int) error {
+	if n <= 0 {
+		return fmt.Errorf("dbmigrate: want a positive number of migrations to roll back, got %d", n)
+	}
+	return run(ctx, databaseURL, func(m *migrate.Migrate) error { return m.Steps(-n) })
 }
 
 // Version reports the applied version and whether a failed migration left
