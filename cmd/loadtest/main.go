@@ -38,6 +38,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -122,6 +123,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		runtime.NumCPU(), o.concurrency, o.pool, o.rounds, o.duration, o.storm)
 	res, err := measureAll(ctx, o, env, stdout)
 	if err != nil {
+		for _, p := range []*process{env.loadAPI, env.probeAPI} {
+			if lines := errorLines(p.logPath, 10); len(lines) > 0 {
+				fmt.Fprintf(os.Stderr, "loadtest: the last errors %s logged:\n%s\n", p.name, strings.Join(lines, "\n"))
+			}
+		}
 		return err
 	}
 	report(stdout, o, res)

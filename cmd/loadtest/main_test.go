@@ -1,10 +1,12 @@
 package main
 
 import (
+	"net/http"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	vegeta "github.com/tsenart/vegeta/v12/lib"
 )
 
 func TestSeries(t *testing.T) {
@@ -78,5 +80,32 @@ func TestShortModeKeepsExplicitFlags(t *testing.T) {
 	}
 	if o.short || o.rounds != 5 || o.concurrency != 32 || o.pool != 4 || o.storm != 200 {
 		t.Errorf("defaults: %+v", o)
+	}
+}
+
+// The benchmark's checks tell an execution from a replay by the header.
+func TestStatusTellsExecutionsFromReplays(t *testing.T) {
+	t.Parallel()
+	executed := &vegeta.Result{Code: 201, Headers: http.Header{}}
+	replayed := &vegeta.Result{Code: 201, Headers: http.Header{"Idempotent-Replayed": {"true"}}}
+	conflict := &vegeta.Result{Code: 409, Headers: http.Header{}}
+	tests := []struct {
+		name   string
+		expect expectation
+		res    *vegeta.Result
+		ok     bool
+	}{
+		{"ExecutionWhereAnExecutionIsDue", status(201, false), executed, true},
+		{"ReplayWhereAnExecutionIsDue", status(201, false), replayed, false},
+		{"ReplayWhereAReplayIsDue", status(201, true), replayed, true},
+		{"ExecutionWhereAReplayIsDue", status(201, true), executed, false},
+		{"OtherStatus", status(201, false), conflict, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := tt.expect(tt.res) == ""; got != tt.ok {
+				t.Errorf("accepted = %t, want %t", got, tt.ok)
+			}
+		})
 	}
 }

@@ -159,6 +159,28 @@ func tail(path string) string {
 	return strings.Join(lines, "\n")
 }
 
+// errorLines returns the last n lines of a JSON log at level ERROR.
+func errorLines(path string, n int) []string {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var lines []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var entry struct{ Level string }
+		if json.Unmarshal(sc.Bytes(), &entry) == nil && entry.Level == "ERROR" {
+			lines = append(lines, sc.Text())
+			if len(lines) > n {
+				lines = lines[1:]
+			}
+		}
+	}
+	return lines
+}
+
 // stop ends the process gracefully (SIGTERM), or kills it after 15 s.
 func (p *process) stop() {
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
