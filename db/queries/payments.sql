@@ -103,3 +103,19 @@ WHERE tenant_id = @tenant_id AND payment_id = @payment_id AND charge_id = @charg
 SELECT * FROM payment_compensations
 WHERE tenant_id = @tenant_id AND payment_id = @payment_id
 ORDER BY created_at, charge_id;
+
+-- name: PaymentList :many
+-- Keyset pagination, newest first, as OrderList; optionally one order's.
+SELECT * FROM payments
+WHERE tenant_id = @tenant_id
+  AND (sqlc.narg('order_id')::uuid IS NULL OR order_id = sqlc.narg('order_id')::uuid)
+  AND (sqlc.narg('cursor_created_at')::timestamptz IS NULL
+       OR (created_at, id) < (sqlc.narg('cursor_created_at')::timestamptz, sqlc.narg('cursor_id')::uuid))
+ORDER BY created_at DESC, id DESC
+LIMIT @row_limit;
+
+-- name: CompensationsForPayments :many
+-- The compensations of a page of payments, in one statement.
+SELECT * FROM payment_compensations
+WHERE tenant_id = @tenant_id AND payment_id = ANY(@payment_ids::uuid[])
+ORDER BY payment_id, created_at, charge_id;

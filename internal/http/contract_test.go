@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"path"
 	"slices"
 	"sort"
 	"strings"
@@ -281,7 +282,17 @@ func TestContractResponsesMatchSpec(t *testing.T) {
 	get(t, "get payment unauthorized", 401, "", "/v1/payments/"+paymentID)
 
 	refunds := "/v1/payments/" + paymentID + "/refunds"
-	send(t, "refund", 201, refunds, e.a.Key, "r-create", refundBody(1000))
+	refund := send(t, "refund", 201, refunds, e.a.Key, "r-create", refundBody(1000))
+	refundAt := refund.header.Get("Location")
+	get(t, "get refund", 200, e.a.Key, refundAt)
+	get(t, "get refund other tenant", 404, e.b.Key, refundAt)
+	get(t, "get refund of another payment", 404, e.a.Key, "/v1/payments/"+declinedID+"/refunds/"+path.Base(refundAt))
+	get(t, "get refund malformed id", 404, e.a.Key, refunds+"/not-a-uuid")
+	get(t, "get refund unauthorized", 401, "", refundAt)
+	get(t, "list payments", 200, e.a.Key, "/v1/payments?limit=1")
+	get(t, "list payments of an order", 200, e.a.Key, "/v1/payments?order_id="+toPay.ID)
+	get(t, "list payments invalid_query", 400, e.a.Key, "/v1/payments?order_id=nope")
+	get(t, "list payments unauthorized", 401, "", "/v1/payments")
 	send(t, "refund replay", 201, refunds, e.a.Key, "r-create", refundBody(1000))
 	send(t, "refund validation_failed", 400, refunds, e.a.Key, "r-invalid", refundBody(0))
 	send(t, "refund invalid_json", 400, refunds, e.a.Key, "r-json", `{"amount":"1"}`)
@@ -326,6 +337,8 @@ func TestContractResponsesMatchSpec(t *testing.T) {
 		{http.MethodPost, "/v1/payments", payBody(someID, cardVisa)},
 		{http.MethodGet, "/v1/payments/" + someID, ""},
 		{http.MethodPost, "/v1/payments/" + someID + "/refunds", refundBody(1)},
+		{http.MethodGet, "/v1/payments", ""},
+		{http.MethodGet, "/v1/payments/" + someID + "/refunds/" + someID, ""},
 		{http.MethodGet, keyStatus("k-limited", endpointOrders), ""},
 	} {
 		var opts []reqOption
@@ -347,6 +360,8 @@ func TestContractResponsesMatchSpec(t *testing.T) {
 	get(t, "get down", 503, e.a.Key, "/v1/orders/"+uuid.NewString())
 	send(t, "pay down", 503, pay, e.a.Key, "p-outage", payBody(toFail.ID, cardVisa))
 	get(t, "get payment down", 503, e.a.Key, "/v1/payments/"+paymentID)
+	get(t, "list payments down", 503, e.a.Key, "/v1/payments")
+	get(t, "get refund down", 503, e.a.Key, refundAt)
 	send(t, "refund down", 503, refunds, e.a.Key, "r-outage", refundBody(1))
 	e.proxy.Restore()
 

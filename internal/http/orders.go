@@ -98,15 +98,24 @@ const (
 	maxPageSize     = 100
 )
 
+// pageSize reads ?limit= of a list: defaultPageSize when absent.
+func pageSize(r *http.Request) (int, error) {
+	s := r.URL.Query().Get("limit")
+	if s == "" {
+		return defaultPageSize, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 || n > maxPageSize {
+		return 0, errInvalidLimit
+	}
+	return n, nil
+}
+
 func (a *api) listOrders(w http.ResponseWriter, r *http.Request) {
-	limit := defaultPageSize
-	if s := r.URL.Query().Get("limit"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 || n > maxPageSize {
-			writeError(w, r, errInvalidLimit)
-			return
-		}
-		limit = n
+	limit, err := pageSize(r)
+	if err != nil {
+		writeError(w, r, err)
+		return
 	}
 	page, err := orders.List(r.Context(), a.pool, tenantFrom(r.Context()), r.URL.Query().Get("cursor"), limit)
 	if err != nil {

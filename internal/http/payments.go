@@ -3,6 +3,7 @@ package httpapi
 import (
 	"context"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -91,6 +92,17 @@ type refundJSON struct {
 	CreatedAt string    `json:"created_at"`
 }
 
+func toRefundJSON(r payments.Refund) refundJSON {
+	return refundJSON{
+		ID: r.ID, PaymentID: r.PaymentID, Amount: r.Amount, Status: r.Status,
+		CreatedAt: r.CreatedAt.UTC().Format(time.RFC3339Nano),
+	}
+}
+
+func refundPath(r payments.Refund) string {
+	return "/v1/payments/" + r.PaymentID.String() + "/refunds/" + r.ID.String()
+}
+
 func optional(s string) *string {
 	if s == "" {
 		return nil
@@ -114,12 +126,9 @@ func (Renderer) Payment(p payments.Payment) idem.Response {
 	return res
 }
 
-// Refund renders a finished refund: 201.
+// Refund renders a finished refund: 201 with its Location.
 func (Renderer) Refund(r payments.Refund) idem.Response {
-	res, err := encodeJSON(http.StatusCreated, refundJSON{
-		ID: r.ID, PaymentID: r.PaymentID, Amount: r.Amount, Status: r.Status,
-		CreatedAt: r.CreatedAt.UTC().Format(time.RFC3339Nano),
-	}, "")
+	res, err := encodeJSON(http.StatusCreated, toRefundJSON(r), refundPath(r))
 	if err != nil {
 		panic(err)
 	}
@@ -156,4 +165,59 @@ func (a *api) getPayment(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, toPaymentJSON(p))
+}
+
+type paymentListJSON struct {
+	Data       []paymentJSON `json:"data"`
+	NextCursor *string       `json:"next_cursor"`
+}
+
+// listPayments answers GET /v1/payments: the tenant's payments newest
+// first, optionally only those of ?order_id=, paginated like orders.
+func (a *api) listPayments(w http.ResponseWriter, r *http.Request) {
+	limit, err := pageSize(r)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	var orderID uuid.UUID
+	if s := r.URL.Query().Get("order_id"); s != "" {
+		if orderID, err = uuid.Parse(s); err != nil || orderID.String() != strings.ToLower(s) {
+			writeError(w, r, errInvalidOrderFilter)
+			return
+		}
+	}
+	page, err := a.payments.List(r.Context(), tenantFrom(r.Context()), orderID, r.URL.Query().Get("cursor"), limit)
+	if err != nil {
+		writeError(w, r, readError(err))
+		return
+	}
+	out := paymentListJSON{Data: make([]paymentJSON, 0, len(page.Payments))}
+	for _, p := range page.Payments {
+		out.Data = append(out.Data, toPaymentJSON(p))
+	}
+	if page.NextCursor != "" {
+		out.NextCursor = &page.NextCursor
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// getRefund answers GET /v1/payments/{id}/refunds/{refund_id}.
+func (a *api) getRefund(w http.ResponseWriter, r *http.Request) {
+	paymentID, err := uuid.Parse(chi.URLParam(r, "id"))
+	if err != nil {
+		writeError(w, r, payments.ErrRefundNotFound)
+		return
+	}
+	refundID, err := uuid.Parse(chi.URLParam(r, "refund_id"))
+	if err != nil {
+		writeError(w, r, payments.ErrRefundNotFound)
+		return
+	}
+	ref, err := a.payments.GetRefund(r.Context(), tenantFrom(r.Context()), paymentID, refundID)
+	if err != nil {
+		writeError(w, r, readError(err))
+		return
+	}
+	writeJSON(w, http.StatusOK, toRefundJSON(ref))
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/idemref/payments/internal/cursor"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/orders"
 	"github.com/idemref/payments/internal/payments"
@@ -182,11 +183,13 @@ func problemFor(err error) Problem {
 			"The payment processor has not confirmed whether the request took effect, and it may still do so. Nothing was recorded as final and the payment shows status processing: retry with the same Idempotency-Key after the Retry-After delay. The request resumes where it stopped and never charges or refunds twice.")
 		p.header = map[string]string{"Retry-After": retryAfter(payments.RetryAfter(err))}
 		return p
-	case errors.Is(err, orders.ErrNotFound), errors.Is(err, payments.ErrNotFound), errors.Is(err, errRouteNotFound):
+	case errors.Is(err, orders.ErrNotFound), errors.Is(err, payments.ErrNotFound), errors.Is(err, payments.ErrRefundNotFound),
+		errors.Is(err, errRouteNotFound):
 		return newProblem(http.StatusNotFound, CodeNotFound, "Not found", "")
 	case errors.Is(err, errMethodNotAllowed):
 		return newProblem(http.StatusMethodNotAllowed, CodeMethodNotAllowed, "Method not allowed", "")
-	case errors.Is(err, orders.ErrInvalidCursor), errors.Is(err, errInvalidLimit), errors.Is(err, errEndpointParam):
+	case errors.Is(err, cursor.ErrInvalid), errors.Is(err, errInvalidLimit), errors.Is(err, errEndpointParam),
+		errors.Is(err, errInvalidOrderFilter):
 		return newProblem(http.StatusBadRequest, CodeInvalidQuery, "Invalid query parameter", err.Error())
 	case errors.Is(err, errNotReady):
 		p := newProblem(http.StatusServiceUnavailable, CodeUnavailable, "Service unavailable",
@@ -212,6 +215,9 @@ var (
 	errRouteNotFound    = errors.New("no such route")
 	errMethodNotAllowed = errors.New("method not allowed")
 	errInvalidLimit     = errors.New("limit must be an integer from 1 to 100")
+	// errInvalidOrderFilter: GET /v1/payments?order_id= that is not an
+	// order id in canonical form.
+	errInvalidOrderFilter = errors.New("order_id must be an order id (a lowercase UUID)")
 	// errUnavailable marks a transient failure outside the idempotency layer
 	// (authentication, reads).
 	errUnavailable = errors.New("temporarily unavailable")

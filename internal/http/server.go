@@ -91,8 +91,10 @@ func NewHandler(cfg Config) http.Handler {
 		r.Get("/idempotency-keys/{key}", a.getKeyStatus)
 		r.Route("/payments", func(r chi.Router) {
 			r.Post("/", multiStep[createPaymentRequest](a.createPayment))
+			r.Get("/", a.listPayments)
 			r.Get("/{id}", a.getPayment)
 			r.Post("/{id}/refunds", a.createRefund)
+			r.Get("/{id}/refunds/{refund_id}", a.getRefund)
 		})
 		for _, add := range buildRoutes {
 			add(a, r)

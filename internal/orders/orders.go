@@ -6,18 +6,16 @@ package orders
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemref/payments/internal/cursor"
 	"github.com/idemref/payments/internal/db/dbsqlc"
 	"github.com/idemref/payments/internal/validation"
 )
@@ -57,7 +55,7 @@ var (
 	// included: existence must not leak).
 	ErrNotFound = errors.New("order not found")
 	// ErrInvalidCursor: a list cursor that this service did not issue.
-	ErrInvalidCursor = errors.New("invalid cursor")
+	ErrInvalidCursor = cursor.ErrInvalid
 )
 
 // ReferenceExistsError is the natural-key backstop firing: an order with
@@ -185,13 +183,13 @@ type Page struct {
 
 // List returns up to limit of the tenant's orders after cursor (empty for
 // the first page).
-func List(ctx context.Context, q dbsqlc.DBTX, tenantID uuid.UUID, cursor string, limit int) (Page, error) {
+func List(ctx context.Context, q dbsqlc.DBTX, tenantID uuid.UUID, after string, limit int) (Page, error) {
 	if limit < 1 {
 		return Page{}, fmt.Errorf("orders: page size %d must be positive", limit)
 	}
 	params := dbsqlc.OrderListParams{TenantID: tenantID, RowLimit: int32(limit) + 1}
-	if cursor != "" {
-		at, id, err := decodeCursor(cursor)
+	if after != "" {
+		at, id, err := cursor.Decode(after)
 		if err != nil {
 			return Page{}, err
 		}
@@ -205,7 +203,7 @@ func List(ctx context.Context, q dbsqlc.DBTX, tenantID uuid.UUID, cursor string,
 	if len(rows) > limit {
 		rows = rows[:limit]
 		last := rows[limit-1]
-		page.NextCursor = encodeCursor(last.CreatedAt, last.ID)
+		page.NextCursor = cursor.Encode(last.CreatedAt, last.ID)
 	}
 	page.Orders = make([]Order, 0, len(rows))
 	for _, row := range rows {
@@ -219,29 +217,6 @@ func List(ctx context.Context, q dbsqlc.DBTX, tenantID uuid.UUID, cursor string,
 }
 
 // The cursor is opaque to clients: base64url of "<unix nanos>_<id>".
-func encodeCursor(at time.Time, id uuid.UUID) string {
-	return base64.RawURLEncoding.EncodeToString(fmt.Appendf(nil, "%d_%s", at.UnixNano(), id))
-}
-
-func decodeCursor(cursor string) (time.Time, uuid.UUID, error) {
-	raw, err := base64.RawURLEncoding.DecodeString(cursor)
-	if err != nil {
-		return time.Time{}, uuid.Nil, ErrInvalidCursor
-	}
-	nanos, idText, ok := strings.Cut(string(raw), "_")
-	// ParseInt, not fmt.Sscan: Sscan skips spaces and stops at the first
-	// non-digit, so it would accept "17x" as 17.
-	n, err := strconv.ParseInt(nanos, 10, 64)
-	if !ok || err != nil {
-		return time.Time{}, uuid.Nil, ErrInvalidCursor
-	}
-	id, err := uuid.Parse(idText)
-	if err != nil {
-		return time.Time{}, uuid.Nil, ErrInvalidCursor
-	}
-	return time.Unix(0, n), id, nil
-}
-
 func fromRow(row dbsqlc.Order) (Order, error) {
 	metadata := map[string]string{}
 	if err := json.Unmarshal(row.Metadata, &metadata); err != nil {

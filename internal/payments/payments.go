@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemref/payments/internal/cursor"
 	"github.com/idemref/payments/internal/db/dbsqlc"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/processor"
@@ -112,6 +113,8 @@ type PayInput struct {
 var (
 	// ErrNotFound: no such payment for this tenant.
 	ErrNotFound = errors.New("payment not found")
+	// ErrRefundNotFound: no such refund of this payment for this tenant.
+	ErrRefundNotFound = errors.New("refund not found")
 	// ErrOrderNotFound: the order to pay does not exist for this tenant.
 	ErrOrderNotFound = errors.New("the order does not exist")
 	// ErrNotRefundable: only a succeeded payment can be refunded.
@@ -270,12 +273,83 @@ func (s *Service) Get(ctx context.Context, tenantID, id uuid.UUID) (Payment, err
 	return withCompensations(ctx, q, paymentFrom(row))
 }
 
+// Page is one page of a list of payments, newest first.
+type Page struct {
+	Payments   []Payment
+	NextCursor string // empty on the last page
+}
+
+// List returns up to limit of the tenant's payments (only orderID's, unless
+// it is uuid.Nil) after the cursor after ("" for the first page), with
+// their compensations: two statements however long the page.
+func (s *Service) List(ctx context.Context, tenantID, orderID uuid.UUID, after string, limit int) (Page, error) {
+	if limit < 1 {
+		return Page{}, fmt.Errorf("payments: page size %d must be positive", limit)
+	}
+	params := dbsqlc.PaymentListParams{TenantID: tenantID, RowLimit: int32(limit) + 1}
+	if orderID != uuid.Nil {
+		params.OrderID = &orderID
+	}
+	if after != "" {
+		at, id, err := cursor.Decode(after)
+		if err != nil {
+			return Page{}, err
+		}
+		params.CursorCreatedAt, params.CursorID = &at, &id
+	}
+	q := dbsqlc.New(s.pool)
+	rows, err := q.PaymentList(ctx, params)
+	if err != nil {
+		return Page{}, err
+	}
+	var page Page
+	if len(rows) > limit {
+		rows = rows[:limit]
+		last := rows[limit-1]
+		page.NextCursor = cursor.Encode(last.CreatedAt, last.ID)
+	}
+	ids := make([]uuid.UUID, len(rows))
+	for i, row := range rows {
+		ids[i] = row.ID
+	}
+	comps, err := q.CompensationsForPayments(ctx, dbsqlc.CompensationsForPaymentsParams{TenantID: tenantID, PaymentIds: ids})
+	if err != nil {
+		return Page{}, err
+	}
+	byPayment := map[uuid.UUID][]dbsqlc.PaymentCompensation{}
+	for _, c := range comps {
+		byPayment[c.PaymentID] = append(byPayment[c.PaymentID], c)
+	}
+	page.Payments = make([]Payment, 0, len(rows))
+	for _, row := range rows {
+		page.Payments = append(page.Payments, withCompensationRows(paymentFrom(row), byPayment[row.ID]))
+	}
+	return page, nil
+}
+
+// GetRefund returns one refund of one of the tenant's payments.
+func (s *Service) GetRefund(ctx context.Context, tenantID, paymentID, refundID uuid.UUID) (Refund, error) {
+	row, err := dbsqlc.New(s.pool).RefundGet(ctx, dbsqlc.RefundGetParams{TenantID: tenantID, ID: refundID})
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && row.PaymentID != paymentID) {
+		return Refund{}, ErrRefundNotFound
+	}
+	if err != nil {
+		return Refund{}, err
+	}
+	return refundFrom(row), nil
+}
+
 // withCompensations loads p's compensations, for GET.
 func withCompensations(ctx context.Context, q *dbsqlc.Queries, p Payment) (Payment, error) {
 	rows, err := q.CompensationsForPayment(ctx, dbsqlc.CompensationsForPaymentParams{TenantID: p.TenantID, PaymentID: p.ID})
 	if err != nil {
 		return Payment{}, err
 	}
+	return withCompensationRows(p, rows), nil
+}
+
+// withCompensationRows puts rows on p as its compensations.
+func withCompensationRows(p Payment, rows []dbsqlc.PaymentCompensation) Payment {
 	p.Compensations = make([]Compensation, 0, len(rows))
 	for _, r := range rows {
 		c := Compensation{ChargeID: r.ChargeID, Amount: r.Amount, Reason: r.Reason, Status: r.Status, CreatedAt: r.CreatedAt}
@@ -284,7 +358,7 @@ func withCompensations(ctx context.Context, q *dbsqlc.Queries, p Payment) (Payme
 		}
 		p.Compensations = append(p.Compensations, c)
 	}
-	return p, nil
+	return p
 }
 
 func paymentFrom(row dbsqlc.Payment) Payment {

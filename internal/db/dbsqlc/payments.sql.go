@@ -106,6 +106,49 @@ func (q *Queries) CompensationsForPayment(ctx context.Context, arg Compensations
 	return items, nil
 }
 
+const compensationsForPayments = `-- name: CompensationsForPayments :many
+SELECT tenant_id, payment_id, charge_id, amount, reason, status, refund_key, processor_refund_id, created_at, updated_at FROM payment_compensations
+WHERE tenant_id = $1 AND payment_id = ANY($2::uuid[])
+ORDER BY payment_id, created_at, charge_id
+`
+
+type CompensationsForPaymentsParams struct {
+	TenantID   uuid.UUID
+	PaymentIds []uuid.UUID
+}
+
+// The compensations of a page of payments, in one statement.
+func (q *Queries) CompensationsForPayments(ctx context.Context, arg CompensationsForPaymentsParams) ([]PaymentCompensation, error) {
+	rows, err := q.db.Query(ctx, compensationsForPayments, arg.TenantID, arg.PaymentIds)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []PaymentCompensation{}
+	for rows.Next() {
+		var i PaymentCompensation
+		if err := rows.Scan(
+			&i.TenantID,
+			&i.PaymentID,
+			&i.ChargeID,
+			&i.Amount,
+			&i.Reason,
+			&i.Status,
+			&i.RefundKey,
+			&i.ProcessorRefundID,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const paymentAddRefunded = `-- name: PaymentAddRefunded :exec
 UPDATE payments SET refunded_amount = refunded_amount + $1, updated_at = now()
 WHERE tenant_id = $2 AND id = $3
@@ -383,6 +426,69 @@ func (q *Queries) PaymentGetUnsettled(ctx context.Context, arg PaymentGetUnsettl
 		&i.UnsettledSeconds,
 	)
 	return i, err
+}
+
+const paymentList = `-- name: PaymentList :many
+SELECT tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at FROM payments
+WHERE tenant_id = $1
+  AND ($2::uuid IS NULL OR order_id = $2::uuid)
+  AND ($3::timestamptz IS NULL
+       OR (created_at, id) < ($3::timestamptz, $4::uuid))
+ORDER BY created_at DESC, id DESC
+LIMIT $5
+`
+
+type PaymentListParams struct {
+	TenantID        uuid.UUID
+	OrderID         *uuid.UUID
+	CursorCreatedAt *time.Time
+	CursorID        *uuid.UUID
+	RowLimit        int32
+}
+
+// Keyset pagination, newest first, as OrderList; optionally one order's.
+func (q *Queries) PaymentList(ctx context.Context, arg PaymentListParams) ([]Payment, error) {
+	rows, err := q.db.Query(ctx, paymentList,
+		arg.TenantID,
+		arg.OrderID,
+		arg.CursorCreatedAt,
+		arg.CursorID,
+		arg.RowLimit,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []Payment{}
+	for rows.Next() {
+		var i Payment
+		if err := rows.Scan(
+			&i.TenantID,
+			&i.ID,
+			&i.OrderID,
+			&i.Amount,
+			&i.Currency,
+			&i.PaymentMethod,
+			&i.Status,
+			&i.ChargeKey,
+			&i.ChargeID,
+			&i.DeclineCode,
+			&i.FailureMessage,
+			&i.RefundedAmount,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.ChargeSentAt,
+			&i.ChargeCalls,
+			&i.SweepAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const paymentMarkChargeSent = `-- name: PaymentMarkChargeSent :one

@@ -1,0 +1,1 @@
+DROP INDEX payments_tenant_created_idx;
