@@ -1,0 +1,49 @@
+package client
+
+import (
+	"net/http"
+	"testing"
+	"time"
+)
+
+func TestBackoffIsFullJitterUnderTheCeiling(t *testing.T) {
+	t.Parallel()
+	p := Policy{BaseDelay: 10 * time.Millisecond, MaxDelay: 100 * time.Millisecond}.withDefaults()
+	for n, ceiling := range map[int]time.Duration{1: 10 * time.Millisecond, 2: 20 * time.Millisecond, 4: 80 * time.Millisecond, 5: 100 * time.Millisecond, 64: 100 * time.Millisecond} {
+		var most time.Duration
+		for range 200 {
+			d := p.backoff(n)
+			if d < 0 || d >= ceiling {
+				t.Fatalf("backoff(%d) = %v, want in [0, %v)", n, d, ceiling)
+			}
+			most = max(most, d)
+		}
+		// Full jitter uses the whole window, not just its top.
+		if most < ceiling/2 {
+			t.Errorf("backoff(%d) never above %v in 200 draws", n, most)
+		}
+	}
+}
+
+func TestParseRetryAfter(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2025, 1, 15, 10, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name, value string
+		want        time.Duration
+		ok          bool
+	}{
+		{"seconds", "3", 3 * time.Second, true},
+		{"zero", "0", 0, true},
+		{"date", now.Add(2 * time.Second).Format(http.TimeFormat), 2 * time.Second, true},
+		{"past date", now.Add(-time.Minute).Format(http.TimeFormat), 0, true},
+		{"negative", "-1", 0, false},
+		{"garbage", "soon", 0, false},
+		{"absent", "", 0, false},
+	} {
+		got, ok := parseRetryAfter(tc.value, now)
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("%s: parseRetryAfter(%q) = %v, %v; want %v, %v", tc.name, tc.value, got, ok, tc.want, tc.ok)
+		}
+	}
+}
