@@ -138,6 +138,34 @@ func (c *Client) GetPayment(ctx context.Context, id uuid.UUID) (Result[api.Payme
 	})
 }
 
+// PutCustomer creates or replaces the customer id, chosen by the caller
+// (the client-supplied-id alternative to keys: no Idempotency-Key). Mint
+// the id once, store it, and send it on every retry: a retry of a PUT that
+// went through answers 200 instead of 201 with the same customer.
+func (c *Client) PutCustomer(ctx context.Context, id uuid.UUID, req api.PutCustomerRequest) (Result[api.Customer], error) {
+	return do[api.Customer](c, ctx, "PUT /v1/customers/{id}", "", http.StatusOK, func(ctx context.Context) (*http.Response, error) {
+		return c.api.PutCustomer(ctx, id.String(), req)
+	})
+}
+
+// GetCustomer reads a customer.
+func (c *Client) GetCustomer(ctx context.Context, id uuid.UUID) (Result[api.Customer], error) {
+	return do[api.Customer](c, ctx, "GET /v1/customers/{id}", "", http.StatusOK, func(ctx context.Context) (*http.Response, error) {
+		return c.api.GetCustomer(ctx, id.String())
+	})
+}
+
+// UpdateOrder changes an order's description or metadata if it is still
+// the version etag names (from GetOrder's Result.Header.Get("ETag"): the
+// conditional-update alternative to keys). A retry after a lost answer
+// may get a 412 precondition_failed for a change that did apply: on a 412,
+// read the order again and compare before deciding anything.
+func (c *Client) UpdateOrder(ctx context.Context, id uuid.UUID, etag string, req api.UpdateOrderRequest) (Result[api.Order], error) {
+	return do[api.Order](c, ctx, "PATCH /v1/orders/{id}", "", http.StatusOK, func(ctx context.Context) (*http.Response, error) {
+		return c.api.UpdateOrder(ctx, id, &api.UpdateOrderParams{IfMatch: etag}, req)
+	})
+}
+
 // ErrKeyUnknown is what KeyStatus and Resolve return when the server has no
 // record of the key on that endpoint: no attempt committed anything (or the
 // record is past its retention). Sending the request again with the same

@@ -136,6 +136,8 @@ const (
 	ProblemCodePaymentAmountMismatch    ProblemCode = "payment_amount_mismatch"
 	ProblemCodePaymentExists            ProblemCode = "payment_exists"
 	ProblemCodePaymentNotRefundable     ProblemCode = "payment_not_refundable"
+	ProblemCodePreconditionFailed       ProblemCode = "precondition_failed"
+	ProblemCodePreconditionRequired     ProblemCode = "precondition_required"
 	ProblemCodeProcessorOutcomeUnknown  ProblemCode = "processor_outcome_unknown"
 	ProblemCodeProcessorRejected        ProblemCode = "processor_rejected"
 	ProblemCodeProcessorUnavailable     ProblemCode = "processor_unavailable"
@@ -183,6 +185,10 @@ func (e ProblemCode) Valid() bool {
 	case ProblemCodePaymentExists:
 		return true
 	case ProblemCodePaymentNotRefundable:
+		return true
+	case ProblemCodePreconditionFailed:
+		return true
+	case ProblemCodePreconditionRequired:
 		return true
 	case ProblemCodeProcessorOutcomeUnknown:
 		return true
@@ -333,6 +339,21 @@ type CreateRefundRequest struct {
 	// payment's refunds together may not exceed its amount
 	// (`422 refund_exceeds_payment`).
 	Amount int64 `json:"amount"`
+}
+
+// Customer defines model for Customer.
+type Customer struct {
+	CreatedAt time.Time `json:"created_at"`
+	Email     string    `json:"email"`
+
+	// Id An RFC 9562 UUID in its canonical textual form.
+	//
+	// Examples: 0b9f7c3e-5d1a-4f6b-9a2e-7c4d8e1f2a3b
+	Id   Uuid   `json:"id"`
+	Name string `json:"name"`
+
+	// UpdatedAt When a `PUT` last changed the customer; a `PUT` that changes nothing leaves it.
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 // FieldError defines model for FieldError.
@@ -494,6 +515,8 @@ type PaymentStatus string
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `precondition_failed` | 412 |
+// | `precondition_required` | 428 |
 type Problem struct {
 	// Code Stable machine-readable error code.
 	Code ProblemCode `json:"code"`
@@ -536,6 +559,13 @@ type Problem struct {
 // ProblemCode Stable machine-readable error code.
 type ProblemCode string
 
+// PutCustomerRequest defines model for PutCustomerRequest.
+type PutCustomerRequest struct {
+	// Email An address such as `ada@example.com`.
+	Email string `json:"email"`
+	Name  string `json:"name"`
+}
+
 // Refund defines model for Refund.
 type Refund struct {
 	// Amount Amount refunded, in minor units of the payment's currency.
@@ -559,6 +589,15 @@ type Refund struct {
 // RefundStatus `created` and `refund_sent` are the recovery points of a refund in progress; `succeeded` and `failed` are final.
 type RefundStatus string
 
+// UpdateOrderRequest defines model for UpdateOrderRequest.
+type UpdateOrderRequest struct {
+	// Description The new description; absent or `null` leaves it unchanged.
+	Description *string `json:"description,omitempty"`
+
+	// Metadata The new metadata, replacing the whole map; absent or `null` leaves it unchanged.
+	Metadata *Metadata `json:"metadata,omitempty"`
+}
+
 // Uuid An RFC 9562 UUID in its canonical textual form.
 //
 // Examples: 0b9f7c3e-5d1a-4f6b-9a2e-7c4d8e1f2a3b
@@ -566,6 +605,9 @@ type Uuid = openapi_types.UUID
 
 // IdempotencyKey defines model for IdempotencyKey.
 type IdempotencyKey = string
+
+// IfMatch defines model for IfMatch.
+type IfMatch = string
 
 // PaymentId An RFC 9562 UUID in its canonical textual form.
 //
@@ -604,6 +646,8 @@ type PaymentId = Uuid
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `precondition_failed` | 412 |
+// | `precondition_required` | 428 |
 type BodyTooLarge = Problem
 
 // CardDeclined RFC 9457 problem details, served as `application/problem+json` with
@@ -638,6 +682,8 @@ type BodyTooLarge = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `precondition_failed` | 412 |
+// | `precondition_required` | 428 |
 type CardDeclined = Problem
 
 // CreateOrderBadRequest RFC 9457 problem details, served as `application/problem+json` with
@@ -672,6 +718,8 @@ type CardDeclined = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `precondition_failed` | 412 |
+// | `precondition_required` | 428 |
 type CreateOrderBadRequest = Problem
 
 // CreateOrderConflict RFC 9457 problem details, served as `application/problem+json` with
@@ -706,6 +754,8 @@ type CreateOrderBadRequest = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `precondition_failed` | 412 |
+// | `precondition_required` | 428 |
 type CreateOrderConflict = Problem
 
 // CreatePaymentBadRequest RFC 9457 problem details, served as `application/problem+json` with
@@ -740,6 +790,8 @@ type CreateOrderConflict = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `precondition_failed` | 412 |
+// | `precondition_required` | 428 |
 type CreatePaymentBadRequest = Problem
 
 // CreatePaymentConflict RFC 9457 problem details, served as `application/problem+json` with
@@ -774,6 +826,8 @@ type CreatePaymentBadRequest = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `precondition_failed` | 412 |
+// | `precondition_required` | 428 |
 type CreatePaymentConflict = Problem
 
 // CreatePaymentUnprocessable RFC 9457 problem details, served as `application/problem+json` with
@@ -808,6 +862,8 @@ type CreatePaymentConflict = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `precondition_failed` | 412 |
+// | `precondition_required` | 428 |
 type CreatePaymentUnprocessable = Problem
 
 // CreateRefundBadRequest RFC 9457 problem details, served as `application/problem+json` with
@@ -842,6 +898,8 @@ type CreatePaymentUnprocessable = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `precondition_failed` | 412 |
+// | `precondition_required` | 428 |
 type CreateRefundBadRequest = Problem
 
 // CreateRefundConflict RFC 9457 problem details, served as `application/problem+json` with
@@ -876,6 +934,8 @@ type CreateRefundBadRequest = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `precondition_failed` | 412 |
+// | `precondition_required` | 428 |
 type CreateRefundConflict = Problem
 
 // CreateRefundUnprocessable RFC 9457 problem details, served as `application/problem+json` with
@@ -910,6 +970,8 @@ type CreateRefundConflict = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `precondition_failed` | 412 |
+// | `precondition_required` | 428 |
 type CreateRefundUnprocessable = Problem
 
 // IdempotencyKeyReused RFC 9457 problem details, served as `application/problem+json` with
@@ -944,6 +1006,8 @@ type CreateRefundUnprocessable = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `precondition_failed` | 412 |
+// | `precondition_required` | 428 |
 type IdempotencyKeyReused = Problem
 
 // InternalError RFC 9457 problem details, served as `application/problem+json` with
@@ -978,6 +1042,8 @@ type IdempotencyKeyReused = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `precondition_failed` | 412 |
+// | `precondition_required` | 428 |
 type InternalError = Problem
 
 // InvalidQuery RFC 9457 problem details, served as `application/problem+json` with
@@ -1012,6 +1078,8 @@ type InternalError = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `precondition_failed` | 412 |
+// | `precondition_required` | 428 |
 type InvalidQuery = Problem
 
 // NotFound RFC 9457 problem details, served as `application/problem+json` with
@@ -1046,6 +1114,8 @@ type InvalidQuery = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `precondition_failed` | 412 |
+// | `precondition_required` | 428 |
 type NotFound = Problem
 
 // PaymentServiceUnavailable RFC 9457 problem details, served as `application/problem+json` with
@@ -1080,7 +1150,117 @@ type NotFound = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `precondition_failed` | 412 |
+// | `precondition_required` | 428 |
 type PaymentServiceUnavailable = Problem
+
+// PlainBadRequest RFC 9457 problem details, served as `application/problem+json` with
+// `Cache-Control: no-store`. Branch on `code` (or equivalently `type`);
+// `title` and `detail` are for humans and may change.
+//
+// | code | status |
+// |------|--------|
+// | `unauthorized` | 401 |
+// | `idempotency_key_missing` | 400 |
+// | `idempotency_key_invalid` | 400 |
+// | `invalid_json` | 400 |
+// | `validation_failed` | 400 |
+// | `invalid_query` | 400 |
+// | `not_found` | 404 |
+// | `method_not_allowed` | 405 |
+// | `card_declined` | 402 |
+// | `idempotency_key_in_use` | 409 |
+// | `order_reference_exists` | 409 |
+// | `payment_exists` | 409 |
+// | `payment_not_refundable` | 409 |
+// | `body_too_large` | 413 |
+// | `unsupported_media_type` | 415 |
+// | `idempotency_key_reused` | 422 |
+// | `order_not_found` | 422 |
+// | `payment_amount_mismatch` | 422 |
+// | `refund_exceeds_payment` | 422 |
+// | `processor_rejected` | 422 |
+// | `internal_error` | 500 |
+// | `service_unavailable` | 503 |
+// | `processor_unavailable` | 503 |
+// | `processor_outcome_unknown` | 503 |
+// | `rate_limited` | 429 |
+// | `idempotency_result_expired` | 409 |
+// | `precondition_failed` | 412 |
+// | `precondition_required` | 428 |
+type PlainBadRequest = Problem
+
+// PreconditionFailed RFC 9457 problem details, served as `application/problem+json` with
+// `Cache-Control: no-store`. Branch on `code` (or equivalently `type`);
+// `title` and `detail` are for humans and may change.
+//
+// | code | status |
+// |------|--------|
+// | `unauthorized` | 401 |
+// | `idempotency_key_missing` | 400 |
+// | `idempotency_key_invalid` | 400 |
+// | `invalid_json` | 400 |
+// | `validation_failed` | 400 |
+// | `invalid_query` | 400 |
+// | `not_found` | 404 |
+// | `method_not_allowed` | 405 |
+// | `card_declined` | 402 |
+// | `idempotency_key_in_use` | 409 |
+// | `order_reference_exists` | 409 |
+// | `payment_exists` | 409 |
+// | `payment_not_refundable` | 409 |
+// | `body_too_large` | 413 |
+// | `unsupported_media_type` | 415 |
+// | `idempotency_key_reused` | 422 |
+// | `order_not_found` | 422 |
+// | `payment_amount_mismatch` | 422 |
+// | `refund_exceeds_payment` | 422 |
+// | `processor_rejected` | 422 |
+// | `internal_error` | 500 |
+// | `service_unavailable` | 503 |
+// | `processor_unavailable` | 503 |
+// | `processor_outcome_unknown` | 503 |
+// | `rate_limited` | 429 |
+// | `idempotency_result_expired` | 409 |
+// | `precondition_failed` | 412 |
+// | `precondition_required` | 428 |
+type PreconditionFailed = Problem
+
+// PreconditionRequired RFC 9457 problem details, served as `application/problem+json` with
+// `Cache-Control: no-store`. Branch on `code` (or equivalently `type`);
+// `title` and `detail` are for humans and may change.
+//
+// | code | status |
+// |------|--------|
+// | `unauthorized` | 401 |
+// | `idempotency_key_missing` | 400 |
+// | `idempotency_key_invalid` | 400 |
+// | `invalid_json` | 400 |
+// | `validation_failed` | 400 |
+// | `invalid_query` | 400 |
+// | `not_found` | 404 |
+// | `method_not_allowed` | 405 |
+// | `card_declined` | 402 |
+// | `idempotency_key_in_use` | 409 |
+// | `order_reference_exists` | 409 |
+// | `payment_exists` | 409 |
+// | `payment_not_refundable` | 409 |
+// | `body_too_large` | 413 |
+// | `unsupported_media_type` | 415 |
+// | `idempotency_key_reused` | 422 |
+// | `order_not_found` | 422 |
+// | `payment_amount_mismatch` | 422 |
+// | `refund_exceeds_payment` | 422 |
+// | `processor_rejected` | 422 |
+// | `internal_error` | 500 |
+// | `service_unavailable` | 503 |
+// | `processor_unavailable` | 503 |
+// | `processor_outcome_unknown` | 503 |
+// | `rate_limited` | 429 |
+// | `idempotency_result_expired` | 409 |
+// | `precondition_failed` | 412 |
+// | `precondition_required` | 428 |
+type PreconditionRequired = Problem
 
 // RefundPaymentNotFound RFC 9457 problem details, served as `application/problem+json` with
 // `Cache-Control: no-store`. Branch on `code` (or equivalently `type`);
@@ -1114,6 +1294,8 @@ type PaymentServiceUnavailable = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `precondition_failed` | 412 |
+// | `precondition_required` | 428 |
 type RefundPaymentNotFound = Problem
 
 // ServiceUnavailable RFC 9457 problem details, served as `application/problem+json` with
@@ -1148,6 +1330,8 @@ type RefundPaymentNotFound = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `precondition_failed` | 412 |
+// | `precondition_required` | 428 |
 type ServiceUnavailable = Problem
 
 // TooManyRequests RFC 9457 problem details, served as `application/problem+json` with
@@ -1182,6 +1366,8 @@ type ServiceUnavailable = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `precondition_failed` | 412 |
+// | `precondition_required` | 428 |
 type TooManyRequests = Problem
 
 // Unauthorized RFC 9457 problem details, served as `application/problem+json` with
@@ -1216,6 +1402,8 @@ type TooManyRequests = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `precondition_failed` | 412 |
+// | `precondition_required` | 428 |
 type Unauthorized = Problem
 
 // UnsupportedMediaType RFC 9457 problem details, served as `application/problem+json` with
@@ -1250,6 +1438,8 @@ type Unauthorized = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `precondition_failed` | 412 |
+// | `precondition_required` | 428 |
 type UnsupportedMediaType = Problem
 
 // GetIdempotencyKeyParams defines parameters for GetIdempotencyKey.
@@ -1292,6 +1482,15 @@ type CreateOrderParams struct {
 	// Scope: (tenant, method + route template, key). Retention: 24 hours by
 	// default.
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
+}
+
+// UpdateOrderParams defines parameters for UpdateOrder.
+type UpdateOrderParams struct {
+	// IfMatch The `ETag` of the order as last read, such as
+	// `"q0Zt3m1l5Xc2b8Yy7wR4aPQk"`, or `*`. Several tags may be given,
+	// separated by commas. Missing: `428 precondition_required`; no match:
+	// `412 precondition_failed`.
+	IfMatch IfMatch `json:"If-Match"`
 }
 
 // CreatePaymentParams defines parameters for CreatePayment.
@@ -1342,8 +1541,14 @@ type CreateRefundParams struct {
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
 }
 
+// PutCustomerJSONRequestBody defines body for PutCustomer for application/json ContentType.
+type PutCustomerJSONRequestBody = PutCustomerRequest
+
 // CreateOrderJSONRequestBody defines body for CreateOrder for application/json ContentType.
 type CreateOrderJSONRequestBody = CreateOrderRequest
+
+// UpdateOrderJSONRequestBody defines body for UpdateOrder for application/json ContentType.
+type UpdateOrderJSONRequestBody = UpdateOrderRequest
 
 // CreatePaymentJSONRequestBody defines body for CreatePayment for application/json ContentType.
 type CreatePaymentJSONRequestBody = CreatePaymentRequest
@@ -1424,6 +1629,53 @@ func WithRequestEditorFn(fn RequestEditorFn) ClientOption {
 
 // The interface specification for the client above.
 type ClientInterface interface {
+
+	// GetCustomer Get a customer
+	//
+	// Corresponds with GET /v1/customers/{id} (the `GetCustomer` operationId).
+	GetCustomer(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PutCustomerWithBody Create or replace a customer (client-supplied id)
+	//
+	// The first alternative to idempotency keys: the client picks the id,
+	// so the request names its own target and sending it again changes
+	// nothing. `201` when this request created the customer, `200` when it
+	// replaced one (a retry of a `PUT` that went through gets `200` with
+	// the same body, and `updated_at` unchanged). One statement on the
+	// primary key decides, so concurrent `PUT`s of one id never create two
+	// rows.
+	//
+	// What it cannot do: tell the client whether *its* earlier attempt
+	// created the row (`200` means only "it existed"), or stop a retry from
+	// overwriting a change someone else made in between (use a
+	// conditional request for that). No `Idempotency-Key` is used or
+	// accepted, and nothing is recorded.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PUT /v1/customers/{id} (the `PutCustomer` operationId).
+	PutCustomerWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PutCustomer Create or replace a customer (client-supplied id)
+	//
+	// The first alternative to idempotency keys: the client picks the id,
+	// so the request names its own target and sending it again changes
+	// nothing. `201` when this request created the customer, `200` when it
+	// replaced one (a retry of a `PUT` that went through gets `200` with
+	// the same body, and `updated_at` unchanged). One statement on the
+	// primary key decides, so concurrent `PUT`s of one id never create two
+	// rows.
+	//
+	// What it cannot do: tell the client whether *its* earlier attempt
+	// created the row (`200` means only "it existed"), or stop a retry from
+	// overwriting a change someone else made in between (use a
+	// conditional request for that). No `Idempotency-Key` is used or
+	// accepted, and nothing is recorded.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PUT /v1/customers/{id} (the `PutCustomer` operationId).
+	PutCustomer(ctx context.Context, id string, body PutCustomerJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetIdempotencyKey What became of an Idempotency-Key
 	//
@@ -1530,6 +1782,62 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /v1/orders/{id} (the `GetOrder` operationId).
 	GetOrder(ctx context.Context, id Uuid, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// UpdateOrderWithBody Change an order's description or metadata (conditional)
+	//
+	// The second alternative to idempotency keys: a conditional update.
+	// Send `If-Match` with the `ETag` of the order as you last read it
+	// (`GET /v1/orders/{id}`). The change applies only while the order is
+	// still exactly that representation; the comparison and the write
+	// happen under one row lock.
+	//
+	// - Members left out (or `null`) stay as they are; `metadata`, when
+	//   given, replaces the whole map.
+	// - `If-Match` missing: `428 precondition_required`. Without it, a
+	//   write would silently overwrite a change made by someone else
+	//   since this client read the order.
+	// - `If-Match` names another version (someone changed the order, or
+	//   this is a retry of a PATCH that already applied):
+	//   `412 precondition_failed`, and nothing is written. `GET` the order
+	//   again and decide: if it already shows your change, your earlier
+	//   attempt went through.
+	// - `If-Match: *` matches any existing order and so gives up the
+	//   check. A weak tag (`W/"..."`) never matches.
+	//
+	// No `Idempotency-Key` is used or accepted, and nothing is recorded.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PATCH /v1/orders/{id} (the `UpdateOrder` operationId).
+	UpdateOrderWithBody(ctx context.Context, id Uuid, params *UpdateOrderParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// UpdateOrder Change an order's description or metadata (conditional)
+	//
+	// The second alternative to idempotency keys: a conditional update.
+	// Send `If-Match` with the `ETag` of the order as you last read it
+	// (`GET /v1/orders/{id}`). The change applies only while the order is
+	// still exactly that representation; the comparison and the write
+	// happen under one row lock.
+	//
+	// - Members left out (or `null`) stay as they are; `metadata`, when
+	//   given, replaces the whole map.
+	// - `If-Match` missing: `428 precondition_required`. Without it, a
+	//   write would silently overwrite a change made by someone else
+	//   since this client read the order.
+	// - `If-Match` names another version (someone changed the order, or
+	//   this is a retry of a PATCH that already applied):
+	//   `412 precondition_failed`, and nothing is written. `GET` the order
+	//   again and decide: if it already shows your change, your earlier
+	//   attempt went through.
+	// - `If-Match: *` matches any existing order and so gives up the
+	//   check. A weak tag (`W/"..."`) never matches.
+	//
+	// No `Idempotency-Key` is used or accepted, and nothing is recorded.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with PATCH /v1/orders/{id} (the `UpdateOrder` operationId).
+	UpdateOrder(ctx context.Context, id Uuid, params *UpdateOrderParams, body UpdateOrderJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// CreatePaymentWithBody Pay an order (idempotent, resumable)
 	//
@@ -1771,6 +2079,83 @@ type ClientInterface interface {
 	CreateRefund(ctx context.Context, id PaymentId, params *CreateRefundParams, body CreateRefundJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 }
 
+// GetCustomer Get a customer
+//
+// Corresponds with GET /v1/customers/{id} (the `GetCustomer` operationId).
+func (c *Client) GetCustomer(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetCustomerRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PutCustomerWithBody Create or replace a customer (client-supplied id)
+//
+// The first alternative to idempotency keys: the client picks the id,
+// so the request names its own target and sending it again changes
+// nothing. `201` when this request created the customer, `200` when it
+// replaced one (a retry of a `PUT` that went through gets `200` with
+// the same body, and `updated_at` unchanged). One statement on the
+// primary key decides, so concurrent `PUT`s of one id never create two
+// rows.
+//
+// What it cannot do: tell the client whether *its* earlier attempt
+// created the row (`200` means only "it existed"), or stop a retry from
+// overwriting a change someone else made in between (use a
+// conditional request for that). No `Idempotency-Key` is used or
+// accepted, and nothing is recorded.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PUT /v1/customers/{id} (the `PutCustomer` operationId).
+func (c *Client) PutCustomerWithBody(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutCustomerRequestWithBody(c.Server, id, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PutCustomer Create or replace a customer (client-supplied id)
+//
+// The first alternative to idempotency keys: the client picks the id,
+// so the request names its own target and sending it again changes
+// nothing. `201` when this request created the customer, `200` when it
+// replaced one (a retry of a `PUT` that went through gets `200` with
+// the same body, and `updated_at` unchanged). One statement on the
+// primary key decides, so concurrent `PUT`s of one id never create two
+// rows.
+//
+// What it cannot do: tell the client whether *its* earlier attempt
+// created the row (`200` means only "it existed"), or stop a retry from
+// overwriting a change someone else made in between (use a
+// conditional request for that). No `Idempotency-Key` is used or
+// accepted, and nothing is recorded.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PUT /v1/customers/{id} (the `PutCustomer` operationId).
+func (c *Client) PutCustomer(ctx context.Context, id string, body PutCustomerJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutCustomerRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // GetIdempotencyKey What became of an Idempotency-Key
 //
 // Reports the state of one of the caller's keys on one endpoint: what a
@@ -1917,6 +2302,82 @@ func (c *Client) CreateOrder(ctx context.Context, params *CreateOrderParams, bod
 // Corresponds with GET /v1/orders/{id} (the `GetOrder` operationId).
 func (c *Client) GetOrder(ctx context.Context, id Uuid, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetOrderRequest(c.Server, id)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// UpdateOrderWithBody Change an order's description or metadata (conditional)
+//
+// The second alternative to idempotency keys: a conditional update.
+// Send `If-Match` with the `ETag` of the order as you last read it
+// (`GET /v1/orders/{id}`). The change applies only while the order is
+// still exactly that representation; the comparison and the write
+// happen under one row lock.
+//
+//   - Members left out (or `null`) stay as they are; `metadata`, when
+//     given, replaces the whole map.
+//   - `If-Match` missing: `428 precondition_required`. Without it, a
+//     write would silently overwrite a change made by someone else
+//     since this client read the order.
+//   - `If-Match` names another version (someone changed the order, or
+//     this is a retry of a PATCH that already applied):
+//     `412 precondition_failed`, and nothing is written. `GET` the order
+//     again and decide: if it already shows your change, your earlier
+//     attempt went through.
+//   - `If-Match: *` matches any existing order and so gives up the
+//     check. A weak tag (`W/"..."`) never matches.
+//
+// No `Idempotency-Key` is used or accepted, and nothing is recorded.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PATCH /v1/orders/{id} (the `UpdateOrder` operationId).
+func (c *Client) UpdateOrderWithBody(ctx context.Context, id Uuid, params *UpdateOrderParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewUpdateOrderRequestWithBody(c.Server, id, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// UpdateOrder Change an order's description or metadata (conditional)
+//
+// The second alternative to idempotency keys: a conditional update.
+// Send `If-Match` with the `ETag` of the order as you last read it
+// (`GET /v1/orders/{id}`). The change applies only while the order is
+// still exactly that representation; the comparison and the write
+// happen under one row lock.
+//
+//   - Members left out (or `null`) stay as they are; `metadata`, when
+//     given, replaces the whole map.
+//   - `If-Match` missing: `428 precondition_required`. Without it, a
+//     write would silently overwrite a change made by someone else
+//     since this client read the order.
+//   - `If-Match` names another version (someone changed the order, or
+//     this is a retry of a PATCH that already applied):
+//     `412 precondition_failed`, and nothing is written. `GET` the order
+//     again and decide: if it already shows your change, your earlier
+//     attempt went through.
+//   - `If-Match: *` matches any existing order and so gives up the
+//     check. A weak tag (`W/"..."`) never matches.
+//
+// No `Idempotency-Key` is used or accepted, and nothing is recorded.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with PATCH /v1/orders/{id} (the `UpdateOrder` operationId).
+func (c *Client) UpdateOrder(ctx context.Context, id Uuid, params *UpdateOrderParams, body UpdateOrderJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewUpdateOrderRequest(c.Server, id, params, body)
 	if err != nil {
 		return nil, err
 	}
@@ -2216,6 +2677,87 @@ func (c *Client) CreateRefund(ctx context.Context, id PaymentId, params *CreateR
 	return c.Client.Do(req)
 }
 
+// NewGetCustomerRequest constructs an http.Request for the GetCustomer method
+func NewGetCustomerRequest(server string, id string) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/customers/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPutCustomerRequest calls the generic PutCustomer builder with application/json body
+func NewPutCustomerRequest(server string, id string, body PutCustomerJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewPutCustomerRequestWithBody(server, id, "application/json", bodyReader)
+}
+
+// NewPutCustomerRequestWithBody constructs an http.Request for the PutCustomer method, with any body, and a specified content type
+func NewPutCustomerRequestWithBody(server string, id string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/customers/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewGetIdempotencyKeyRequest constructs an http.Request for the GetIdempotencyKey method
 func NewGetIdempotencyKeyRequest(server string, key string, params *GetIdempotencyKeyParams) (*http.Request, error) {
 	var err error
@@ -2426,6 +2968,66 @@ func NewGetOrderRequest(server string, id Uuid) (*http.Request, error) {
 	return req, nil
 }
 
+// NewUpdateOrderRequest calls the generic UpdateOrder builder with application/json body
+func NewUpdateOrderRequest(server string, id Uuid, params *UpdateOrderParams, body UpdateOrderJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewUpdateOrderRequestWithBody(server, id, params, "application/json", bodyReader)
+}
+
+// NewUpdateOrderRequestWithBody constructs an http.Request for the UpdateOrder method, with any body, and a specified content type
+func NewUpdateOrderRequestWithBody(server string, id Uuid, params *UpdateOrderParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "id", id, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: "uuid"})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/orders/%s", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPatch, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		var headerParam0 string
+
+		headerParam0, err = runtime.StyleParamWithOptions("simple", false, "If-Match", params.IfMatch, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("If-Match", headerParam0)
+
+	}
+
+	return req, nil
+}
+
 // NewCreatePaymentRequest calls the generic CreatePayment builder with application/json body
 func NewCreatePaymentRequest(server string, params *CreatePaymentParams, body CreatePaymentJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
@@ -2617,6 +3219,55 @@ func WithBaseURL(baseURL string) ClientOption {
 // ClientWithResponsesInterface is the interface specification for the client with responses above.
 type ClientWithResponsesInterface interface {
 
+	// GetCustomerWithResponse Get a customer
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/customers/{id} (the `GetCustomer` operationId).
+	GetCustomerWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetCustomerResponse, error)
+
+	// PutCustomerWithBodyWithResponse Create or replace a customer (client-supplied id)
+	//
+	// The first alternative to idempotency keys: the client picks the id,
+	// so the request names its own target and sending it again changes
+	// nothing. `201` when this request created the customer, `200` when it
+	// replaced one (a retry of a `PUT` that went through gets `200` with
+	// the same body, and `updated_at` unchanged). One statement on the
+	// primary key decides, so concurrent `PUT`s of one id never create two
+	// rows.
+	//
+	// What it cannot do: tell the client whether *its* earlier attempt
+	// created the row (`200` means only "it existed"), or stop a retry from
+	// overwriting a change someone else made in between (use a
+	// conditional request for that). No `Idempotency-Key` is used or
+	// accepted, and nothing is recorded.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /v1/customers/{id} (the `PutCustomer` operationId).
+	PutCustomerWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutCustomerResponse, error)
+
+	// PutCustomerWithResponse Create or replace a customer (client-supplied id)
+	//
+	// The first alternative to idempotency keys: the client picks the id,
+	// so the request names its own target and sending it again changes
+	// nothing. `201` when this request created the customer, `200` when it
+	// replaced one (a retry of a `PUT` that went through gets `200` with
+	// the same body, and `updated_at` unchanged). One statement on the
+	// primary key decides, so concurrent `PUT`s of one id never create two
+	// rows.
+	//
+	// What it cannot do: tell the client whether *its* earlier attempt
+	// created the row (`200` means only "it existed"), or stop a retry from
+	// overwriting a change someone else made in between (use a
+	// conditional request for that). No `Idempotency-Key` is used or
+	// accepted, and nothing is recorded.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /v1/customers/{id} (the `PutCustomer` operationId).
+	PutCustomerWithResponse(ctx context.Context, id string, body PutCustomerJSONRequestBody, reqEditors ...RequestEditorFn) (*PutCustomerResponse, error)
+
 	// GetIdempotencyKeyWithResponse What became of an Idempotency-Key
 	//
 	// Reports the state of one of the caller's keys on one endpoint: what a
@@ -2728,6 +3379,62 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /v1/orders/{id} (the `GetOrder` operationId).
 	GetOrderWithResponse(ctx context.Context, id Uuid, reqEditors ...RequestEditorFn) (*GetOrderResponse, error)
+
+	// UpdateOrderWithBodyWithResponse Change an order's description or metadata (conditional)
+	//
+	// The second alternative to idempotency keys: a conditional update.
+	// Send `If-Match` with the `ETag` of the order as you last read it
+	// (`GET /v1/orders/{id}`). The change applies only while the order is
+	// still exactly that representation; the comparison and the write
+	// happen under one row lock.
+	//
+	// - Members left out (or `null`) stay as they are; `metadata`, when
+	//   given, replaces the whole map.
+	// - `If-Match` missing: `428 precondition_required`. Without it, a
+	//   write would silently overwrite a change made by someone else
+	//   since this client read the order.
+	// - `If-Match` names another version (someone changed the order, or
+	//   this is a retry of a PATCH that already applied):
+	//   `412 precondition_failed`, and nothing is written. `GET` the order
+	//   again and decide: if it already shows your change, your earlier
+	//   attempt went through.
+	// - `If-Match: *` matches any existing order and so gives up the
+	//   check. A weak tag (`W/"..."`) never matches.
+	//
+	// No `Idempotency-Key` is used or accepted, and nothing is recorded.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PATCH /v1/orders/{id} (the `UpdateOrder` operationId).
+	UpdateOrderWithBodyWithResponse(ctx context.Context, id Uuid, params *UpdateOrderParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*UpdateOrderResponse, error)
+
+	// UpdateOrderWithResponse Change an order's description or metadata (conditional)
+	//
+	// The second alternative to idempotency keys: a conditional update.
+	// Send `If-Match` with the `ETag` of the order as you last read it
+	// (`GET /v1/orders/{id}`). The change applies only while the order is
+	// still exactly that representation; the comparison and the write
+	// happen under one row lock.
+	//
+	// - Members left out (or `null`) stay as they are; `metadata`, when
+	//   given, replaces the whole map.
+	// - `If-Match` missing: `428 precondition_required`. Without it, a
+	//   write would silently overwrite a change made by someone else
+	//   since this client read the order.
+	// - `If-Match` names another version (someone changed the order, or
+	//   this is a retry of a PATCH that already applied):
+	//   `412 precondition_failed`, and nothing is written. `GET` the order
+	//   again and decide: if it already shows your change, your earlier
+	//   attempt went through.
+	// - `If-Match: *` matches any existing order and so gives up the
+	//   check. A weak tag (`W/"..."`) never matches.
+	//
+	// No `Idempotency-Key` is used or accepted, and nothing is recorded.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PATCH /v1/orders/{id} (the `UpdateOrder` operationId).
+	UpdateOrderWithResponse(ctx context.Context, id Uuid, params *UpdateOrderParams, body UpdateOrderJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateOrderResponse, error)
 
 	// CreatePaymentWithBodyWithResponse Pay an order (idempotent, resumable)
 	//
@@ -2969,6 +3676,307 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /v1/payments/{id}/refunds (the `CreateRefund` operationId).
 	CreateRefundWithResponse(ctx context.Context, id PaymentId, params *CreateRefundParams, body CreateRefundJSONRequestBody, reqEditors ...RequestEditorFn) (*CreateRefundResponse, error)
+}
+
+// GetCustomerResponse200Headers the declared response headers of an HTTP 200 response for GetCustomer
+type GetCustomerResponse200Headers struct {
+	XRequestId string
+}
+
+// GetCustomerResponse401Headers the declared response headers of an HTTP 401 response for GetCustomer
+type GetCustomerResponse401Headers struct {
+	CacheControl    string
+	WWWAuthenticate string
+	XRequestId      string
+}
+
+// GetCustomerResponse404Headers the declared response headers of an HTTP 404 response for GetCustomer
+type GetCustomerResponse404Headers struct {
+	CacheControl string
+	XRequestId   string
+}
+
+// GetCustomerResponse429Headers the declared response headers of an HTTP 429 response for GetCustomer
+type GetCustomerResponse429Headers struct {
+	CacheControl    string
+	RateLimit       string
+	RateLimitPolicy string
+	RetryAfter      int
+	XRequestId      string
+}
+
+// GetCustomerResponse500Headers the declared response headers of an HTTP 500 response for GetCustomer
+type GetCustomerResponse500Headers struct {
+	CacheControl string
+	XRequestId   string
+}
+
+// GetCustomerResponse503Headers the declared response headers of an HTTP 503 response for GetCustomer
+type GetCustomerResponse503Headers struct {
+	CacheControl string
+	RetryAfter   int
+	XRequestId   string
+}
+
+type GetCustomerResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Customer
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationproblemJSON500 *InternalError
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *GetCustomerResponse200Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetCustomerResponse401Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *GetCustomerResponse404Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetCustomerResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *GetCustomerResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *GetCustomerResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetCustomerResponse) GetJSON200() *Customer {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetCustomerResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetCustomerResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r GetCustomerResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r GetCustomerResponse) GetApplicationproblemJSON500() *InternalError {
+	return r.ApplicationproblemJSON500
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r GetCustomerResponse) GetApplicationproblemJSON503() *ServiceUnavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r GetCustomerResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetCustomerResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetCustomerResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetCustomerResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// PutCustomerResponse200Headers the declared response headers of an HTTP 200 response for PutCustomer
+type PutCustomerResponse200Headers struct {
+	XRequestId string
+}
+
+// PutCustomerResponse201Headers the declared response headers of an HTTP 201 response for PutCustomer
+type PutCustomerResponse201Headers struct {
+	Location   string
+	XRequestId string
+}
+
+// PutCustomerResponse400Headers the declared response headers of an HTTP 400 response for PutCustomer
+type PutCustomerResponse400Headers struct {
+	CacheControl string
+	XRequestId   string
+}
+
+// PutCustomerResponse401Headers the declared response headers of an HTTP 401 response for PutCustomer
+type PutCustomerResponse401Headers struct {
+	CacheControl    string
+	WWWAuthenticate string
+	XRequestId      string
+}
+
+// PutCustomerResponse413Headers the declared response headers of an HTTP 413 response for PutCustomer
+type PutCustomerResponse413Headers struct {
+	CacheControl string
+	XRequestId   string
+}
+
+// PutCustomerResponse415Headers the declared response headers of an HTTP 415 response for PutCustomer
+type PutCustomerResponse415Headers struct {
+	CacheControl string
+	XRequestId   string
+}
+
+// PutCustomerResponse429Headers the declared response headers of an HTTP 429 response for PutCustomer
+type PutCustomerResponse429Headers struct {
+	CacheControl    string
+	RateLimit       string
+	RateLimitPolicy string
+	RetryAfter      int
+	XRequestId      string
+}
+
+// PutCustomerResponse500Headers the declared response headers of an HTTP 500 response for PutCustomer
+type PutCustomerResponse500Headers struct {
+	CacheControl string
+	XRequestId   string
+}
+
+// PutCustomerResponse503Headers the declared response headers of an HTTP 503 response for PutCustomer
+type PutCustomerResponse503Headers struct {
+	CacheControl string
+	RetryAfter   int
+	XRequestId   string
+}
+
+type PutCustomerResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Customer
+	// JSON201 the response for an HTTP 201 `application/json` response
+	JSON201 *Customer
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *PlainBadRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationproblemJSON413 *BodyTooLarge
+	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationproblemJSON415 *UnsupportedMediaType
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationproblemJSON500 *InternalError
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *PutCustomerResponse200Headers
+	// Headers201 the parsed response headers for an HTTP 201 response
+	Headers201 *PutCustomerResponse201Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *PutCustomerResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *PutCustomerResponse401Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *PutCustomerResponse413Headers
+	// Headers415 the parsed response headers for an HTTP 415 response
+	Headers415 *PutCustomerResponse415Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PutCustomerResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *PutCustomerResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *PutCustomerResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PutCustomerResponse) GetJSON200() *Customer {
+	return r.JSON200
+}
+
+// GetJSON201 returns the response for an HTTP 201 `application/json` response
+func (r PutCustomerResponse) GetJSON201() *Customer {
+	return r.JSON201
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r PutCustomerResponse) GetApplicationproblemJSON400() *PlainBadRequest {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r PutCustomerResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r PutCustomerResponse) GetApplicationproblemJSON413() *BodyTooLarge {
+	return r.ApplicationproblemJSON413
+}
+
+// GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r PutCustomerResponse) GetApplicationproblemJSON415() *UnsupportedMediaType {
+	return r.ApplicationproblemJSON415
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PutCustomerResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r PutCustomerResponse) GetApplicationproblemJSON500() *InternalError {
+	return r.ApplicationproblemJSON500
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r PutCustomerResponse) GetApplicationproblemJSON503() *ServiceUnavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r PutCustomerResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PutCustomerResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PutCustomerResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PutCustomerResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
 }
 
 // GetIdempotencyKeyResponse200Headers the declared response headers of an HTTP 200 response for GetIdempotencyKey
@@ -3439,6 +4447,7 @@ func (r CreateOrderResponse) ContentType() string {
 
 // GetOrderResponse200Headers the declared response headers of an HTTP 200 response for GetOrder
 type GetOrderResponse200Headers struct {
+	ETag       string
 	XRequestId string
 }
 
@@ -3559,6 +4568,210 @@ func (r GetOrderResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r GetOrderResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// UpdateOrderResponse200Headers the declared response headers of an HTTP 200 response for UpdateOrder
+type UpdateOrderResponse200Headers struct {
+	ETag       string
+	XRequestId string
+}
+
+// UpdateOrderResponse400Headers the declared response headers of an HTTP 400 response for UpdateOrder
+type UpdateOrderResponse400Headers struct {
+	CacheControl string
+	XRequestId   string
+}
+
+// UpdateOrderResponse401Headers the declared response headers of an HTTP 401 response for UpdateOrder
+type UpdateOrderResponse401Headers struct {
+	CacheControl    string
+	WWWAuthenticate string
+	XRequestId      string
+}
+
+// UpdateOrderResponse404Headers the declared response headers of an HTTP 404 response for UpdateOrder
+type UpdateOrderResponse404Headers struct {
+	CacheControl string
+	XRequestId   string
+}
+
+// UpdateOrderResponse412Headers the declared response headers of an HTTP 412 response for UpdateOrder
+type UpdateOrderResponse412Headers struct {
+	CacheControl string
+	XRequestId   string
+}
+
+// UpdateOrderResponse413Headers the declared response headers of an HTTP 413 response for UpdateOrder
+type UpdateOrderResponse413Headers struct {
+	CacheControl string
+	XRequestId   string
+}
+
+// UpdateOrderResponse415Headers the declared response headers of an HTTP 415 response for UpdateOrder
+type UpdateOrderResponse415Headers struct {
+	CacheControl string
+	XRequestId   string
+}
+
+// UpdateOrderResponse428Headers the declared response headers of an HTTP 428 response for UpdateOrder
+type UpdateOrderResponse428Headers struct {
+	CacheControl string
+	XRequestId   string
+}
+
+// UpdateOrderResponse429Headers the declared response headers of an HTTP 429 response for UpdateOrder
+type UpdateOrderResponse429Headers struct {
+	CacheControl    string
+	RateLimit       string
+	RateLimitPolicy string
+	RetryAfter      int
+	XRequestId      string
+}
+
+// UpdateOrderResponse500Headers the declared response headers of an HTTP 500 response for UpdateOrder
+type UpdateOrderResponse500Headers struct {
+	CacheControl string
+	XRequestId   string
+}
+
+// UpdateOrderResponse503Headers the declared response headers of an HTTP 503 response for UpdateOrder
+type UpdateOrderResponse503Headers struct {
+	CacheControl string
+	RetryAfter   int
+	XRequestId   string
+}
+
+type UpdateOrderResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *Order
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *PlainBadRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON412 the response for an HTTP 412 `application/problem+json` response
+	ApplicationproblemJSON412 *PreconditionFailed
+	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationproblemJSON413 *BodyTooLarge
+	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationproblemJSON415 *UnsupportedMediaType
+	// ApplicationproblemJSON428 the response for an HTTP 428 `application/problem+json` response
+	ApplicationproblemJSON428 *PreconditionRequired
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationproblemJSON500 *InternalError
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *ServiceUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *UpdateOrderResponse200Headers
+	// Headers400 the parsed response headers for an HTTP 400 response
+	Headers400 *UpdateOrderResponse400Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *UpdateOrderResponse401Headers
+	// Headers404 the parsed response headers for an HTTP 404 response
+	Headers404 *UpdateOrderResponse404Headers
+	// Headers412 the parsed response headers for an HTTP 412 response
+	Headers412 *UpdateOrderResponse412Headers
+	// Headers413 the parsed response headers for an HTTP 413 response
+	Headers413 *UpdateOrderResponse413Headers
+	// Headers415 the parsed response headers for an HTTP 415 response
+	Headers415 *UpdateOrderResponse415Headers
+	// Headers428 the parsed response headers for an HTTP 428 response
+	Headers428 *UpdateOrderResponse428Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *UpdateOrderResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *UpdateOrderResponse500Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *UpdateOrderResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r UpdateOrderResponse) GetJSON200() *Order {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r UpdateOrderResponse) GetApplicationproblemJSON400() *PlainBadRequest {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r UpdateOrderResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r UpdateOrderResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON412 returns the response for an HTTP 412 `application/problem+json` response
+func (r UpdateOrderResponse) GetApplicationproblemJSON412() *PreconditionFailed {
+	return r.ApplicationproblemJSON412
+}
+
+// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r UpdateOrderResponse) GetApplicationproblemJSON413() *BodyTooLarge {
+	return r.ApplicationproblemJSON413
+}
+
+// GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r UpdateOrderResponse) GetApplicationproblemJSON415() *UnsupportedMediaType {
+	return r.ApplicationproblemJSON415
+}
+
+// GetApplicationproblemJSON428 returns the response for an HTTP 428 `application/problem+json` response
+func (r UpdateOrderResponse) GetApplicationproblemJSON428() *PreconditionRequired {
+	return r.ApplicationproblemJSON428
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r UpdateOrderResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r UpdateOrderResponse) GetApplicationproblemJSON500() *InternalError {
+	return r.ApplicationproblemJSON500
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r UpdateOrderResponse) GetApplicationproblemJSON503() *ServiceUnavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r UpdateOrderResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r UpdateOrderResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r UpdateOrderResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r UpdateOrderResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -4114,6 +5327,73 @@ func (r CreateRefundResponse) ContentType() string {
 	return ""
 }
 
+// GetCustomerWithResponse Get a customer
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/customers/{id} (the `GetCustomer` operationId).
+func (c *ClientWithResponses) GetCustomerWithResponse(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*GetCustomerResponse, error) {
+	rsp, err := c.GetCustomer(ctx, id, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetCustomerResponse(rsp)
+}
+
+// PutCustomerWithBodyWithResponse Create or replace a customer (client-supplied id)
+//
+// The first alternative to idempotency keys: the client picks the id,
+// so the request names its own target and sending it again changes
+// nothing. `201` when this request created the customer, `200` when it
+// replaced one (a retry of a `PUT` that went through gets `200` with
+// the same body, and `updated_at` unchanged). One statement on the
+// primary key decides, so concurrent `PUT`s of one id never create two
+// rows.
+//
+// What it cannot do: tell the client whether *its* earlier attempt
+// created the row (`200` means only "it existed"), or stop a retry from
+// overwriting a change someone else made in between (use a
+// conditional request for that). No `Idempotency-Key` is used or
+// accepted, and nothing is recorded.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /v1/customers/{id} (the `PutCustomer` operationId).
+func (c *ClientWithResponses) PutCustomerWithBodyWithResponse(ctx context.Context, id string, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutCustomerResponse, error) {
+	rsp, err := c.PutCustomerWithBody(ctx, id, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePutCustomerResponse(rsp)
+}
+
+// PutCustomerWithResponse Create or replace a customer (client-supplied id)
+//
+// The first alternative to idempotency keys: the client picks the id,
+// so the request names its own target and sending it again changes
+// nothing. `201` when this request created the customer, `200` when it
+// replaced one (a retry of a `PUT` that went through gets `200` with
+// the same body, and `updated_at` unchanged). One statement on the
+// primary key decides, so concurrent `PUT`s of one id never create two
+// rows.
+//
+// What it cannot do: tell the client whether *its* earlier attempt
+// created the row (`200` means only "it existed"), or stop a retry from
+// overwriting a change someone else made in between (use a
+// conditional request for that). No `Idempotency-Key` is used or
+// accepted, and nothing is recorded.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /v1/customers/{id} (the `PutCustomer` operationId).
+func (c *ClientWithResponses) PutCustomerWithResponse(ctx context.Context, id string, body PutCustomerJSONRequestBody, reqEditors ...RequestEditorFn) (*PutCustomerResponse, error) {
+	rsp, err := c.PutCustomer(ctx, id, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePutCustomerResponse(rsp)
+}
+
 // GetIdempotencyKeyWithResponse What became of an Idempotency-Key
 //
 // Reports the state of one of the caller's keys on one endpoint: what a
@@ -4254,6 +5534,74 @@ func (c *ClientWithResponses) GetOrderWithResponse(ctx context.Context, id Uuid,
 		return nil, err
 	}
 	return ParseGetOrderResponse(rsp)
+}
+
+// UpdateOrderWithBodyWithResponse Change an order's description or metadata (conditional)
+//
+// The second alternative to idempotency keys: a conditional update.
+// Send `If-Match` with the `ETag` of the order as you last read it
+// (`GET /v1/orders/{id}`). The change applies only while the order is
+// still exactly that representation; the comparison and the write
+// happen under one row lock.
+//
+//   - Members left out (or `null`) stay as they are; `metadata`, when
+//     given, replaces the whole map.
+//   - `If-Match` missing: `428 precondition_required`. Without it, a
+//     write would silently overwrite a change made by someone else
+//     since this client read the order.
+//   - `If-Match` names another version (someone changed the order, or
+//     this is a retry of a PATCH that already applied):
+//     `412 precondition_failed`, and nothing is written. `GET` the order
+//     again and decide: if it already shows your change, your earlier
+//     attempt went through.
+//   - `If-Match: *` matches any existing order and so gives up the
+//     check. A weak tag (`W/"..."`) never matches.
+//
+// No `Idempotency-Key` is used or accepted, and nothing is recorded.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PATCH /v1/orders/{id} (the `UpdateOrder` operationId).
+func (c *ClientWithResponses) UpdateOrderWithBodyWithResponse(ctx context.Context, id Uuid, params *UpdateOrderParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*UpdateOrderResponse, error) {
+	rsp, err := c.UpdateOrderWithBody(ctx, id, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseUpdateOrderResponse(rsp)
+}
+
+// UpdateOrderWithResponse Change an order's description or metadata (conditional)
+//
+// The second alternative to idempotency keys: a conditional update.
+// Send `If-Match` with the `ETag` of the order as you last read it
+// (`GET /v1/orders/{id}`). The change applies only while the order is
+// still exactly that representation; the comparison and the write
+// happen under one row lock.
+//
+//   - Members left out (or `null`) stay as they are; `metadata`, when
+//     given, replaces the whole map.
+//   - `If-Match` missing: `428 precondition_required`. Without it, a
+//     write would silently overwrite a change made by someone else
+//     since this client read the order.
+//   - `If-Match` names another version (someone changed the order, or
+//     this is a retry of a PATCH that already applied):
+//     `412 precondition_failed`, and nothing is written. `GET` the order
+//     again and decide: if it already shows your change, your earlier
+//     attempt went through.
+//   - `If-Match: *` matches any existing order and so gives up the
+//     check. A weak tag (`W/"..."`) never matches.
+//
+// No `Idempotency-Key` is used or accepted, and nothing is recorded.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PATCH /v1/orders/{id} (the `UpdateOrder` operationId).
+func (c *ClientWithResponses) UpdateOrderWithResponse(ctx context.Context, id Uuid, params *UpdateOrderParams, body UpdateOrderJSONRequestBody, reqEditors ...RequestEditorFn) (*UpdateOrderResponse, error) {
+	rsp, err := c.UpdateOrder(ctx, id, params, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseUpdateOrderResponse(rsp)
 }
 
 // CreatePaymentWithBodyWithResponse Pay an order (idempotent, resumable)
@@ -4525,6 +5873,466 @@ func (c *ClientWithResponses) CreateRefundWithResponse(ctx context.Context, id P
 		return nil, err
 	}
 	return ParseCreateRefundResponse(rsp)
+}
+
+// ParseGetCustomerResponse parses an HTTP response from a GetCustomerWithResponse call
+func ParseGetCustomerResponse(rsp *http.Response) (*GetCustomerResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetCustomerResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Customer
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers GetCustomerResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 401:
+		var headers GetCustomerResponse401Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 404:
+		var headers GetCustomerResponse404Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetCustomerResponse429Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers GetCustomerResponse500Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers GetCustomerResponse503Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParsePutCustomerResponse parses an HTTP response from a PutCustomerWithResponse call
+func ParsePutCustomerResponse(rsp *http.Response) (*PutCustomerResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PutCustomerResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Customer
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
+		var dest Customer
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON201 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest PlainBadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest BodyTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest UnsupportedMediaType
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers PutCustomerResponse200Headers
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 201:
+		var headers PutCustomerResponse201Headers
+		if values := rsp.Header.Values("Location"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Location", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: "uri-reference"}); err != nil {
+				return nil, err
+			}
+			headers.Location = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers201 = &headers
+	case rsp.StatusCode == 400:
+		var headers PutCustomerResponse400Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers PutCustomerResponse401Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 413:
+		var headers PutCustomerResponse413Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 415:
+		var headers PutCustomerResponse415Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers415 = &headers
+	case rsp.StatusCode == 429:
+		var headers PutCustomerResponse429Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers PutCustomerResponse500Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers PutCustomerResponse503Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
 }
 
 // ParseGetIdempotencyKeyResponse parses an HTTP response from a GetIdempotencyKeyWithResponse call
@@ -5339,6 +7147,13 @@ func ParseGetOrderResponse(rsp *http.Response) (*GetOrderResponse, error) {
 	switch {
 	case rsp.StatusCode == 200:
 		var headers GetOrderResponse200Headers
+		if values := rsp.Header.Values("ETag"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "ETag", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.ETag = value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -5445,6 +7260,327 @@ func ParseGetOrderResponse(rsp *http.Response) (*GetOrderResponse, error) {
 		response.Headers500 = &headers
 	case rsp.StatusCode == 503:
 		var headers GetOrderResponse503Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseUpdateOrderResponse parses an HTTP response from a UpdateOrderWithResponse call
+func ParseUpdateOrderResponse(rsp *http.Response) (*UpdateOrderResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &UpdateOrderResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest Order
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest PlainBadRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 412:
+		var dest PreconditionFailed
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON412 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest BodyTooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest UnsupportedMediaType
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 428:
+		var dest PreconditionRequired
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON428 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest ServiceUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers UpdateOrderResponse200Headers
+		if values := rsp.Header.Values("ETag"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "ETag", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.ETag = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 400:
+		var headers UpdateOrderResponse400Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers400 = &headers
+	case rsp.StatusCode == 401:
+		var headers UpdateOrderResponse401Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 404:
+		var headers UpdateOrderResponse404Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers404 = &headers
+	case rsp.StatusCode == 412:
+		var headers UpdateOrderResponse412Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers412 = &headers
+	case rsp.StatusCode == 413:
+		var headers UpdateOrderResponse413Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers413 = &headers
+	case rsp.StatusCode == 415:
+		var headers UpdateOrderResponse415Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers415 = &headers
+	case rsp.StatusCode == 428:
+		var headers UpdateOrderResponse428Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers428 = &headers
+	case rsp.StatusCode == 429:
+		var headers UpdateOrderResponse429Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers UpdateOrderResponse500Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers500 = &headers
+	case rsp.StatusCode == 503:
+		var headers UpdateOrderResponse503Headers
 		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {

@@ -82,6 +82,11 @@ func NewHandler(cfg Config) http.Handler {
 			r.Post("/", idempotent[createOrderRequest](a, createOrder))
 			r.Get("/", a.listOrders)
 			r.Get("/{id}", a.getOrder)
+			r.Patch("/{id}", a.updateOrder)
+		})
+		r.Route("/customers", func(r chi.Router) {
+			r.Put("/{id}", a.putCustomer)
+			r.Get("/{id}", a.getCustomer)
 		})
 		r.Get("/idempotency-keys/{key}", a.getKeyStatus)
 		r.Route("/payments", func(r chi.Router) {
