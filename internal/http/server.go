@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/idemref/payments/internal/apidocs"
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/payments"
@@ -74,6 +75,9 @@ func NewHandler(cfg Config) http.Handler {
 			w.Header().Set("Content-Type", "application/yaml")
 			_, _ = w.Write(cfg.OpenAPI)
 		})
+		// The reference page, rendered from /openapi.yaml.
+		r.Get("/docs", apidocs.Page)
+		r.Get(apidocs.BundlePath, apidocs.Bundle)
 	}
 
 	r.Route("/v1", func(r chi.Router) {
