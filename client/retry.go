@@ -128,11 +128,11 @@ type answer struct {
 	code   string // the problem code, when the body is a problem
 }
 
-// errGiveUp explains why retries stopped before MaxAttempts.
+// Why the client stopped retrying, joined into OutcomeUnknownError.Last.
 var (
 	errBudget      = errors.New("retry budget exhausted")
 	errDeadline    = errors.New("the next attempt could not start before the context deadline")
-	errRetryAfter  = errors.New("Retry-After exceeds the client's MaxRetryAfter")
+	errRetryAfter  = errors.New("the server's Retry-After exceeds the client's MaxRetryAfter")
 	errMaxAttempts = errors.New("attempts exhausted")
 )
 

@@ -47,3 +47,39 @@ func TestParseRetryAfter(t *testing.T) {
 		}
 	}
 }
+
+// The retry table of the package documentation, row by row.
+func TestRetryTable(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		status int
+		code   string
+		retry  bool
+	}{
+		{409, "idempotency_key_in_use", true},
+		{429, "rate_limited", true},
+		{502, "", true},
+		{503, "service_unavailable", true},
+		{503, "processor_outcome_unknown", true},
+		{504, "", true},
+		{400, "validation_failed", false},
+		{401, "unauthorized", false},
+		{402, "card_declined", false},
+		{403, "", false},
+		{404, "not_found", false},
+		{409, "order_reference_exists", false},
+		{409, "payment_exists", false},
+		{409, "idempotency_result_expired", false},
+		{409, "", false}, // a 409 that does not say "in progress" is not one
+		{412, "precondition_failed", false},
+		{413, "body_too_large", false},
+		{415, "unsupported_media_type", false},
+		{422, "idempotency_key_reused", false},
+		{500, "internal_error", false},
+		{201, "", false},
+	} {
+		if got := retryable(tc.status, tc.code); got != tc.retry {
+			t.Errorf("retryable(%d, %q) = %v, want %v", tc.status, tc.code, got, tc.retry)
+		}
+	}
+}
