@@ -97,7 +97,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		_ = os.Remove(path)
 		return err
 	}
-	fmt.Fprintf(stdout, "order %s created (status %d, replayed %v, %d attempts)\n", res.Value.Id, res.Status, res.Replayed, res.Attempts)
+	fmt.Fprintf(stdout, "order %s: status %d, replayed %v, %d attempts\n", res.Value.Id, res.Status, res.Replayed, res.Attempts)
 	// Keep the state file after success too: running again shows the
 	// replay. A real job would delete it, or keep it for the key's
 	// retention only.
