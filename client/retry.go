@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -142,6 +143,13 @@ func (c *Client) run(ctx context.Context, endpoint, key string, send func(contex
 	p := c.policy
 	for n := 1; ; n++ {
 		res, err := send(ctx)
+		var urlErr *url.Error
+		if err != nil && !errors.As(err, &urlErr) {
+			// Not a transport error (http.Client reports those as
+			// *url.Error): the request could not even be built, so nothing
+			// was sent and a retry would fail the same way.
+			return answer{}, n, err
+		}
 		var a answer
 		if err == nil {
 			a, err = readAnswer(res)

@@ -1,6 +1,8 @@
 package client
 
 import (
+	"context"
+	"errors"
 	"net/http"
 	"testing"
 	"time"
@@ -81,5 +83,23 @@ func TestRetryTable(t *testing.T) {
 		if got := retryable(tc.status, tc.code); got != tc.retry {
 			t.Errorf("retryable(%d, %q) = %v, want %v", tc.status, tc.code, got, tc.retry)
 		}
+	}
+}
+
+// A request that cannot be built is not sent, so it is neither retried nor
+// an unknown outcome.
+func TestUnbuildableRequestIsNotRetried(t *testing.T) {
+	t.Parallel()
+	c, err := New("http://localhost:1", "key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	_, _, err = c.run(t.Context(), "POST /v1/orders", "k", func(context.Context) (*http.Response, error) {
+		calls++
+		return nil, errors.New("json: unsupported value")
+	})
+	if err == nil || errors.Is(err, ErrOutcomeUnknown) || calls != 1 {
+		t.Errorf("err = %v after %d calls; want the build error itself, once", err, calls)
 	}
 }
