@@ -76,6 +76,29 @@ func TestCreateOrderRetriedThroughFaults(t *testing.T) {
 	})
 }
 
+// A recorded failure lost on the way back is replayed like a success: the
+// error says so.
+func TestRecordedFailureIsReplayed(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	c := e.client(t, client.Policy{})
+	if _, err := c.CreateOrder(t.Context(), "", orderRequest("inv-twice")); err != nil {
+		t.Fatal(err)
+	}
+	// A new key for the same order: the backstop answers 409, recorded;
+	// that answer is cut off, and the retry gets its replay.
+	e.faults.play(cutAfterCommit)
+	_, err := c.CreateOrder(t.Context(), "", orderRequest("inv-twice"))
+	var apiErr *client.Error
+	if !errors.As(err, &apiErr) || apiErr.Code() != "order_reference_exists" || !apiErr.Replayed || apiErr.Attempts != 2 {
+		t.Fatalf("error = %#v, want a replayed 409 order_reference_exists after 2 attempts", err)
+	}
+	if apiErr.Problem.OrderId == nil {
+		t.Error("the problem does not name the existing order")
+	}
+	e.wantRows(t, "inv-twice", 1, 2)
+}
+
 // Answers that are final are never retried: one attempt, and nothing new
 // written.
 func TestFinalAnswersAreNotRetried(t *testing.T) {
