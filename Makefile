@@ -2,6 +2,7 @@
 
 GO   ?= go
 SQLC := $(GO) run github.com/sqlc-dev/sqlc/cmd/sqlc@v1.31.1
+OAPI := $(GO) run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@v2.8.2
 BIN  := bin
 
 .DEFAULT_GOAL := help
@@ -35,11 +36,16 @@ fuzz: ## Fuzz the key parser, the canonicalizer, the strict decoder and the whol
 fuzz-ci: ## Fuzz every target for a few seconds each (what CI runs)
 	$(MAKE) fuzz FUZZTIME=3s
 
-generate: ## Regenerate the sqlc code in internal/db/dbsqlc from db/queries and db/migrations
+generate: ## Regenerate the sqlc code (internal/db/dbsqlc) and the client's types and operations (client/api) from openapi.yaml
 	$(SQLC) generate
+	cd client/api && $(OAPI) -config oapi-codegen.yaml ../../openapi.yaml
 
 verify: ## Fail if generated code or go.mod is out of date
 	$(SQLC) diff
+	@tmp=$$(mktemp -d) && trap 'rm -rf $$tmp' EXIT && \
+	sed 's|^output: .*|output: '$$tmp'/api.gen.go|' client/api/oapi-codegen.yaml > $$tmp/config.yaml && \
+	$(OAPI) -config $$tmp/config.yaml openapi.yaml && \
+	diff -u client/api/api.gen.go $$tmp/api.gen.go || { echo "client/api/api.gen.go is stale: run make generate"; exit 1; }
 	$(GO) mod tidy -diff
 
 lint: ## go vet and gofmt

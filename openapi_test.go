@@ -48,6 +48,8 @@ var problemStatus = map[string]int{
 	"processor_outcome_unknown":  503,
 	"rate_limited":               429,
 	"idempotency_result_expired": 409,
+	"precondition_failed":        412,
+	"precondition_required":      428,
 }
 
 // postV1Responses are the responses every idempotent POST under /v1 must document.

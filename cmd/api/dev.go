@@ -115,6 +115,7 @@ func devBanner(addr, key, processorURL string) string {
 	lines := []string{
 		"",
 		"Payments API (development mode) on " + base,
+		"API reference in your browser: " + base + "/docs (the contract itself: " + base + "/openapi.yaml)",
 		"Processor simulator on " + processorURL + " (see its calls: curl " + processorURL + "/_sim/calls)",
 		"A demo tenant was created. Paste these two lines first:",
 		"",

@@ -31,3 +31,13 @@ SET amount_paid = amount_paid + @amount,
     status = CASE WHEN amount_paid + @amount >= amount THEN 'paid' ELSE status END
 WHERE tenant_id = @tenant_id AND id = @id
 RETURNING *;
+
+-- name: OrderUpdateDetails :one
+-- The conditional update (If-Match) runs under OrderGetForUpdate's lock, so
+-- the representation the precondition was checked against is the one
+-- replaced.
+UPDATE orders
+SET description = @description,
+    metadata = @metadata
+WHERE tenant_id = @tenant_id AND id = @id
+RETURNING *;

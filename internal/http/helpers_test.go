@@ -657,3 +657,8 @@ func (p *tcpProxy) Restore() {
 	}
 	p.serve(ln)
 }
+
+// customerBody is a valid PUT /v1/customers/{id} body.
+func customerBody(name string) string {
+	return `{"name":"` + name + `","email":"` + strings.ToLower(name) + `@example.com"}`
+}

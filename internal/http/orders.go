@@ -85,7 +85,7 @@ func (a *api) getOrder(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, readError(err))
 		return
 	}
-	writeJSON(w, http.StatusOK, toOrderJSON(o))
+	writeOrder(w, r, o)
 }
 
 type orderListJSON struct {

@@ -291,7 +291,7 @@ func TestSystemEndpoints(t *testing.T) {
 		name, method, key, path, allow string
 	}{
 		{name: "DeleteOrders", method: http.MethodDelete, key: e.a.Key, path: "/v1/orders", allow: "GET, POST"},
-		{name: "PutOrder", method: http.MethodPut, key: e.a.Key, path: "/v1/orders/" + uuid.NewString(), allow: "GET"},
+		{name: "PutOrder", method: http.MethodPut, key: e.a.Key, path: "/v1/orders/" + uuid.NewString(), allow: "GET, PATCH"},
 		{name: "PostHealthz", method: http.MethodPost, path: "/healthz", allow: "GET"},
 	}
 	for _, tt := range methodNotAllowed {

@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idemref/payments/internal/cursor"
+	"github.com/idemref/payments/internal/customers"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/orders"
 	"github.com/idemref/payments/internal/payments"
@@ -53,6 +54,8 @@ const (
 	CodeOutcomeUnknown       = "processor_outcome_unknown"
 	CodeRateLimited          = "rate_limited"
 	CodeResultExpired        = "idempotency_result_expired"
+	CodePreconditionFailed   = "precondition_failed"
+	CodePreconditionRequired = "precondition_required"
 )
 
 // retryAfterSeconds is sent with 409 idempotency_key_in_use and 503.
@@ -183,8 +186,13 @@ func problemFor(err error) Problem {
 			"The payment processor has not confirmed whether the request took effect, and it may still do so. Nothing was recorded as final and the payment shows status processing: retry with the same Idempotency-Key after the Retry-After delay. The request resumes where it stopped and never charges or refunds twice.")
 		p.header = map[string]string{"Retry-After": retryAfter(payments.RetryAfter(err))}
 		return p
+	case errors.Is(err, errPreconditionRequired):
+		return newProblem(http.StatusPreconditionRequired, CodePreconditionRequired, "If-Match required", err.Error())
+	case errors.Is(err, errPreconditionFailed):
+		return newProblem(http.StatusPreconditionFailed, CodePreconditionFailed, "Precondition failed",
+			"The order changed since the ETag in If-Match was read. GET it again, check that the change still makes sense, and send it with the new ETag.")
 	case errors.Is(err, orders.ErrNotFound), errors.Is(err, payments.ErrNotFound), errors.Is(err, payments.ErrRefundNotFound),
-		errors.Is(err, errRouteNotFound):
+		errors.Is(err, customers.ErrNotFound), errors.Is(err, errRouteNotFound):
 		return newProblem(http.StatusNotFound, CodeNotFound, "Not found", "")
 	case errors.Is(err, errMethodNotAllowed):
 		return newProblem(http.StatusMethodNotAllowed, CodeMethodNotAllowed, "Method not allowed", "")

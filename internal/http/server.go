@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/idemref/payments/internal/apidocs"
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/payments"
@@ -79,6 +80,9 @@ func NewHandler(cfg Config) http.Handler {
 			w.Header().Set("Content-Type", "application/yaml")
 			_, _ = w.Write(cfg.OpenAPI)
 		})
+		// The reference page, rendered from /openapi.yaml.
+		r.Get("/docs", apidocs.Page)
+		r.Get(apidocs.BundlePath, apidocs.Bundle)
 	}
 
 	r.Route("/v1", func(r chi.Router) {
@@ -87,6 +91,11 @@ func NewHandler(cfg Config) http.Handler {
 			r.Post("/", idempotent[createOrderRequest](a, createOrder))
 			r.Get("/", a.listOrders)
 			r.Get("/{id}", a.getOrder)
+			r.Patch("/{id}", a.updateOrder)
+		})
+		r.Route("/customers", func(r chi.Router) {
+			r.Put("/{id}", a.putCustomer)
+			r.Get("/{id}", a.getCustomer)
 		})
 		r.Get("/idempotency-keys/{key}", a.getKeyStatus)
 		r.Route("/payments", func(r chi.Router) {

@@ -90,17 +90,24 @@ func Validate(in CreateInput) error {
 	checkID("reference", in.Reference)
 	checkID("customer_id", in.CustomerID)
 	v.Money(in.Amount, in.Currency)
-	if utf8.RuneCountInString(in.Description) > maxDescriptionLength {
+	validateDetails(&v, in.Description, in.Metadata)
+	return v.Err()
+}
+
+// validateDetails checks the fields a PATCH may change, for Validate and
+// UpdateDetails alike.
+func validateDetails(v *validation.Errors, description string, metadata map[string]string) {
+	if utf8.RuneCountInString(description) > maxDescriptionLength {
 		v.Add("description", fmt.Sprintf("must be at most %d characters", maxDescriptionLength))
 	}
-	if len(in.Metadata) > maxMetadataKeys {
+	if len(metadata) > maxMetadataKeys {
 		v.Add("metadata", fmt.Sprintf("must have at most %d keys", maxMetadataKeys))
 	}
 	// Each rule is checked over every entry and reported once, key rule
 	// first: stopping at the first bad entry would let map iteration order
 	// decide which problems the client hears about.
 	var badKey, badValue bool
-	for key, value := range in.Metadata {
+	for key, value := range metadata {
 		if n := utf8.RuneCountInString(key); n == 0 || n > maxMetadataKeyLength {
 			badKey = true
 		}
@@ -114,7 +121,6 @@ func Validate(in CreateInput) error {
 	if badValue {
 		v.Add("metadata", fmt.Sprintf("values must be at most %d characters", maxMetadataValLength))
 	}
-	return v.Err()
 }
 
 // Create validates in and inserts the order. It returns *validation.Error
@@ -234,4 +240,55 @@ func fromRow(row dbsqlc.Order) (Order, error) {
 		AmountPaid:  row.AmountPaid,
 		CreatedAt:   row.CreatedAt,
 	}, nil
+}
+
+// Details is what PATCH /v1/orders/{id} may change: a nil field stays as
+// it is; a given Metadata replaces the whole map.
+type Details struct {
+	Description *string
+	Metadata    map[string]string
+}
+
+// UpdateDetails locks the order, passes its current state to check (the
+// HTTP layer's If-Match comparison), and when check returns nil applies d.
+// The lock makes the check and the write one step: no other write can land
+// between the comparison and the update (the conditional update of N2).
+func UpdateDetails(ctx context.Context, tx dbsqlc.DBTX, tenantID, id uuid.UUID, d Details, check func(Order) error) (Order, error) {
+	q := dbsqlc.New(tx)
+	row, err := q.OrderGetForUpdate(ctx, dbsqlc.OrderGetForUpdateParams{TenantID: tenantID, ID: id})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Order{}, ErrNotFound
+	}
+	if err != nil {
+		return Order{}, err
+	}
+	current, err := fromRow(row)
+	if err != nil {
+		return Order{}, err
+	}
+	if err := check(current); err != nil {
+		return Order{}, err
+	}
+	if d.Description != nil {
+		current.Description = *d.Description
+	}
+	if d.Metadata != nil {
+		current.Metadata = d.Metadata
+	}
+	var v validation.Errors
+	validateDetails(&v, current.Description, current.Metadata)
+	if err := v.Err(); err != nil {
+		return Order{}, err
+	}
+	metadata, err := json.Marshal(current.Metadata)
+	if err != nil {
+		return Order{}, err
+	}
+	row, err = q.OrderUpdateDetails(ctx, dbsqlc.OrderUpdateDetailsParams{
+		TenantID: tenantID, ID: id, Description: current.Description, Metadata: metadata,
+	})
+	if err != nil {
+		return Order{}, err
+	}
+	return fromRow(row)
 }

@@ -18,6 +18,15 @@ type ApiKey struct {
 	RevokedAt *time.Time
 }
 
+type Customer struct {
+	TenantID  uuid.UUID
+	ID        uuid.UUID
+	Name      string
+	Email     string
+	CreatedAt time.Time
+	UpdatedAt time.Time
+}
+
 type IdempotencyKey struct {
 	TenantID           uuid.UUID
 	Endpoint           string

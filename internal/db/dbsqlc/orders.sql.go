@@ -232,3 +232,45 @@ func (q *Queries) OrderList(ctx context.Context, arg OrderListParams) ([]Order, 
 	}
 	return items, nil
 }
+
+const orderUpdateDetails = `-- name: OrderUpdateDetails :one
+UPDATE orders
+SET description = $1,
+    metadata = $2
+WHERE tenant_id = $3 AND id = $4
+RETURNING tenant_id, id, reference, customer_id, amount, currency, description, metadata, status, amount_paid, created_at
+`
+
+type OrderUpdateDetailsParams struct {
+	Description string
+	Metadata    json.RawMessage
+	TenantID    uuid.UUID
+	ID          uuid.UUID
+}
+
+// The conditional update (If-Match) runs under OrderGetForUpdate's lock, so
+// the representation the precondition was checked against is the one
+// replaced.
+func (q *Queries) OrderUpdateDetails(ctx context.Context, arg OrderUpdateDetailsParams) (Order, error) {
+	row := q.db.QueryRow(ctx, orderUpdateDetails,
+		arg.Description,
+		arg.Metadata,
+		arg.TenantID,
+		arg.ID,
+	)
+	var i Order
+	err := row.Scan(
+		&i.TenantID,
+		&i.ID,
+		&i.Reference,
+		&i.CustomerID,
+		&i.Amount,
+		&i.Currency,
+		&i.Description,
+		&i.Metadata,
+		&i.Status,
+		&i.AmountPaid,
+		&i.CreatedAt,
+	)
+	return i, err
+}

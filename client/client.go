@@ -1,0 +1,225 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/idemref/payments/client/api"
+)
+
+// ReplayedHeader marks a replayed answer.
+const ReplayedHeader = "Idempotent-Replayed"
+
+// Endpoints, as the server scopes keys (method plus route template); the
+// key-status lookup takes them.
+const (
+	EndpointCreateOrder   = "POST /v1/orders"
+	EndpointCreatePayment = "POST /v1/payments"
+	EndpointCreateRefund  = "POST /v1/payments/{id}/refunds"
+)
+
+// Client calls the payments API with the retry policy of this package. It
+// is safe for concurrent use; its retry budget is shared by all callers.
+type Client struct {
+	api    *api.Client
+	policy Policy
+	budget *Budget
+}
+
+// Option configures a Client.
+type Option func(*options)
+
+type options struct {
+	httpClient *http.Client
+	policy     Policy
+	budget     *Budget
+}
+
+// WithHTTPClient sends through hc (default: a client with a 30 s timeout
+// per attempt). Give each attempt a timeout shorter than the operation's
+// context, so a hung connection still leaves time to retry.
+func WithHTTPClient(hc *http.Client) Option { return func(o *options) { o.httpClient = hc } }
+
+// WithPolicy sets the retry policy.
+func WithPolicy(p Policy) Option { return func(o *options) { o.policy = p } }
+
+// WithBudget sets the retry budget (default NewBudget(0, 0, 0)). Clients
+// given the same Budget share it.
+func WithBudget(b *Budget) Option { return func(o *options) { o.budget = b } }
+
+// New returns a client for the API at baseURL (such as
+// "http://localhost:8080") that authenticates with apiKey.
+func New(baseURL, apiKey string, opts ...Option) (*Client, error) {
+	o := options{httpClient: &http.Client{Timeout: defaultAttemptTimeout}}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.budget == nil {
+		o.budget = NewBudget(0, 0, 0)
+	}
+	auth := func(_ context.Context, r *http.Request) error {
+		r.Header.Set("Authorization", "Bearer "+apiKey)
+		return nil
+	}
+	c, err := api.NewClient(baseURL, api.WithHTTPClient(o.httpClient), api.WithRequestEditorFn(auth))
+	if err != nil {
+		return nil, err
+	}
+	return &Client{api: c, policy: o.policy.withDefaults(), budget: o.budget}, nil
+}
+
+const defaultAttemptTimeout = 30 * time.Second
+
+// Result is a successful answer.
+type Result[T any] struct {
+	Value T
+	// Key is the Idempotency-Key the operation used ("" for reads).
+	Key string
+	// Replayed is true when the server answered from its record of an
+	// earlier attempt (Idempotent-Replayed: true): the operation had been
+	// executed before, by this call's earlier attempt or by another call
+	// with the same key.
+	Replayed bool
+	Status   int
+	Header   http.Header
+	Attempts int
+}
+
+// CreateOrder creates an order under key, or under a fresh key when key is
+// "". Pass a key you persisted beforehand to be able to resume after a
+// crash; the key used is in the Result or the error either way.
+func (c *Client) CreateOrder(ctx context.Context, key string, req api.CreateOrderRequest) (Result[api.Order], error) {
+	key = keyOrNew(key)
+	return do[api.Order](c, ctx, EndpointCreateOrder, key, http.StatusCreated, func(ctx context.Context) (*http.Response, error) {
+		return c.api.CreateOrder(ctx, &api.CreateOrderParams{IdempotencyKey: key}, req)
+	})
+}
+
+// CreatePayment pays an order under key (a fresh one when "").
+func (c *Client) CreatePayment(ctx context.Context, key string, req api.CreatePaymentRequest) (Result[api.Payment], error) {
+	key = keyOrNew(key)
+	return do[api.Payment](c, ctx, EndpointCreatePayment, key, http.StatusCreated, func(ctx context.Context) (*http.Response, error) {
+		return c.api.CreatePayment(ctx, &api.CreatePaymentParams{IdempotencyKey: key}, req)
+	})
+}
+
+// CreateRefund refunds part of a payment under key (a fresh one when "").
+func (c *Client) CreateRefund(ctx context.Context, key string, paymentID uuid.UUID, req api.CreateRefundRequest) (Result[api.Refund], error) {
+	key = keyOrNew(key)
+	return do[api.Refund](c, ctx, EndpointCreateRefund, key, http.StatusCreated, func(ctx context.Context) (*http.Response, error) {
+		return c.api.CreateRefund(ctx, paymentID, &api.CreateRefundParams{IdempotencyKey: key}, req)
+	})
+}
+
+// GetOrder reads an order. Reads are retried like writes; they need no key.
+func (c *Client) GetOrder(ctx context.Context, id uuid.UUID) (Result[api.Order], error) {
+	return do[api.Order](c, ctx, "GET /v1/orders/{id}", "", http.StatusOK, func(ctx context.Context) (*http.Response, error) {
+		return c.api.GetOrder(ctx, id)
+	})
+}
+
+// ListOrders reads one page of orders.
+func (c *Client) ListOrders(ctx context.Context, params api.ListOrdersParams) (Result[api.OrderList], error) {
+	return do[api.OrderList](c, ctx, "GET /v1/orders", "", http.StatusOK, func(ctx context.Context) (*http.Response, error) {
+		return c.api.ListOrders(ctx, &params)
+	})
+}
+
+// GetPayment reads a payment.
+func (c *Client) GetPayment(ctx context.Context, id uuid.UUID) (Result[api.Payment], error) {
+	return do[api.Payment](c, ctx, "GET /v1/payments/{id}", "", http.StatusOK, func(ctx context.Context) (*http.Response, error) {
+		return c.api.GetPayment(ctx, id)
+	})
+}
+
+// PutCustomer creates or replaces the customer id, chosen by the caller
+// (the client-supplied-id alternative to keys: no Idempotency-Key). Mint
+// the id once, store it, and send it on every retry: a retry of a PUT that
+// went through answers 200 instead of 201 with the same customer.
+func (c *Client) PutCustomer(ctx context.Context, id uuid.UUID, req api.PutCustomerRequest) (Result[api.Customer], error) {
+	return do[api.Customer](c, ctx, "PUT /v1/customers/{id}", "", http.StatusOK, func(ctx context.Context) (*http.Response, error) {
+		return c.api.PutCustomer(ctx, id.String(), req)
+	})
+}
+
+// GetCustomer reads a customer.
+func (c *Client) GetCustomer(ctx context.Context, id uuid.UUID) (Result[api.Customer], error) {
+	return do[api.Customer](c, ctx, "GET /v1/customers/{id}", "", http.StatusOK, func(ctx context.Context) (*http.Response, error) {
+		return c.api.GetCustomer(ctx, id.String())
+	})
+}
+
+// UpdateOrder changes an order's description or metadata if it is still
+// the version etag names (from GetOrder's Result.Header.Get("ETag"): the
+// conditional-update alternative to keys). A retry after a lost answer
+// may get a 412 precondition_failed for a change that did apply: on a 412,
+// read the order again and compare before deciding anything.
+func (c *Client) UpdateOrder(ctx context.Context, id uuid.UUID, etag string, req api.UpdateOrderRequest) (Result[api.Order], error) {
+	return do[api.Order](c, ctx, "PATCH /v1/orders/{id}", "", http.StatusOK, func(ctx context.Context) (*http.Response, error) {
+		return c.api.UpdateOrder(ctx, id, &api.UpdateOrderParams{IfMatch: etag}, req)
+	})
+}
+
+// ErrKeyUnknown is what KeyStatus and Resolve return when the server has no
+// record of the key on that endpoint: no attempt committed anything (or the
+// record is past its retention). Sending the request again with the same
+// key runs it.
+var ErrKeyUnknown = errors.New("the server has no record of this Idempotency-Key")
+
+// KeyStatus asks what became of key on endpoint (one of the Endpoint
+// constants): in progress or completed, the recorded status, the resource
+// it created, and until when its result is replayed.
+func (c *Client) KeyStatus(ctx context.Context, key, endpoint string) (api.IdempotencyKeyStatus, error) {
+	res, err := do[api.IdempotencyKeyStatus](c, ctx, "GET /v1/idempotency-keys/{key}", "", http.StatusOK, func(ctx context.Context) (*http.Response, error) {
+		return c.api.GetIdempotencyKey(ctx, key, &api.GetIdempotencyKeyParams{Endpoint: api.GetIdempotencyKeyParamsEndpoint(endpoint)})
+	})
+	if HasCode(err, "not_found") {
+		return api.IdempotencyKeyStatus{}, ErrKeyUnknown
+	}
+	return res.Value, err
+}
+
+// Resolve looks up what became of the operation behind an
+// *OutcomeUnknownError: state "completed" with a response_status and
+// resource when an attempt went through, "in_progress" while one still
+// runs, or ErrKeyUnknown when none committed.
+func (c *Client) Resolve(ctx context.Context, unknown *OutcomeUnknownError) (api.IdempotencyKeyStatus, error) {
+	if unknown == nil || unknown.Key == "" {
+		return api.IdempotencyKeyStatus{}, errors.New("client: Resolve needs the error of a keyed operation")
+	}
+	return c.KeyStatus(ctx, unknown.Key, unknown.Endpoint)
+}
+
+func keyOrNew(key string) string {
+	if key == "" {
+		return NewKey()
+	}
+	return key
+}
+
+// do runs one operation and decodes its final answer: want (the
+// operation's success status) into a T, anything else into an *Error.
+func do[T any](c *Client, ctx context.Context, endpoint, key string, want int, send func(context.Context) (*http.Response, error)) (Result[T], error) {
+	a, attempts, err := c.run(ctx, endpoint, key, send)
+	if err != nil {
+		return Result[T]{Key: key, Attempts: attempts}, err
+	}
+	replayed := a.header.Get(ReplayedHeader) == "true"
+	if a.status != want && (a.status < 200 || a.status > 299) {
+		return Result[T]{Key: key, Attempts: attempts}, &Error{
+			Status: a.status, Problem: decodeProblem(a), Key: key,
+			Replayed: replayed, Attempts: attempts, Header: a.header,
+		}
+	}
+	res := Result[T]{Key: key, Replayed: replayed, Status: a.status, Header: a.header, Attempts: attempts}
+	if err := json.Unmarshal(a.body, &res.Value); err != nil {
+		return res, fmt.Errorf("payments API: decode the %d answer of %s: %w", a.status, endpoint, err)
+	}
+	return res, nil
+}

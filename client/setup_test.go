@@ -1,0 +1,214 @@
+package client_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	payments "github.com/idemref/payments"
+	"github.com/idemref/payments/client"
+	httpapi "github.com/idemref/payments/internal/http"
+	"github.com/idemref/payments/internal/idem"
+	"github.com/idemref/payments/internal/tenants"
+	"github.com/idemref/payments/internal/testdb"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+// lockTimeout bounds a duplicate's wait on an uncommitted claim: short, so
+// a 409 idempotency_key_in_use costs the tests little.
+const lockTimeout = 200 * time.Millisecond
+
+// env is the real server on its own database, a tenant, and a fault
+// injecting transport between the client and the server.
+type env struct {
+	pool     *pgxpool.Pool // direct to the database: assertions and fixtures
+	url      string
+	tenantID uuid.UUID
+	apiKey   string
+	faults   *faultTransport
+}
+
+func setup(t *testing.T) *env {
+	t.Helper()
+	pool, _ := testdb.NewPool(t)
+	id, key, err := tenants.Create(t.Context(), pool, "client tests")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(httpapi.NewHandler(httpapi.Config{
+		Pool:           pool,
+		Idem:           idem.NewStore(pool, idem.Config{LockTimeout: lockTimeout}),
+		Logger:         slog.New(slog.DiscardHandler),
+		RequestTimeout: 10 * time.Second,
+		OpenAPI:        payments.OpenAPI,
+	}))
+	t.Cleanup(srv.Close)
+	return &env{pool: pool, url: srv.URL, tenantID: id, apiKey: key, faults: &faultTransport{next: srv.Client().Transport}}
+}
+
+// client returns a client that sends through the fault transport, with
+// short backoff so the tests stay fast; p overrides the policy.
+func (e *env) client(t *testing.T, p client.Policy, opts ...client.Option) *client.Client {
+	t.Helper()
+	if p.BaseDelay == 0 {
+		p.BaseDelay = 5 * time.Millisecond
+	}
+	if p.MaxDelay == 0 {
+		p.MaxDelay = 20 * time.Millisecond
+	}
+	opts = append([]client.Option{client.WithPolicy(p), client.WithHTTPClient(&http.Client{Transport: e.faults, Timeout: 5 * time.Second})}, opts...)
+	c, err := client.New(e.url, e.apiKey, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func (e *env) count(t *testing.T, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := e.pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
+
+// wantOrders checks how many orders the tenant has with reference ref, and
+// how many idempotency keys it recorded.
+func (e *env) wantRows(t *testing.T, ref string, orders, keys int) {
+	t.Helper()
+	if got := e.count(t, "SELECT count(*) FROM orders WHERE tenant_id = $1 AND reference = $2", e.tenantID, ref); got != orders {
+		t.Errorf("orders with reference %s = %d, want %d", ref, got, orders)
+	}
+	if got := e.count(t, "SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1", e.tenantID); got != keys {
+		t.Errorf("idempotency_keys rows = %d, want %d", got, keys)
+	}
+}
+
+// --- Fault injection between the client and the real server ---
+
+// fault handles one attempt: it may forward it to the server (next), and
+// decides what the client sees.
+type fault func(req *http.Request, next http.RoundTripper) (*http.Response, error)
+
+// faultTransport plays one scripted fault per attempt, in order, then
+// forwards every further attempt untouched. It records each attempt.
+type faultTransport struct {
+	next http.RoundTripper
+
+	mu       sync.Mutex
+	script   []fault
+	always   fault // when set, plays for every attempt past the script
+	attempts []seen
+}
+
+// seen is one attempt as the transport saw it.
+type seen struct {
+	at  time.Time
+	key string // its Idempotency-Key header
+}
+
+func (f *faultTransport) play(faults ...fault) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.script = append(f.script, faults...)
+}
+
+func (f *faultTransport) forever(x fault) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.always = x
+}
+
+func (f *faultTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	f.mu.Lock()
+	f.attempts = append(f.attempts, seen{at: time.Now(), key: req.Header.Get("Idempotency-Key")})
+	next := f.always
+	if len(f.script) > 0 {
+		next, f.script = f.script[0], f.script[1:]
+	}
+	f.mu.Unlock()
+	if next == nil {
+		return f.next.RoundTrip(req)
+	}
+	return next(req, f.next)
+}
+
+func (f *faultTransport) seen() []seen {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]seen(nil), f.attempts...)
+}
+
+// cutAfterCommit forwards the attempt, waits for the server's whole answer
+// (so its transaction committed), then drops it: the client sees a broken
+// connection, exactly as when a link fails after the server's commit.
+func cutAfterCommit(req *http.Request, next http.RoundTripper) (*http.Response, error) {
+	res, err := next.RoundTrip(req)
+	if err != nil {
+		return nil, err
+	}
+	_, _ = io.Copy(io.Discard, res.Body)
+	res.Body.Close()
+	return nil, errors.New("connection reset after the request was sent")
+}
+
+// status answers for the server without forwarding: what a load balancer,
+// a gateway or an overloaded front end sends. retryAfter "" sends none.
+func status(code int, retryAfter string) fault {
+	return func(req *http.Request, _ http.RoundTripper) (*http.Response, error) {
+		h := http.Header{}
+		body := "<html><body>" + http.StatusText(code) + "</body></html>" // a gateway's page, not a problem
+		h.Set("Content-Type", "text/html")
+		if code == http.StatusServiceUnavailable || code == http.StatusTooManyRequests {
+			problemCode := map[int]string{503: "service_unavailable", 429: "rate_limited"}[code]
+			h.Set("Content-Type", "application/problem+json")
+			body = `{"type":"` + httpapi.ProblemTypeBase + strings.ReplaceAll(problemCode, "_", "-") + `","title":"` + http.StatusText(code) + `","status":` + strconv.Itoa(code) + `,"code":"` + problemCode + `"}`
+		}
+		if retryAfter != "" {
+			h.Set("Retry-After", retryAfter)
+		}
+		return &http.Response{
+			StatusCode: code, Status: strconv.Itoa(code) + " " + http.StatusText(code), Header: h,
+			Body: io.NopCloser(strings.NewReader(body)), Request: req, ProtoMajor: 1, ProtoMinor: 1,
+		}, nil
+	}
+}
+
+// heldByAnother forwards the attempt while another transaction holds an
+// uncommitted claim on its key, as a concurrent first attempt would: the
+// real server waits its lock timeout and answers 409
+// idempotency_key_in_use with Retry-After. The claim is then rolled back,
+// so the retry can run.
+func (e *env) heldByAnother(t *testing.T) fault {
+	return func(req *http.Request, next http.RoundTripper) (*http.Response, error) {
+		ctx := context.Background()
+		tx, err := e.pool.Begin(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		fp := sha256.Sum256([]byte("another attempt"))
+		if _, err := tx.Exec(ctx,
+			`INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at, retain_until)
+			 VALUES ($1, 'POST /v1/orders', $2, $3, $4, now() + interval '1 day', now() + interval '3 days')`,
+			e.tenantID, req.Header.Get("Idempotency-Key"), fp[:], idem.FingerprintVersion); err != nil {
+			t.Errorf("hold the key: %v", err)
+			return nil, err
+		}
+		return next.RoundTrip(req)
+	}
+}
