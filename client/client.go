@@ -138,6 +138,22 @@ func (c *Client) GetPayment(ctx context.Context, id uuid.UUID) (Result[api.Payme
 	})
 }
 
+// ListPayments reads one page of payments, newest first (params.OrderId:
+// only that order's).
+func (c *Client) ListPayments(ctx context.Context, params api.ListPaymentsParams) (Result[api.PaymentList], error) {
+	return do[api.PaymentList](c, ctx, "GET /v1/payments", "", http.StatusOK, func(ctx context.Context) (*http.Response, error) {
+		return c.api.ListPayments(ctx, &params)
+	})
+}
+
+// GetRefund reads one refund of a payment (where a refund's Location
+// points).
+func (c *Client) GetRefund(ctx context.Context, paymentID, refundID uuid.UUID) (Result[api.Refund], error) {
+	return do[api.Refund](c, ctx, "GET /v1/payments/{id}/refunds/{refund_id}", "", http.StatusOK, func(ctx context.Context) (*http.Response, error) {
+		return c.api.GetRefund(ctx, paymentID, refundID)
+	})
+}
+
 // PutCustomer creates or replaces the customer id, chosen by the caller
 // (the client-supplied-id alternative to keys: no Idempotency-Key). Mint
 // the id once, store it, and send it on every retry: a retry of a PUT that

@@ -21,6 +21,9 @@ import (
 	"github.com/idemref/payments/client"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
+	paymentsvc "github.com/idemref/payments/internal/payments"
+	"github.com/idemref/payments/internal/processor"
+	"github.com/idemref/payments/internal/processorsim"
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/testdb"
 )
@@ -48,9 +51,15 @@ func setup(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
+	store := idem.NewStore(pool, idem.Config{LockTimeout: lockTimeout})
+	sim := httptest.NewServer(processorsim.New(processorsim.Config{Logger: slog.New(slog.DiscardHandler)}).Handler())
+	t.Cleanup(sim.Close)
+	svc := paymentsvc.NewService(pool, store, processor.NewClient(sim.URL, 5*time.Second), httpapi.Renderer{},
+		slog.New(slog.DiscardHandler), paymentsvc.Config{SettleWindow: 15 * time.Second})
 	srv := httptest.NewServer(httpapi.NewHandler(httpapi.Config{
 		Pool:           pool,
-		Idem:           idem.NewStore(pool, idem.Config{LockTimeout: lockTimeout}),
+		Idem:           store,
+		Payments:       svc,
 		Logger:         slog.New(slog.DiscardHandler),
 		RequestTimeout: 10 * time.Second,
 		OpenAPI:        payments.OpenAPI,
