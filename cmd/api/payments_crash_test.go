@@ -132,6 +132,11 @@ func (e *paymentEnv) assertPaidOnce(t *testing.T) {
 	if n := count(t, e.pool, `SELECT count(*) FROM payments`); n != 1 {
 		t.Errorf("payment rows = %d, want 1", n)
 	}
+	// The order follows the payment.succeeded event through the relay and
+	// the orders consumer: eventually, and once.
+	waitFor(t, func() bool {
+		return count(t, e.pool, `SELECT count(*) FROM processed_messages WHERE consumer = 'orders'`) == 1
+	})
 	if paid := count(t, e.pool, `SELECT amount_paid FROM orders WHERE id = $1`, e.orderID); paid != orderAmount {
 		t.Errorf("order amount_paid = %d, want %d", paid, orderAmount)
 	}

@@ -525,6 +525,7 @@ func (m refundMutation) execute(s *Simulator, key string) outcome {
 		Created:        time.Now().Unix(),
 	}
 	s.refunds = append(s.refunds, re)
+	s.emitLocked(processor.EventChargeRefunded, *ch)
 	return executed(jsonOutcome(http.StatusOK, re))
 }
 
