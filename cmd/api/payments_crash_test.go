@@ -63,6 +63,12 @@ func newPaymentEnv(t *testing.T) *paymentEnv {
 	var o struct{ ID string }
 	_ = json.Unmarshal(res.body, &o)
 	e.orderID = o.ID
+	// Only the processes a test starts itself may take part in its payment
+	// (relay and consumer included).
+	if err := api.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-api.exited
 	return e
 }
 
@@ -71,7 +77,9 @@ func newPaymentEnv(t *testing.T) *paymentEnv {
 // completer is off unless asked for.
 func (e *paymentEnv) start(t *testing.T, env ...string) *serverProcess {
 	base := []string{"PROCESSOR_URL=" + e.simURL, "PROCESSOR_TIMEOUT=500ms", "PAYMENT_LEASE=1500ms",
-		"PROCESSOR_SETTLE_WINDOW=1s", "COMPLETER_INTERVAL=0"}
+		"PROCESSOR_SETTLE_WINDOW=1s", "COMPLETER_INTERVAL=0",
+		// Redeliveries and relay takeovers within the test's time.
+		"EVENTS_ACK_WAIT=300ms", "OUTBOX_CLAIM_HOLD=500ms"}
 	return startServer(t, e.url, append(base, env...)...)
 }
 
