@@ -55,6 +55,28 @@ func metric(t *testing.T, p *serverProcess, sample string) float64 {
 	return 0
 }
 
+// consumerAckFloor is the stream sequence up to which the orders consumer
+// has acknowledged every message.
+func consumerAckFloor(t *testing.T, e *paymentEnv) uint64 {
+	t.Helper()
+	nc, js, err := broker.Connect(natsURLFor(t, e.url), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	c, err := js.Consumer(ctx, broker.StreamEvents, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.AckFloor.Stream
+}
+
 const duplicatesSkipped = `consumer_duplicates_skipped_total{consumer="orders"}`
 
 // T5, M1: the orders consumer's process is killed (SIGKILL, failpoint
@@ -78,16 +100,24 @@ func TestConsumerKilledAfterCommitBeforeAck(t *testing.T) {
 	}
 
 	api := e.start(t)
-	waitFor(t, func() bool { return metric(t, api, duplicatesSkipped) == 1 })
+	// The redelivery reaches the new process's consumer and is settled
+	// there (skipped, or applied again if the inbox failed).
+	waitFor(t, func() bool {
+		return metric(t, api, `consumer_redeliveries_total{consumer="orders"}`) >= 1 &&
+			metric(t, api, duplicatesSkipped)+metric(t, api, `consumer_processed_total{consumer="orders"}`) >= 1
+	})
+	if paid := count(t, e.pool, `SELECT amount_paid FROM orders WHERE id = $1`, e.orderID); paid != orderAmount {
+		t.Errorf("amount_paid after the redelivery = %d, want %d", paid, orderAmount)
+	}
+	if n := metric(t, api, duplicatesSkipped); n != 1 {
+		t.Errorf("duplicates the second consumer skipped = %v, want 1", n)
+	}
 	if final := e.payUntilDone(t, api.base, "pay-key"); final.status != http.StatusCreated {
 		t.Fatalf("final answer %d: %s", final.status, final.body)
 	}
 	e.assertPaidOnce(t)
 	if n := streamMessages(t, e); n != 1 {
 		t.Errorf("messages on the stream = %d, want 1", n)
-	}
-	if n := metric(t, api, `consumer_redeliveries_total{consumer="orders"}`); n < 1 {
-		t.Errorf("redeliveries seen by the second consumer = %v, want at least 1", n)
 	}
 	if n := metric(t, api, `consumer_processed_total{consumer="orders"}`); n != 0 {
 		t.Errorf("events the second consumer applied = %v, want 0", n)
@@ -141,8 +171,9 @@ func TestRelayKilledAfterPublishBeforeMark(t *testing.T) {
 				t.Errorf("republishes the stream dropped as duplicates = %v, want %v", dropped, want)
 			}
 			if tc.streamMsgs == 2 {
-				// The copy reached the consumer, and its inbox skipped it.
-				waitFor(t, func() bool { return metric(t, api, duplicatesSkipped) >= 1 })
+				// Both copies were delivered (the first maybe to the dead
+				// process): wait until the stream's last message is acked.
+				waitFor(t, func() bool { return consumerAckFloor(t, e) == 2 })
 			}
 			if final := e.payUntilDone(t, api.base, "pay-key"); final.status != http.StatusCreated {
 				t.Fatalf("final answer %d: %s", final.status, final.body)

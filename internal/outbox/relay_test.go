@@ -12,8 +12,8 @@ import (
 	"github.com/idemref/payments/internal/broker"
 	"github.com/idemref/payments/internal/events"
 	"github.com/idemref/payments/internal/outbox"
-	"github.com/idemref/payments/internal/testdb"
 	"github.com/idemref/payments/internal/tenants"
+	"github.com/idemref/payments/internal/testdb"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
