@@ -227,6 +227,11 @@ func TestTwoRelaysTwoConsumersApplyEveryEventOnce(t *testing.T) {
 	if n := count(`SELECT count(*) FROM outbox`); n != nEvents {
 		t.Errorf("outbox rows = %d, want %d (one per payment and refund)", n, nEvents)
 	}
+	// Nothing crashed, so no claim may have been taken twice: two relays
+	// never published the same row.
+	if n := count(`SELECT count(*) FROM outbox WHERE publish_attempts <> 1`); n != 0 {
+		t.Errorf("outbox rows claimed more than once = %d, want 0", n)
+	}
 	stream, err := connect().Stream(ctx, broker.StreamEvents)
 	if err != nil {
 		t.Fatal(err)

@@ -191,6 +191,20 @@ func TestWebhookRejectedWritesNothing(t *testing.T) {
 	if status, _ := e.paymentStatusOfOrder(t, o.ID); status != "succeeded" {
 		t.Errorf("payment = %s after the signed delivery, want succeeded", status)
 	}
+	// Delivered again (signed anew, as a retry is): the inbox skips it.
+	// The payment's state would make a second confirmation a no-op anyway;
+	// the answer says it was never applied a second time.
+	again := e.sendWebhook(t, body, webhook.Sign(body, time.Now(), webhookSecret))
+	wantStatus(t, again, http.StatusOK)
+	if !strings.Contains(string(again.body), `"result":"duplicate"`) {
+		t.Errorf("second delivery answered %s, want result duplicate", again.body)
+	}
+	if n := e.count(t, `SELECT count(*) FROM processed_messages`); n != 1 {
+		t.Errorf("inbox rows after two deliveries = %d, want 1", n)
+	}
+	if got := e.orderEvents(t, o.ID); got.Succeeded != 1 {
+		t.Errorf("payment.succeeded events after two deliveries = %d, want 1", got.Succeeded)
+	}
 }
 
 // The race of webhook, lookup and sweep (docs/messages.md). For each of
