@@ -31,6 +31,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemref/payments/internal/broker"
 	"github.com/idemref/payments/internal/db"
@@ -79,6 +80,10 @@ func Start(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, cfg 
 	cons, err := js.CreateOrUpdateConsumer(ctx, broker.StreamEvents, broker.ConsumerConfig(cfg.Name, cfg.Subjects, cfg.Broker))
 	if err != nil {
 		return nil, fmt.Errorf("consumer %s: %w", cfg.Name, err)
+	}
+	// Present at 0 from the start, so rate() and increase() work at once.
+	for _, m := range []*prometheus.CounterVec{processedTotal, duplicatesTotal, redeliveriesTotal, failuresTotal} {
+		m.WithLabelValues(cfg.Name)
 	}
 	c := &Consumer{pool: pool, cfg: cfg, handle: handle, log: log.With(slog.String("consumer", cfg.Name)), backoff: cfg.Broker.Backoff()}
 	cc, err := cons.Consume(func(msg jetstream.Msg) { c.process(ctx, msg) })
