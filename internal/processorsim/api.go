@@ -59,6 +59,9 @@ func (s *Simulator) routes() http.Handler {
 	r.Post("/_sim/faults", s.adminFaults)
 	r.Post("/_sim/mode", s.adminMode)
 	r.Post("/_sim/reset", s.adminReset)
+	r.Post("/_sim/webhooks", s.adminWebhooks)
+	r.Post("/_sim/webhook-faults", s.adminWebhookFaults)
+	r.Get("/_sim/deliveries", s.adminDeliveries)
 
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeOutcome(w, errorOutcome(http.StatusNotFound, processor.APIError{
