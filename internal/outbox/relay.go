@@ -28,6 +28,12 @@ const (
 // channel is the LISTEN/NOTIFY channel the outbox trigger notifies.
 const channel = "outbox"
 
+// heldBackRetry is how soon a relay looks again when rows are waiting that
+// it could not claim: held back by the snapshot guard (an older
+// transaction, anywhere in the cluster, is still running) or claimed by
+// another relay. Their release sends no notification.
+const heldBackRetry = 100 * time.Millisecond
+
 // RelayConfig tunes a Relay; zero fields take the defaults.
 type RelayConfig struct {
 	// Batch is the most rows one claim takes.
@@ -83,8 +89,11 @@ func (r *Relay) Run(ctx context.Context) {
 		r.listen(ctx)
 		if ctx.Err() == nil {
 			// The listening connection failed: poll until it is back.
-			r.drain(ctx)
-			sleep(ctx, r.cfg.PollInterval)
+			if r.drain(ctx) {
+				sleep(ctx, heldBackRetry)
+			} else {
+				sleep(ctx, r.cfg.PollInterval)
+			}
 		}
 	}
 }
@@ -109,8 +118,11 @@ func (r *Relay) listen(ctx context.Context) {
 	for {
 		// Listening first, draining second: a row committed meanwhile
 		// either is seen by this drain or notifies the wait below.
-		r.drain(ctx)
-		wait, cancel := context.WithTimeout(ctx, r.cfg.PollInterval)
+		timeout := r.cfg.PollInterval
+		if r.drain(ctx) {
+			timeout = min(timeout, heldBackRetry)
+		}
+		wait, cancel := context.WithTimeout(ctx, timeout)
 		_, err := conn.Conn().WaitForNotification(wait)
 		cancel()
 		switch {
@@ -123,21 +135,22 @@ func (r *Relay) listen(ctx context.Context) {
 	}
 }
 
-// drain relays batches until the outbox has nothing claimable.
-func (r *Relay) drain(ctx context.Context) {
+// drain relays batches until the outbox has nothing claimable. It reports
+// whether unpublished rows remain that it could not claim.
+func (r *Relay) drain(ctx context.Context) (pending bool) {
 	for ctx.Err() == nil {
 		n, err := r.RelayOnce(ctx)
 		if err != nil {
 			if ctx.Err() == nil {
 				r.log.WarnContext(ctx, "relay: publish batch", slog.Any("error", err))
 			}
-			return
+			return true
 		}
 		if n < r.cfg.Batch {
-			r.observeLag(ctx)
-			return
+			return r.observeLag(ctx)
 		}
 	}
+	return false
 }
 
 // RelayOnce claims one batch, publishes it in seq order, waiting for each
@@ -198,13 +211,15 @@ func (r *Relay) publish(ctx context.Context, row dbsqlc.OutboxClaimRow) error {
 	return nil
 }
 
-func (r *Relay) observeLag(ctx context.Context) {
+// observeLag updates the lag gauges and reports whether rows are waiting.
+func (r *Relay) observeLag(ctx context.Context) bool {
 	lag, err := dbsqlc.New(r.pool).OutboxLag(ctx)
 	if err != nil {
-		return
+		return false
 	}
 	unpublishedRows.Set(float64(lag.Unpublished))
 	lagSeconds.Set(lag.OldestSeconds)
+	return lag.Unpublished > 0
 }
 
 func ids(rows []dbsqlc.OutboxClaimRow) []uuid.UUID {
