@@ -50,6 +50,9 @@ var problemStatus = map[string]int{
 	"idempotency_result_expired": 409,
 	"precondition_failed":        412,
 	"precondition_required":      428,
+	// Webhook rejections (M4).
+	"webhook_signature_invalid":          400,
+	"webhook_timestamp_out_of_tolerance": 400,
 }
 
 // postV1Responses are the responses every idempotent POST under /v1 must document.
@@ -235,6 +238,13 @@ func TestSecurity(t *testing.T) {
 			_, ok := r["bearerAuth"]
 			return ok
 		})
+		if isWebhook(o) {
+			// The processor authenticates with its signature header.
+			if len(reqs) != 0 {
+				t.Errorf("%s: a webhook takes no API key", o)
+			}
+			continue
+		}
 		if strings.HasPrefix(o.path, "/v1/") || o.path == "/v1" {
 			if !bearer || len(reqs) != 1 {
 				t.Errorf("%s: must require bearerAuth only", o)
@@ -246,6 +256,14 @@ func TestSecurity(t *testing.T) {
 			t.Errorf("%s: must be unauthenticated", o)
 		}
 	}
+}
+
+// isWebhook reports whether o receives webhooks: deduplicated by the
+// producer's event id (x-deduplication), not by an Idempotency-Key, and
+// authenticated by a signature, not an API key.
+func isWebhook(o operation) bool {
+	_, ok := o.op.Extensions["x-deduplication"]
+	return ok && strings.HasPrefix(o.path, "/v1/webhooks/")
 }
 
 // xIdempotency mirrors the x-idempotency vendor extension.
@@ -260,7 +278,7 @@ func TestV1PostsAreIdempotent(t *testing.T) {
 	doc := loadOpenAPI(t)
 	found := 0
 	for _, o := range operations(doc) {
-		if o.method != "POST" || !strings.HasPrefix(o.path, "/v1/") {
+		if o.method != "POST" || !strings.HasPrefix(o.path, "/v1/") || isWebhook(o) {
 			continue
 		}
 		found++

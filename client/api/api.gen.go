@@ -77,8 +77,10 @@ func (e IdempotencyKeyStatusState) Valid() bool {
 
 // Defines values for OrderStatus.
 const (
-	OrderStatusPaid    OrderStatus = "paid"
-	OrderStatusPending OrderStatus = "pending"
+	OrderStatusPaid              OrderStatus = "paid"
+	OrderStatusPartiallyRefunded OrderStatus = "partially_refunded"
+	OrderStatusPending           OrderStatus = "pending"
+	OrderStatusRefunded          OrderStatus = "refunded"
 )
 
 // Valid indicates whether the value is a known member of the OrderStatus enum.
@@ -86,7 +88,11 @@ func (e OrderStatus) Valid() bool {
 	switch e {
 	case OrderStatusPaid:
 		return true
+	case OrderStatusPartiallyRefunded:
+		return true
 	case OrderStatusPending:
+		return true
+	case OrderStatusRefunded:
 		return true
 	default:
 		return false
@@ -119,34 +125,36 @@ func (e PaymentStatus) Valid() bool {
 
 // Defines values for ProblemCode.
 const (
-	ProblemCodeBodyTooLarge             ProblemCode = "body_too_large"
-	ProblemCodeCardDeclined             ProblemCode = "card_declined"
-	ProblemCodeIdempotencyKeyInUse      ProblemCode = "idempotency_key_in_use"
-	ProblemCodeIdempotencyKeyInvalid    ProblemCode = "idempotency_key_invalid"
-	ProblemCodeIdempotencyKeyMissing    ProblemCode = "idempotency_key_missing"
-	ProblemCodeIdempotencyKeyReused     ProblemCode = "idempotency_key_reused"
-	ProblemCodeIdempotencyResultExpired ProblemCode = "idempotency_result_expired"
-	ProblemCodeInternalError            ProblemCode = "internal_error"
-	ProblemCodeInvalidJson              ProblemCode = "invalid_json"
-	ProblemCodeInvalidQuery             ProblemCode = "invalid_query"
-	ProblemCodeMethodNotAllowed         ProblemCode = "method_not_allowed"
-	ProblemCodeNotFound                 ProblemCode = "not_found"
-	ProblemCodeOrderNotFound            ProblemCode = "order_not_found"
-	ProblemCodeOrderReferenceExists     ProblemCode = "order_reference_exists"
-	ProblemCodePaymentAmountMismatch    ProblemCode = "payment_amount_mismatch"
-	ProblemCodePaymentExists            ProblemCode = "payment_exists"
-	ProblemCodePaymentNotRefundable     ProblemCode = "payment_not_refundable"
-	ProblemCodePreconditionFailed       ProblemCode = "precondition_failed"
-	ProblemCodePreconditionRequired     ProblemCode = "precondition_required"
-	ProblemCodeProcessorOutcomeUnknown  ProblemCode = "processor_outcome_unknown"
-	ProblemCodeProcessorRejected        ProblemCode = "processor_rejected"
-	ProblemCodeProcessorUnavailable     ProblemCode = "processor_unavailable"
-	ProblemCodeRateLimited              ProblemCode = "rate_limited"
-	ProblemCodeRefundExceedsPayment     ProblemCode = "refund_exceeds_payment"
-	ProblemCodeServiceUnavailable       ProblemCode = "service_unavailable"
-	ProblemCodeUnauthorized             ProblemCode = "unauthorized"
-	ProblemCodeUnsupportedMediaType     ProblemCode = "unsupported_media_type"
-	ProblemCodeValidationFailed         ProblemCode = "validation_failed"
+	ProblemCodeBodyTooLarge                   ProblemCode = "body_too_large"
+	ProblemCodeCardDeclined                   ProblemCode = "card_declined"
+	ProblemCodeIdempotencyKeyInUse            ProblemCode = "idempotency_key_in_use"
+	ProblemCodeIdempotencyKeyInvalid          ProblemCode = "idempotency_key_invalid"
+	ProblemCodeIdempotencyKeyMissing          ProblemCode = "idempotency_key_missing"
+	ProblemCodeIdempotencyKeyReused           ProblemCode = "idempotency_key_reused"
+	ProblemCodeIdempotencyResultExpired       ProblemCode = "idempotency_result_expired"
+	ProblemCodeInternalError                  ProblemCode = "internal_error"
+	ProblemCodeInvalidJson                    ProblemCode = "invalid_json"
+	ProblemCodeInvalidQuery                   ProblemCode = "invalid_query"
+	ProblemCodeMethodNotAllowed               ProblemCode = "method_not_allowed"
+	ProblemCodeNotFound                       ProblemCode = "not_found"
+	ProblemCodeOrderNotFound                  ProblemCode = "order_not_found"
+	ProblemCodeOrderReferenceExists           ProblemCode = "order_reference_exists"
+	ProblemCodePaymentAmountMismatch          ProblemCode = "payment_amount_mismatch"
+	ProblemCodePaymentExists                  ProblemCode = "payment_exists"
+	ProblemCodePaymentNotRefundable           ProblemCode = "payment_not_refundable"
+	ProblemCodePreconditionFailed             ProblemCode = "precondition_failed"
+	ProblemCodePreconditionRequired           ProblemCode = "precondition_required"
+	ProblemCodeProcessorOutcomeUnknown        ProblemCode = "processor_outcome_unknown"
+	ProblemCodeProcessorRejected              ProblemCode = "processor_rejected"
+	ProblemCodeProcessorUnavailable           ProblemCode = "processor_unavailable"
+	ProblemCodeRateLimited                    ProblemCode = "rate_limited"
+	ProblemCodeRefundExceedsPayment           ProblemCode = "refund_exceeds_payment"
+	ProblemCodeServiceUnavailable             ProblemCode = "service_unavailable"
+	ProblemCodeUnauthorized                   ProblemCode = "unauthorized"
+	ProblemCodeUnsupportedMediaType           ProblemCode = "unsupported_media_type"
+	ProblemCodeValidationFailed               ProblemCode = "validation_failed"
+	ProblemCodeWebhookSignatureInvalid        ProblemCode = "webhook_signature_invalid"
+	ProblemCodeWebhookTimestampOutOfTolerance ProblemCode = "webhook_timestamp_out_of_tolerance"
 )
 
 // Valid indicates whether the value is a known member of the ProblemCode enum.
@@ -207,6 +215,10 @@ func (e ProblemCode) Valid() bool {
 	case ProblemCodeUnsupportedMediaType:
 		return true
 	case ProblemCodeValidationFailed:
+		return true
+	case ProblemCodeWebhookSignatureInvalid:
+		return true
+	case ProblemCodeWebhookTimestampOutOfTolerance:
 		return true
 	default:
 		return false
@@ -400,11 +412,14 @@ type Order struct {
 	// Amount Amount in minor units of `currency`.
 	Amount int64 `json:"amount"`
 
-	// AmountPaid Amount paid so far, in minor units of `currency`.
-	AmountPaid int64     `json:"amount_paid"`
-	CreatedAt  time.Time `json:"created_at"`
-	Currency   string    `json:"currency"`
-	CustomerId string    `json:"customer_id"`
+	// AmountPaid Amount paid and not refunded, in minor units of `currency` (follows events, as `status`).
+	AmountPaid int64 `json:"amount_paid"`
+
+	// AmountRefunded Amount refunded, in minor units of `currency` (follows events, as `status`).
+	AmountRefunded int64     `json:"amount_refunded"`
+	CreatedAt      time.Time `json:"created_at"`
+	Currency       string    `json:"currency"`
+	CustomerId     string    `json:"customer_id"`
 
 	// Description Empty string when none was given.
 	Description string `json:"description"`
@@ -418,11 +433,19 @@ type Order struct {
 	Metadata Metadata `json:"metadata"`
 
 	// Reference The client's natural key for the order, unique per tenant.
-	Reference string      `json:"reference"`
-	Status    OrderStatus `json:"status"`
+	Reference string `json:"reference"`
+
+	// Status Follows the order's payment and refund events, applied by the
+	// orders consumer: eventually consistent with the payments. A
+	// payment's `201` comes first; the order says `paid` within the
+	// event relay's and the broker's delivery latency.
+	Status OrderStatus `json:"status"`
 }
 
-// OrderStatus defines model for Order.Status.
+// OrderStatus Follows the order's payment and refund events, applied by the
+// orders consumer: eventually consistent with the payments. A
+// payment's `201` comes first; the order says `paid` within the
+// event relay's and the broker's delivery latency.
 type OrderStatus string
 
 // OrderList defines model for OrderList.
@@ -524,6 +547,8 @@ type PaymentList struct {
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `webhook_signature_invalid` | 400 |
+// | `webhook_timestamp_out_of_tolerance` | 400 |
 // | `precondition_failed` | 412 |
 // | `precondition_required` | 428 |
 type Problem struct {
@@ -655,6 +680,8 @@ type PaymentId = Uuid
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `webhook_signature_invalid` | 400 |
+// | `webhook_timestamp_out_of_tolerance` | 400 |
 // | `precondition_failed` | 412 |
 // | `precondition_required` | 428 |
 type BodyTooLarge = Problem
@@ -691,6 +718,8 @@ type BodyTooLarge = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `webhook_signature_invalid` | 400 |
+// | `webhook_timestamp_out_of_tolerance` | 400 |
 // | `precondition_failed` | 412 |
 // | `precondition_required` | 428 |
 type CardDeclined = Problem
@@ -727,6 +756,8 @@ type CardDeclined = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `webhook_signature_invalid` | 400 |
+// | `webhook_timestamp_out_of_tolerance` | 400 |
 // | `precondition_failed` | 412 |
 // | `precondition_required` | 428 |
 type CreateOrderBadRequest = Problem
@@ -763,6 +794,8 @@ type CreateOrderBadRequest = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `webhook_signature_invalid` | 400 |
+// | `webhook_timestamp_out_of_tolerance` | 400 |
 // | `precondition_failed` | 412 |
 // | `precondition_required` | 428 |
 type CreateOrderConflict = Problem
@@ -799,6 +832,8 @@ type CreateOrderConflict = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `webhook_signature_invalid` | 400 |
+// | `webhook_timestamp_out_of_tolerance` | 400 |
 // | `precondition_failed` | 412 |
 // | `precondition_required` | 428 |
 type CreatePaymentBadRequest = Problem
@@ -835,6 +870,8 @@ type CreatePaymentBadRequest = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `webhook_signature_invalid` | 400 |
+// | `webhook_timestamp_out_of_tolerance` | 400 |
 // | `precondition_failed` | 412 |
 // | `precondition_required` | 428 |
 type CreatePaymentConflict = Problem
@@ -871,6 +908,8 @@ type CreatePaymentConflict = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `webhook_signature_invalid` | 400 |
+// | `webhook_timestamp_out_of_tolerance` | 400 |
 // | `precondition_failed` | 412 |
 // | `precondition_required` | 428 |
 type CreatePaymentUnprocessable = Problem
@@ -907,6 +946,8 @@ type CreatePaymentUnprocessable = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `webhook_signature_invalid` | 400 |
+// | `webhook_timestamp_out_of_tolerance` | 400 |
 // | `precondition_failed` | 412 |
 // | `precondition_required` | 428 |
 type CreateRefundBadRequest = Problem
@@ -943,6 +984,8 @@ type CreateRefundBadRequest = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `webhook_signature_invalid` | 400 |
+// | `webhook_timestamp_out_of_tolerance` | 400 |
 // | `precondition_failed` | 412 |
 // | `precondition_required` | 428 |
 type CreateRefundConflict = Problem
@@ -979,6 +1022,8 @@ type CreateRefundConflict = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `webhook_signature_invalid` | 400 |
+// | `webhook_timestamp_out_of_tolerance` | 400 |
 // | `precondition_failed` | 412 |
 // | `precondition_required` | 428 |
 type CreateRefundUnprocessable = Problem
@@ -1015,6 +1060,8 @@ type CreateRefundUnprocessable = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `webhook_signature_invalid` | 400 |
+// | `webhook_timestamp_out_of_tolerance` | 400 |
 // | `precondition_failed` | 412 |
 // | `precondition_required` | 428 |
 type IdempotencyKeyReused = Problem
@@ -1051,6 +1098,8 @@ type IdempotencyKeyReused = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `webhook_signature_invalid` | 400 |
+// | `webhook_timestamp_out_of_tolerance` | 400 |
 // | `precondition_failed` | 412 |
 // | `precondition_required` | 428 |
 type InternalError = Problem
@@ -1087,6 +1136,8 @@ type InternalError = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `webhook_signature_invalid` | 400 |
+// | `webhook_timestamp_out_of_tolerance` | 400 |
 // | `precondition_failed` | 412 |
 // | `precondition_required` | 428 |
 type InvalidQuery = Problem
@@ -1123,6 +1174,8 @@ type InvalidQuery = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `webhook_signature_invalid` | 400 |
+// | `webhook_timestamp_out_of_tolerance` | 400 |
 // | `precondition_failed` | 412 |
 // | `precondition_required` | 428 |
 type NotFound = Problem
@@ -1159,6 +1212,8 @@ type NotFound = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `webhook_signature_invalid` | 400 |
+// | `webhook_timestamp_out_of_tolerance` | 400 |
 // | `precondition_failed` | 412 |
 // | `precondition_required` | 428 |
 type PaymentServiceUnavailable = Problem
@@ -1195,6 +1250,8 @@ type PaymentServiceUnavailable = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `webhook_signature_invalid` | 400 |
+// | `webhook_timestamp_out_of_tolerance` | 400 |
 // | `precondition_failed` | 412 |
 // | `precondition_required` | 428 |
 type PlainBadRequest = Problem
@@ -1231,6 +1288,8 @@ type PlainBadRequest = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `webhook_signature_invalid` | 400 |
+// | `webhook_timestamp_out_of_tolerance` | 400 |
 // | `precondition_failed` | 412 |
 // | `precondition_required` | 428 |
 type PreconditionFailed = Problem
@@ -1267,6 +1326,8 @@ type PreconditionFailed = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `webhook_signature_invalid` | 400 |
+// | `webhook_timestamp_out_of_tolerance` | 400 |
 // | `precondition_failed` | 412 |
 // | `precondition_required` | 428 |
 type PreconditionRequired = Problem
@@ -1303,6 +1364,8 @@ type PreconditionRequired = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `webhook_signature_invalid` | 400 |
+// | `webhook_timestamp_out_of_tolerance` | 400 |
 // | `precondition_failed` | 412 |
 // | `precondition_required` | 428 |
 type RefundPaymentNotFound = Problem
@@ -1339,6 +1402,8 @@ type RefundPaymentNotFound = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `webhook_signature_invalid` | 400 |
+// | `webhook_timestamp_out_of_tolerance` | 400 |
 // | `precondition_failed` | 412 |
 // | `precondition_required` | 428 |
 type ServiceUnavailable = Problem
@@ -1375,6 +1440,8 @@ type ServiceUnavailable = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `webhook_signature_invalid` | 400 |
+// | `webhook_timestamp_out_of_tolerance` | 400 |
 // | `precondition_failed` | 412 |
 // | `precondition_required` | 428 |
 type TooManyRequests = Problem
@@ -1411,6 +1478,8 @@ type TooManyRequests = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `webhook_signature_invalid` | 400 |
+// | `webhook_timestamp_out_of_tolerance` | 400 |
 // | `precondition_failed` | 412 |
 // | `precondition_required` | 428 |
 type Unauthorized = Problem
@@ -1447,6 +1516,8 @@ type Unauthorized = Problem
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
 // | `idempotency_result_expired` | 409 |
+// | `webhook_signature_invalid` | 400 |
+// | `webhook_timestamp_out_of_tolerance` | 400 |
 // | `precondition_failed` | 412 |
 // | `precondition_required` | 428 |
 type UnsupportedMediaType = Problem

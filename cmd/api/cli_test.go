@@ -65,6 +65,9 @@ func TestConfigurationErrorsAreClear(t *testing.T) {
 		want string
 	}{
 		{"ServeWithoutDatabaseURL", []string{"serve"}, nil, "DATABASE_URL is not set"},
+		{"ServeWithoutNatsURL", []string{"serve"}, map[string]string{"DATABASE_URL": "postgres://x/y"}, "NATS_URL is not set"},
+		{"MessageRetentionWithinRedelivery", []string{"serve"}, map[string]string{"MESSAGE_RETENTION": "10m"}, "MESSAGE_RETENTION"},
+		{"BadMaxDeliver", []string{"serve"}, map[string]string{"EVENTS_MAX_DELIVER": "0"}, "EVENTS_MAX_DELIVER"},
 		{"BadDuration", []string{"serve"}, map[string]string{"DATABASE_URL": "postgres://x/y", "IDEMPOTENCY_TTL": "forever"}, "IDEMPOTENCY_TTL"},
 		{"BadLogLevel", []string{"serve"}, map[string]string{"LOG_LEVEL": "loud"}, "LOG_LEVEL"},
 		{"LeaseShorterThanProcessorCall", []string{"serve"}, map[string]string{"PAYMENT_LEASE": "5s", "PROCESSOR_TIMEOUT": "10s"}, "PAYMENT_LEASE"},
@@ -120,6 +123,21 @@ func TestReapPrintsTheCounts(t *testing.T) {
 		             ('live', 'completed', interval '1h', interval '2h')) AS f (k, s, e, r)`, tenant); err != nil {
 		t.Fatal(err)
 	}
+	// Inbox ids and published outbox rows: one of each past the retention
+	// (M3), one of each within it, and an old unpublished row (kept: it
+	// has not reached the broker).
+	if _, err := pool.Exec(t.Context(), `
+		INSERT INTO processed_messages (consumer, source, message_id, processed_at)
+		VALUES ('orders', 'payments.outbox', 'old', now() - interval '8 days'), ('orders', 'payments.outbox', 'new', now())`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(t.Context(), `
+		INSERT INTO outbox (id, tenant_id, subject, event_type, schema_version, payload, created_at, published_at)
+		VALUES (gen_random_uuid(), $1, 's', 't', 1, '{}', now() - interval '9 days', now() - interval '8 days'),
+		       (gen_random_uuid(), $1, 's', 't', 1, '{}', now(), now()),
+		       (gen_random_uuid(), $1, 's', 't', 1, '{}', now() - interval '9 days', NULL)`, tenant); err != nil {
+		t.Fatal(err)
+	}
 	cmd := exec.Command(apiBinary(t), "reap")
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+url)
 	var stdout, stderr bytes.Buffer
@@ -127,7 +145,7 @@ func TestReapPrintsTheCounts(t *testing.T) {
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("reap: %v\n%s", err, stderr.String())
 	}
-	if got, want := stdout.String(), "pruned 3\ndeleted 2\n"; got != want {
+	if got, want := stdout.String(), "pruned 3\ndeleted 2\nmessages deleted 1\noutbox deleted 1\n"; got != want {
 		t.Fatalf("reap printed %q, want %q", got, want)
 	}
 	got := map[string]int{}
@@ -145,6 +163,12 @@ func TestReapPrintsTheCounts(t *testing.T) {
 	want := map[string]int{"busy in_progress": 1, "due-1 expired": 1, "due-2 expired": 1, "due-3 expired": 1, "live completed": 1}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("keys after reap = %v, want %v", got, want)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM processed_messages WHERE message_id = 'new'`); n != 1 {
+		t.Errorf("inbox ids within the retention = %d, want 1", n)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM outbox`); n != 2 {
+		t.Errorf("outbox rows after reap = %d, want 2 (the recent published one and the unpublished one)", n)
 	}
 }
 

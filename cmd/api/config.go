@@ -5,7 +5,13 @@ import (
 	"log/slog"
 	"math"
 	"strconv"
+	"strings"
 	"time"
+
+	"github.com/idemref/payments/internal/broker"
+	"github.com/idemref/payments/internal/outbox"
+	"github.com/idemref/payments/internal/processorsim"
+	"github.com/idemref/payments/internal/webhook"
 
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
@@ -51,11 +57,35 @@ type config struct {
 	// batches.
 	ReaperDuty float64
 	LogLevel   slog.Level
+
+	// NatsURL is the NATS server with JetStream the outbox relay publishes
+	// to and the consumers read from. serve requires it; dev starts an
+	// embedded server when it is unset.
+	NatsURL string
+	// Broker is the streams' and consumers' configuration (M2, M3).
+	Broker broker.Config
+	// OutboxClaimHold is how long a relay's claim on outbox rows lasts.
+	OutboxClaimHold time.Duration
+	// MessageRetention is how long inbox ids and published outbox rows
+	// are kept before the reaper deletes them (M3).
+	MessageRetention time.Duration
+	// WebhookSecrets verify processor webhooks (comma-separated in
+	// WEBHOOK_SECRETS; two during a rotation).
+	WebhookSecrets []string
+	// WebhookTolerance bounds a webhook signature's age.
+	WebhookTolerance time.Duration
 	// MaxConnections bounds the connections one process holds open (R3).
 	MaxConnections int
 	// RateLimit bounds each tenant's requests per process (R1).
 	RateLimit httpapi.RateLimit
 }
+
+// DefaultMessageRetention is MESSAGE_RETENTION's default: a week, far
+// beyond the broker's redelivery horizon (30 s doubling over 5 deliveries:
+// 15.5 min) and the processor's webhook retries (about 1 h 45 min); a real
+// processor such as Stripe retries for up to 3 days, which a week covers
+// too.
+const DefaultMessageRetention = 7 * 24 * time.Hour
 
 // defaultMaxConnections bounds the open connections of one process.
 const defaultMaxConnections = 1024
@@ -68,6 +98,12 @@ func loadConfig(getenv func(string) string) (config, error) {
 		DatabaseURL:  getenv("DATABASE_URL"),
 		Addr:         getenv("ADDR"),
 		ProcessorURL: getenv("PROCESSOR_URL"),
+		NatsURL:      getenv("NATS_URL"),
+	}
+	for sec := range strings.SplitSeq(getenv("WEBHOOK_SECRETS"), ",") {
+		if sec = strings.TrimSpace(sec); sec != "" {
+			cfg.WebhookSecrets = append(cfg.WebhookSecrets, sec)
+		}
 	}
 	if cfg.Addr == "" {
 		cfg.Addr = ":8080"
@@ -92,6 +128,11 @@ func loadConfig(getenv func(string) string) (config, error) {
 		{"COMPLETER_INTERVAL", &cfg.CompleterInterval, 5 * time.Second},
 		{"REAPER_INTERVAL", &cfg.ReaperInterval, reaper.DefaultInterval},
 		{"AUTH_CACHE_TTL", &cfg.AuthCacheTTL, 10 * time.Second},
+		{"EVENTS_DUPLICATE_WINDOW", &cfg.Broker.DuplicateWindow, broker.DefaultDuplicateWindow},
+		{"EVENTS_ACK_WAIT", &cfg.Broker.AckWait, broker.DefaultAckWait},
+		{"OUTBOX_CLAIM_HOLD", &cfg.OutboxClaimHold, outbox.DefaultClaimHold},
+		{"MESSAGE_RETENTION", &cfg.MessageRetention, DefaultMessageRetention},
+		{"WEBHOOK_TOLERANCE", &cfg.WebhookTolerance, webhook.DefaultTolerance},
 	}
 	for _, d := range durations {
 		*d.dst = d.def
@@ -120,6 +161,20 @@ func loadConfig(getenv func(string) string) (config, error) {
 	// A call can land after we stopped waiting for it, never before.
 	if cfg.SettleWindow <= cfg.ProcessorTimeout {
 		return config{}, fmt.Errorf("PROCESSOR_SETTLE_WINDOW (%s) must be longer than PROCESSOR_TIMEOUT (%s)", cfg.SettleWindow, cfg.ProcessorTimeout)
+	}
+	cfg.Broker.MaxDeliver = broker.DefaultMaxDeliver
+	if s := getenv("EVENTS_MAX_DELIVER"); s != "" {
+		v, err := strconv.Atoi(s)
+		if err != nil || v < 1 {
+			return config{}, fmt.Errorf("EVENTS_MAX_DELIVER=%q: want a positive number of deliveries, such as 5", s)
+		}
+		cfg.Broker.MaxDeliver = v
+	}
+	// An inbox id pruned while its message can still be redelivered would
+	// let the redelivery apply the effect twice (M3).
+	if horizon := max(cfg.Broker.RedeliveryHorizon(), processorsim.WebhookRetrySpan()); cfg.MessageRetention <= horizon {
+		return config{}, fmt.Errorf("MESSAGE_RETENTION (%s) must be longer than the longest redelivery horizon (%s: the broker's backoff over EVENTS_MAX_DELIVER deliveries, and the processor's webhook retries)",
+			cfg.MessageRetention, horizon)
 	}
 	cfg.RateLimit = httpapi.RateLimit{Rate: httpapi.DefaultRateLimit, Burst: httpapi.DefaultRateBurst}
 	if s := getenv("RATE_LIMIT_RPS"); s != "" {

@@ -13,8 +13,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/nats-io/nats.go"
+
+	"github.com/idemref/payments/internal/broker"
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/dbmigrate"
+	"github.com/idemref/payments/internal/events"
 	"github.com/idemref/payments/internal/pgtmp"
 	"github.com/idemref/payments/internal/processorsim"
 	"github.com/idemref/payments/internal/tenants"
@@ -22,6 +26,12 @@ import (
 
 // devDataDir holds the private development cluster (git-ignored).
 const devDataDir = ".dev/postgres"
+
+// devNatsDir holds the embedded NATS server's JetStream storage (git-ignored).
+const devNatsDir = ".dev/nats"
+
+// devWebhookSecret signs the simulator's webhooks in development mode.
+const devWebhookSecret = "whsec_dev"
 
 // dev is `make run`: it needs nothing set up. Without DATABASE_URL it starts
 // a private PostgreSQL from the machine's server binaries (initdb the first
@@ -51,15 +61,42 @@ func dev(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer)
 		cfg.DatabaseURL = cluster.URL("payments")
 		logger.Info("development PostgreSQL running", slog.String("data_dir", devDataDir), slog.Int("port", cluster.Port()))
 	}
+	if cfg.NatsURL == "" {
+		// NATS with JetStream, in this process, storing in .dev/nats.
+		dir, err := filepath.Abs(devNatsDir)
+		if err != nil {
+			return err
+		}
+		ns, err := broker.StartEmbedded(dir)
+		if err != nil {
+			return err
+		}
+		defer ns.Shutdown()
+		cfg.NatsURL = ns.URL()
+		logger.Info("embedded NATS running", slog.String("url", cfg.NatsURL), slog.String("store_dir", devNatsDir))
+	}
+	// Development mode also logs every event published, so a payment can
+	// be watched flowing to its order.
+	if nc, err := nats.Connect(cfg.NatsURL); err == nil {
+		defer nc.Close()
+		_, _ = nc.Subscribe(events.SubjectPrefix+">", func(m *nats.Msg) {
+			logger.Info("event on the stream", slog.String("subject", m.Subject), slog.String("nats_msg_id", m.Header.Get("Nats-Msg-Id")), slog.String("data", string(m.Data)))
+		})
+	}
+	var sim *processorsim.Server
 	if cfg.ProcessorURL == "" {
 		// The processor simulator, in this process but over real HTTP.
-		sim, err := processorsim.Start("127.0.0.1:0", processorsim.Config{Logger: logger})
+		var err error
+		sim, err = processorsim.Start("127.0.0.1:0", processorsim.Config{Logger: logger})
 		if err != nil {
 			return fmt.Errorf("start the processor simulator: %w", err)
 		}
 		defer func() { _ = sim.Shutdown(context.WithoutCancel(ctx)) }()
 		cfg.ProcessorURL = sim.URL()
 		logger.Info("processor simulator running", slog.String("url", cfg.ProcessorURL))
+		if len(cfg.WebhookSecrets) == 0 {
+			cfg.WebhookSecrets = []string{devWebhookSecret}
+		}
 	}
 	if err := dbmigrate.Up(ctx, cfg.DatabaseURL); err != nil {
 		return err
@@ -74,7 +111,11 @@ func dev(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer)
 		return err
 	}
 	return serve(ctx, cfg, logger, func(addr string) {
-		fmt.Fprint(stdout, devBanner(addr, key, cfg.ProcessorURL))
+		if sim != nil {
+			// The simulator's webhooks go to this API, signed with its secret.
+			sim.Simulator.SetWebhooks(processorsim.WebhookConfig{URL: "http://" + loopback(addr) + "/v1/webhooks/processor", Secrets: cfg.WebhookSecrets})
+		}
+		fmt.Fprint(stdout, devBanner(addr, key, cfg.ProcessorURL, cfg.NatsURL))
 	})
 }
 
@@ -93,12 +134,17 @@ func ensureDatabase(ctx context.Context, adminURL, name string) error {
 	return err
 }
 
-func devBanner(addr, key, processorURL string) string {
+// loopback turns a listening address into one to dial.
+func loopback(addr string) string {
 	host, port, _ := net.SplitHostPort(addr)
 	if host == "" || host == "::" || host == "0.0.0.0" {
 		host = "localhost"
 	}
-	base := "http://" + net.JoinHostPort(host, port)
+	return net.JoinHostPort(host, port)
+}
+
+func devBanner(addr, key, processorURL, natsURL string) string {
+	base := "http://" + loopback(addr)
 	auth := `-H "Authorization: Bearer $API_KEY" -H 'Content-Type: application/json'`
 	post := func(path, key, body string) string {
 		return fmt.Sprintf("curl -i -X POST $API%s %s -H 'Idempotency-Key: %s' -d %s", path, auth, key, body)
@@ -143,6 +189,16 @@ func devBanner(addr, key, processorURL string) string {
 		"",
 		"List the orders:",
 		`  curl -s $API/v1/orders -H "Authorization: Bearer $API_KEY"`,
+		"",
+		"Watch the events: each payment's final transaction writes payment.succeeded (or payment.failed) to the",
+		"outbox; the relay publishes it to NATS JetStream (" + natsURL + ", stream PAYMENTS_EVENTS) and the",
+		"orders consumer applies it to the order, so ORDER_ID shows status paid and amount_paid a moment after the 201.",
+		"This process logs every event (\"event on the stream\"); with the nats CLI:",
+		"  nats --server " + natsURL + " sub 'payments.events.>'",
+		"The processor's signed webhooks arrive at $API/v1/webhooks/processor; the order as the consumer left it:",
+		`  curl -s $API/v1/orders/$ORDER_ID -H "Authorization: Bearer $API_KEY"`,
+		"Relay and consumer metrics:",
+		"  curl -s $API/metrics | grep -E '^(outbox|consumer)_'",
 		"",
 		"Press Ctrl-C to stop.",
 		"",

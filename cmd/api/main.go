@@ -89,6 +89,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		if cfg.DatabaseURL == "" {
 			return errors.New("DATABASE_URL is not set (for a zero-setup local run use 'make run')")
 		}
+		if cfg.NatsURL == "" {
+			return errors.New("NATS_URL is not set: serve publishes events to and consumes them from NATS JetStream (for a zero-setup local run use 'make run')")
+		}
 		if cfg.ProcessorURL == "" {
 			cfg.ProcessorURL = defaultProcessorURL
 		}

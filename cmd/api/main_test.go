@@ -18,6 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemref/payments/internal/broker"
 	"github.com/idemref/payments/internal/testdb"
 )
 
@@ -72,7 +73,7 @@ type serverProcess struct {
 func startServer(t *testing.T, databaseURL string, extraEnv ...string) *serverProcess {
 	t.Helper()
 	cmd := exec.Command(apiBinary(t), "serve")
-	cmd.Env = append(os.Environ(), "DATABASE_URL="+databaseURL, "ADDR=127.0.0.1:0")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+databaseURL, "ADDR=127.0.0.1:0", "NATS_URL="+natsURLFor(t, databaseURL))
 	cmd.Env = append(cmd.Env, extraEnv...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -117,6 +118,36 @@ func startServer(t *testing.T, databaseURL string, extraEnv ...string) *serverPr
 		t.Fatal("server did not start listening within 30s")
 	}
 	return p
+}
+
+// Each test database has its own embedded NATS server with JetStream,
+// started in this test process the first time a server process needs it:
+// the processes of one test share it, and it outlives each of them, as a
+// real broker outlives the services it serves. No two tests share one.
+var (
+	natsMu      sync.Mutex
+	natsServers = map[string]*broker.Embedded{}
+)
+
+func natsURLFor(t *testing.T, databaseURL string) string {
+	t.Helper()
+	natsMu.Lock()
+	defer natsMu.Unlock()
+	if ns, ok := natsServers[databaseURL]; ok {
+		return ns.URL()
+	}
+	ns, err := broker.StartEmbedded(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	natsServers[databaseURL] = ns
+	t.Cleanup(func() {
+		natsMu.Lock()
+		delete(natsServers, databaseURL)
+		natsMu.Unlock()
+		ns.Shutdown()
+	})
+	return ns.URL()
 }
 
 // killedBySIGKILL waits for the process to exit and reports whether a

@@ -63,6 +63,12 @@ func newPaymentEnv(t *testing.T) *paymentEnv {
 	var o struct{ ID string }
 	_ = json.Unmarshal(res.body, &o)
 	e.orderID = o.ID
+	// Only the processes a test starts itself may take part in its payment
+	// (relay and consumer included).
+	if err := api.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-api.exited
 	return e
 }
 
@@ -71,7 +77,9 @@ func newPaymentEnv(t *testing.T) *paymentEnv {
 // completer is off unless asked for.
 func (e *paymentEnv) start(t *testing.T, env ...string) *serverProcess {
 	base := []string{"PROCESSOR_URL=" + e.simURL, "PROCESSOR_TIMEOUT=500ms", "PAYMENT_LEASE=1500ms",
-		"PROCESSOR_SETTLE_WINDOW=1s", "COMPLETER_INTERVAL=0"}
+		"PROCESSOR_SETTLE_WINDOW=1s", "COMPLETER_INTERVAL=0",
+		// Redeliveries and relay takeovers within the test's time.
+		"EVENTS_ACK_WAIT=300ms", "OUTBOX_CLAIM_HOLD=500ms"}
 	return startServer(t, e.url, append(base, env...)...)
 }
 
@@ -132,6 +140,11 @@ func (e *paymentEnv) assertPaidOnce(t *testing.T) {
 	if n := count(t, e.pool, `SELECT count(*) FROM payments`); n != 1 {
 		t.Errorf("payment rows = %d, want 1", n)
 	}
+	// The order follows the payment.succeeded event through the relay and
+	// the orders consumer: eventually, and once.
+	waitFor(t, func() bool {
+		return count(t, e.pool, `SELECT count(*) FROM processed_messages WHERE consumer = 'orders'`) == 1
+	})
 	if paid := count(t, e.pool, `SELECT amount_paid FROM orders WHERE id = $1`, e.orderID); paid != orderAmount {
 		t.Errorf("order amount_paid = %d, want %d", paid, orderAmount)
 	}
@@ -337,5 +350,8 @@ func TestStandaloneCompleterFinishesAbandonedPayment(t *testing.T) {
 	waitFor(t, func() bool {
 		return count(t, e.pool, `SELECT count(*) FROM idempotency_keys WHERE endpoint = 'POST /v1/payments' AND state = 'completed'`) == 1
 	})
+	// The completer wrote the payment's event to the outbox; the order
+	// follows once an API process relays and consumes it.
+	e.start(t)
 	e.assertPaidOnce(t)
 }

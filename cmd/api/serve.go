@@ -46,14 +46,16 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 
 	store, paymentsSvc := services(pool, cfg, logger)
 	handler := httpapi.NewHandler(httpapi.Config{
-		Pool:           pool,
-		Idem:           store,
-		Payments:       paymentsSvc,
-		Logger:         logger,
-		RequestTimeout: cfg.RequestTimeout,
-		RateLimit:      cfg.RateLimit,
-		AuthCacheTTL:   cfg.AuthCacheTTL,
-		OpenAPI:        apispec.OpenAPI,
+		Pool:             pool,
+		Idem:             store,
+		Payments:         paymentsSvc,
+		Logger:           logger,
+		RequestTimeout:   cfg.RequestTimeout,
+		RateLimit:        cfg.RateLimit,
+		AuthCacheTTL:     cfg.AuthCacheTTL,
+		OpenAPI:          apispec.OpenAPI,
+		WebhookSecrets:   cfg.WebhookSecrets,
+		WebhookTolerance: cfg.WebhookTolerance,
 	})
 	srv := &http.Server{
 		Handler:           handler,
@@ -75,6 +77,13 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 	if ready != nil {
 		ready(ln.Addr().String())
 	}
+
+	// The relay and the consumers run beside the server and stop with it.
+	stopMessaging, err := startMessaging(ctx, pool, cfg, logger)
+	if err != nil {
+		return err
+	}
+	defer stopMessaging()
 
 	// The completer runs beside the server and stops with it.
 	completerCtx, stopCompleter := context.WithCancel(ctx)
@@ -152,7 +161,7 @@ func runCompleter(ctx context.Context, cfg config, logger *slog.Logger) error {
 
 // newReaper builds the reaper from cfg.
 func newReaper(pool *pgxpool.Pool, cfg config, logger *slog.Logger) *reaper.Reaper {
-	return reaper.New(pool, reaper.Config{Interval: cfg.ReaperInterval, Batch: cfg.ReaperBatch, Duty: cfg.ReaperDuty, Logger: logger})
+	return reaper.New(pool, reaperConfig(cfg, logger))
 }
 
 // runReaper makes one reaper pass and prints its counts, or with loop runs
@@ -176,7 +185,7 @@ func runReaper(ctx context.Context, cfg config, logger *slog.Logger, loop bool, 
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "pruned %d\ndeleted %d\n", res.Pruned, res.Deleted)
+	fmt.Fprintf(stdout, "pruned %d\ndeleted %d\nmessages deleted %d\noutbox deleted %d\n", res.Pruned, res.Deleted, res.Messages, res.Outbox)
 	return nil
 }
 

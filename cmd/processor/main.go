@@ -14,6 +14,10 @@
 //	PROCESSOR_LATENCY                   added to every call, e.g. 200ms
 //	                                    (default 0, at most 30s: see
 //	                                    processorsim.MaxExecution)
+//	PROCESSOR_WEBHOOK_URL               where events are delivered, e.g.
+//	                                    http://localhost:8080/v1/webhooks/processor
+//	                                    (default: none, no webhooks)
+//	PROCESSOR_WEBHOOK_SECRETS           comma-separated signing secrets
 //
 // State is kept in memory: it survives restarts of the API, because this
 // is a separate process, and is lost when this process stops.
@@ -37,6 +41,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -49,6 +54,8 @@ Runs the payment processor simulator. Environment:
   PROCESSOR_ADDR                      listen address (default :8090)
   PROCESSOR_IGNORE_IDEMPOTENCY_KEYS   true: execute every call, never deduplicate (default false)
   PROCESSOR_LATENCY                   added to every call, e.g. 200ms (default 0, at most 30s)
+  PROCESSOR_WEBHOOK_URL               deliver signed events there (default: no webhooks)
+  PROCESSOR_WEBHOOK_SECRETS           comma-separated signing secrets
 
 State is in memory: it survives restarts of the API, not of this process.
 Faults and modes can be changed at run time through /_sim/faults and /_sim/mode.
@@ -76,10 +83,17 @@ type config struct {
 	Addr                  string
 	IgnoreIdempotencyKeys bool
 	Latency               time.Duration
+	Webhooks              processorsim.WebhookConfig
 }
 
 func loadConfig(getenv func(string) string) (config, error) {
 	cfg := config{Addr: getenv("PROCESSOR_ADDR")}
+	cfg.Webhooks.URL = getenv("PROCESSOR_WEBHOOK_URL")
+	for sec := range strings.SplitSeq(getenv("PROCESSOR_WEBHOOK_SECRETS"), ",") {
+		if sec = strings.TrimSpace(sec); sec != "" {
+			cfg.Webhooks.Secrets = append(cfg.Webhooks.Secrets, sec)
+		}
+	}
 	if cfg.Addr == "" {
 		cfg.Addr = ":8090"
 	}
@@ -114,6 +128,7 @@ func run(ctx context.Context, getenv func(string) string, stderr io.Writer, read
 		Logger:                logger,
 		IgnoreIdempotencyKeys: cfg.IgnoreIdempotencyKeys,
 		Latency:               cfg.Latency,
+		Webhooks:              cfg.Webhooks,
 	})
 	if err != nil {
 		return err

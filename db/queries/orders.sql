@@ -26,6 +26,7 @@ LIMIT @row_limit;
 SELECT * FROM orders WHERE tenant_id = @tenant_id AND id = @id FOR UPDATE;
 
 -- name: OrderAddPaid :one
+-- The orders consumer applies a payment.succeeded event.
 UPDATE orders
 SET amount_paid = amount_paid + @amount,
     status = CASE WHEN amount_paid + @amount >= amount THEN 'paid' ELSE status END
@@ -39,5 +40,16 @@ RETURNING *;
 UPDATE orders
 SET description = @description,
     metadata = @metadata
+WHERE tenant_id = @tenant_id AND id = @id
+RETURNING *;
+
+-- name: OrderApplyRefunded :one
+-- The orders consumer applies a refund.succeeded event. A refund that
+-- overtook its payment's event would take amount_paid below zero: the
+-- check constraint fails it, and the broker redelivers it later.
+UPDATE orders
+SET amount_paid = amount_paid - @amount,
+    amount_refunded = amount_refunded + @amount,
+    status = CASE WHEN amount_paid - @amount <= 0 THEN 'refunded' ELSE 'partially_refunded' END
 WHERE tenant_id = @tenant_id AND id = @id
 RETURNING *;

@@ -119,3 +119,14 @@ LIMIT @row_limit;
 SELECT * FROM payment_compensations
 WHERE tenant_id = @tenant_id AND payment_id = ANY(@payment_ids::uuid[])
 ORDER BY payment_id, created_at, charge_id;
+
+-- name: PaymentGetByChargeKeyForUpdate :one
+-- A processor webhook names the charge's idempotency key. The row lock
+-- serialises the webhook with the attempt's own record of the charge and
+-- with the sweep: whoever commits first settles the payment.
+SELECT * FROM payments WHERE charge_key = @charge_key FOR UPDATE;
+
+-- name: PaymentSweepNow :exec
+-- A charge the payment does not know about was reported: the sweep looks
+-- at once and compensates it, exactly as for a late duplicate it finds.
+UPDATE payments SET sweep_at = now() WHERE tenant_id = @tenant_id AND id = @id;

@@ -9,8 +9,12 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
+	"github.com/idemref/payments/internal/db"
+	"github.com/idemref/payments/internal/events"
 	httpapi "github.com/idemref/payments/internal/http"
+	"github.com/idemref/payments/internal/orders"
 )
 
 // The two alternatives to idempotency keys (N2), with their rows. See
@@ -260,6 +264,21 @@ func TestConditionalOrderUpdate(t *testing.T) {
 		o := e.newOrder(t, e.a, "inv-patch-3")
 		etag := e.get(t, e.a.Key, "/v1/orders/"+o.ID).header.Get("ETag")
 		wantStatus(t, e.do(t, http.MethodPost, "/v1/payments", e.a.Key, []byte(payBody(o.ID, cardVisa)), withHeader("Idempotency-Key", "pay-patch-3")), http.StatusCreated)
+		// The order follows its payment through the outbox and the orders
+		// consumer; apply the payment's event as the consumer does.
+		var payload []byte
+		if err := e.pool.QueryRow(t.Context(), `
+			SELECT payload FROM outbox WHERE event_type = 'payment.succeeded'
+			  AND convert_from(payload, 'UTF8')::jsonb #>> '{data,order_id}' = $1`, o.ID).Scan(&payload); err != nil {
+			t.Fatal(err)
+		}
+		var ev events.Envelope
+		if err := json.Unmarshal(payload, &ev); err != nil {
+			t.Fatal(err)
+		}
+		if err := db.WithTx(t.Context(), e.pool, func(ctx context.Context, tx pgx.Tx) error { return orders.ApplyEvent(ctx, tx, ev) }); err != nil {
+			t.Fatal(err)
+		}
 		wantProblem(t, patch(t, o.ID, etag, `{"description":"too late"}`), http.StatusPreconditionFailed, httpapi.CodePreconditionFailed)
 		if d := description(t, o.ID); d != "" {
 			t.Errorf("description = %q, want unchanged", d)

@@ -29,6 +29,7 @@ import (
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/processorsim"
+	"github.com/idemref/payments/internal/webhook"
 )
 
 // specServer is the origin of the spec's only server; lookup requests are
@@ -405,7 +406,30 @@ func TestContractResponsesMatchSpec(t *testing.T) {
 		c.check(t, op.method, op.target, res)
 	}
 
+	// Processor webhooks: signed, not authenticated by an API key.
+	hook := func(t *testing.T, name string, want int, body, sig string) {
+		t.Helper()
+		var opts []reqOption
+		if sig != "" {
+			opts = append(opts, withHeader(webhook.Header, sig))
+		}
+		res := e.do(t, http.MethodPost, "/v1/webhooks/processor", "", []byte(body), opts...)
+		if res.status != want {
+			t.Errorf("%s: status = %d, want %d; body: %s", name, res.status, want, res.body)
+		}
+		c.check(t, http.MethodPost, "/v1/webhooks/processor", res)
+	}
+	event := `{"id":"evt_contract","object":"event","type":"charge.refunded","created":1736935800,"data":{"object":{}}}`
+	hook(t, "webhook", 200, event, webhook.Sign([]byte(event), time.Now(), webhookSecret))
+	hook(t, "webhook duplicate", 200, event, webhook.Sign([]byte(event), time.Now(), webhookSecret))
+	hook(t, "webhook_signature_invalid", 400, event, "t=1,v1=00")
+	hook(t, "webhook_timestamp_out_of_tolerance", 400, event, webhook.Sign([]byte(event), time.Now().Add(-time.Hour), webhookSecret))
+	hook(t, "webhook invalid_json", 400, `{}`, webhook.Sign([]byte(`{}`), time.Now(), webhookSecret))
+	big := `{"id":"` + strings.Repeat("x", httpapi.MaxBodyBytes) + `"}`
+	hook(t, "webhook body_too_large", 413, big, webhook.Sign([]byte(big), time.Now(), webhookSecret))
+
 	e.proxy.Cut()
+	hook(t, "webhook down", 503, `{"id":"evt_outage","type":"charge.refunded"}`, webhook.Sign([]byte(`{"id":"evt_outage","type":"charge.refunded"}`), time.Now(), webhookSecret))
 	post(t, "service_unavailable", 503, e.a.Key, "k-outage", orderBody("inv-4"))
 	get(t, "readyz down", 503, "", "/readyz")
 	get(t, "list down", 503, e.a.Key, "/v1/orders")

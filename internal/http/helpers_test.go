@@ -76,6 +76,7 @@ type setupOptions struct {
 	settleWindow time.Duration
 	rateLimit    httpapi.RateLimit
 	wireCounter  bool
+	webhooks     []string // the simulator's signing secrets; nil: no webhooks
 }
 
 // withWireCounter routes the server's pool, one connection, through a
@@ -92,6 +93,18 @@ func withProxy() setupOption { return func(o *setupOptions) { o.proxy = true } }
 // simulator in this process, over real HTTP, and wires the payments service
 // to it as cmd/api does.
 func withProcessor() setupOption { return func(o *setupOptions) { o.processor = true } }
+
+// withWebhooks has the simulator deliver its webhooks to the server,
+// signed with secrets. The server verifies with webhookSecret only.
+func withWebhooks(secrets ...string) setupOption {
+	return func(o *setupOptions) { o.webhooks = secrets }
+}
+
+// The server's webhook secret, and one it no longer knows (rotated out).
+const (
+	webhookSecret        = "whsec_current"
+	webhookSecretRetired = "whsec_retired"
+)
 
 // withRateLimit turns the per-tenant rate limit on (it is off in tests
 // unless asked for).
@@ -217,8 +230,16 @@ func setup(t *testing.T, opts ...setupOption) *env {
 		OpenAPI:        payments.OpenAPI,
 		RateLimit:      o.rateLimit,
 		AuthCacheTTL:   authCacheTTL,
+		WebhookSecrets: []string{webhookSecret},
 	})
 	e.srv = httptest.NewServer(e.handler)
+	if e.sim != nil && o.webhooks != nil {
+		// Fast retries, so a failed delivery is retried within the test.
+		e.sim.SetWebhooks(processorsim.WebhookConfig{
+			URL: e.srv.URL + "/v1/webhooks/processor", Secrets: o.webhooks,
+			Retry: []time.Duration{50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond},
+		})
+	}
 	t.Cleanup(e.srv.Close) // waits for in-flight requests, so no log line comes late
 	e.client = e.srv.Client()
 	e.client.Timeout = 10 * time.Second
@@ -433,7 +454,9 @@ type order struct {
 	Metadata    map[string]string `json:"metadata"`
 	Status      string            `json:"status"`
 	AmountPaid  int64             `json:"amount_paid"`
-	CreatedAt   string            `json:"created_at"`
+	// AmountRefunded follows refund events.
+	AmountRefunded int64  `json:"amount_refunded"`
+	CreatedAt      string `json:"created_at"`
 }
 
 func decodeOrder(t *testing.T, res response) order {

@@ -53,10 +53,11 @@ var noHeader = []string{}
 
 // What a row may write.
 var (
-	writesKey     = map[string]int{"idempotency_keys": 1} // a recorded outcome, nothing else
-	writesOrder   = map[string]int{"orders": 1, "idempotency_keys": 1}
-	writesPayment = map[string]int{"payments": 1, "idempotency_keys": 1}
-	writesRefund  = map[string]int{"refunds": 1, "idempotency_keys": 1}
+	writesKey   = map[string]int{"idempotency_keys": 1} // a recorded outcome, nothing else
+	writesOrder = map[string]int{"orders": 1, "idempotency_keys": 1}
+	// A finished payment or refund also writes its event to the outbox.
+	writesPayment = map[string]int{"payments": 1, "idempotency_keys": 1, "outbox": 1}
+	writesRefund  = map[string]int{"refunds": 1, "idempotency_keys": 1, "outbox": 1}
 )
 
 // members is a JSON object under construction: names and raw JSON values,

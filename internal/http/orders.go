@@ -47,21 +47,25 @@ type orderJSON struct {
 	Metadata    map[string]string `json:"metadata"`
 	Status      string            `json:"status"`
 	AmountPaid  int64             `json:"amount_paid"`
-	CreatedAt   string            `json:"created_at"`
+	// AmountRefunded follows refund events, as AmountPaid follows payment
+	// events: eventually consistent with the payments.
+	AmountRefunded int64  `json:"amount_refunded"`
+	CreatedAt      string `json:"created_at"`
 }
 
 func toOrderJSON(o orders.Order) orderJSON {
 	return orderJSON{
-		ID:          o.ID,
-		Reference:   o.Reference,
-		CustomerID:  o.CustomerID,
-		Amount:      o.Amount,
-		Currency:    o.Currency,
-		Description: o.Description,
-		Metadata:    o.Metadata,
-		Status:      o.Status,
-		AmountPaid:  o.AmountPaid,
-		CreatedAt:   o.CreatedAt.UTC().Format(time.RFC3339Nano),
+		ID:             o.ID,
+		Reference:      o.Reference,
+		CustomerID:     o.CustomerID,
+		Amount:         o.Amount,
+		Currency:       o.Currency,
+		Description:    o.Description,
+		Metadata:       o.Metadata,
+		Status:         o.Status,
+		AmountPaid:     o.AmountPaid,
+		AmountRefunded: o.AmountRefunded,
+		CreatedAt:      o.CreatedAt.UTC().Format(time.RFC3339Nano),
 	}
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/validation"
+	"github.com/idemref/payments/internal/webhook"
 )
 
 // ProblemTypeBase prefixes every problem type URI; the rest is the code
@@ -56,6 +57,9 @@ const (
 	CodeResultExpired        = "idempotency_result_expired"
 	CodePreconditionFailed   = "precondition_failed"
 	CodePreconditionRequired = "precondition_required"
+	// Webhook rejections (M4): nothing was written.
+	CodeWebhookSignatureInvalid = "webhook_signature_invalid"
+	CodeWebhookTimestampInvalid = "webhook_timestamp_out_of_tolerance"
 )
 
 // retryAfterSeconds is sent with 409 idempotency_key_in_use and 503.
@@ -109,6 +113,7 @@ func problemFor(err error) Problem {
 		declined  *payments.DeclinedError
 		rejected  *payments.ProcessorRejectedError
 		exceeds   *payments.RefundExceedsError
+		hookErr   *webhookError
 	)
 	switch {
 	case errors.Is(err, tenants.ErrUnauthenticated):
@@ -122,6 +127,12 @@ func problemFor(err error) Problem {
 			"This API key sent more requests than its rate limit allows. Nothing was recorded: retry after the Retry-After delay, with the same Idempotency-Key.")
 		p.header = map[string]string{"Retry-After": strconv.FormatInt(limited.retryAfter, 10)}
 		return p
+	case errors.As(err, &hookErr) && errors.Is(err, webhook.ErrStale):
+		return newProblem(http.StatusBadRequest, CodeWebhookTimestampInvalid, "Webhook timestamp out of tolerance",
+			"The signature's timestamp t is more than the tolerance away from now. Nothing was recorded; sign again and resend.")
+	case errors.As(err, &hookErr):
+		return newProblem(http.StatusBadRequest, CodeWebhookSignatureInvalid, "Invalid webhook signature",
+			"The "+webhook.Header+" header is missing, malformed, or no v1 signature matches the body with a current secret. Nothing was recorded.")
 	case errors.Is(err, idem.ErrKeyMissing):
 		return newProblem(http.StatusBadRequest, CodeKeyMissing, "Idempotency-Key required", err.Error())
 	case errors.Is(err, idem.ErrKeyInvalid):

@@ -18,7 +18,9 @@ import (
 //	create   [BEGIN, lock_timeout, claim] [SAVEPOINT, insert] [RELEASE, record, COMMIT]
 //	replay   [BEGIN, lock_timeout, claim] [read the record, COMMIT]
 //	payment  5 in transaction 1, 3 to mark the charge sent, 4 to record
-//	         its outcome; plus the processor call
+//	         its outcome (the key and the payment locked, the outcome, then
+//	         the outbox row, the record and COMMIT together); plus the
+//	         processor call
 const (
 	roundTripsCreate  = 3
 	roundTripsReplay  = 2

@@ -16,6 +16,7 @@ import (
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/tenants"
+	"github.com/idemref/payments/internal/webhook"
 )
 
 // Config is what the HTTP layer needs.
@@ -36,6 +37,12 @@ type Config struct {
 	// AuthCacheTTL is how long a key that authenticated is trusted without
 	// a database lookup (see tenants.Cache); 0 looks every request up.
 	AuthCacheTTL time.Duration
+	// WebhookSecrets verify processor webhooks; during a rotation, the old
+	// and the new. None: every webhook is rejected.
+	WebhookSecrets []string
+	// WebhookTolerance is how far a webhook's signature time may be from
+	// now; zero means webhook.DefaultTolerance (5 minutes).
+	WebhookTolerance time.Duration
 }
 
 type api struct {
@@ -44,6 +51,9 @@ type api struct {
 	payments *payments.Service
 	limiter  *limiter // nil: no rate limit
 	auth     *tenants.Cache
+
+	webhookSecrets   []string
+	webhookTolerance time.Duration
 }
 
 // buildRoutes adds routes that only some builds have, under /v1 and its
@@ -53,7 +63,11 @@ var buildRoutes []func(a *api, r chi.Router)
 
 // NewHandler returns the service's HTTP handler.
 func NewHandler(cfg Config) http.Handler {
-	a := &api{pool: cfg.Pool, idem: cfg.Idem, payments: cfg.Payments, auth: tenants.NewCache(cfg.Pool, cfg.AuthCacheTTL)}
+	a := &api{pool: cfg.Pool, idem: cfg.Idem, payments: cfg.Payments, auth: tenants.NewCache(cfg.Pool, cfg.AuthCacheTTL),
+		webhookSecrets: cfg.WebhookSecrets, webhookTolerance: cfg.WebhookTolerance}
+	if a.webhookTolerance <= 0 {
+		a.webhookTolerance = webhook.DefaultTolerance
+	}
 	if cfg.RateLimit.Rate > 0 {
 		a.limiter = newLimiter(cfg.RateLimit)
 	}
@@ -86,24 +100,30 @@ func NewHandler(cfg Config) http.Handler {
 	}
 
 	r.Route("/v1", func(r chi.Router) {
-		r.Use(noStore, a.authenticate, a.rateLimit)
-		r.Route("/orders", func(r chi.Router) {
-			r.Post("/", idempotent[createOrderRequest](a, createOrder))
-			r.Get("/", a.listOrders)
-			r.Get("/{id}", a.getOrder)
-			r.Patch("/{id}", a.updateOrder)
-		})
-		r.Route("/customers", func(r chi.Router) {
-			r.Put("/{id}", a.putCustomer)
-			r.Get("/{id}", a.getCustomer)
-		})
-		r.Get("/idempotency-keys/{key}", a.getKeyStatus)
-		r.Route("/payments", func(r chi.Router) {
-			r.Post("/", multiStep[createPaymentRequest](a.createPayment))
-			r.Get("/", a.listPayments)
-			r.Get("/{id}", a.getPayment)
-			r.Post("/{id}/refunds", a.createRefund)
-			r.Get("/{id}/refunds/{refund_id}", a.getRefund)
+		r.Use(noStore)
+		// The processor authenticates with its signature, not an API key,
+		// and deduplicates with its event id, not an Idempotency-Key.
+		r.Post("/webhooks/processor", a.processorWebhook)
+		r.Group(func(r chi.Router) {
+			r.Use(a.authenticate, a.rateLimit)
+			r.Route("/orders", func(r chi.Router) {
+				r.Post("/", idempotent[createOrderRequest](a, createOrder))
+				r.Get("/", a.listOrders)
+				r.Get("/{id}", a.getOrder)
+				r.Patch("/{id}", a.updateOrder)
+			})
+			r.Route("/customers", func(r chi.Router) {
+				r.Put("/{id}", a.putCustomer)
+				r.Get("/{id}", a.getCustomer)
+			})
+			r.Get("/idempotency-keys/{key}", a.getKeyStatus)
+			r.Route("/payments", func(r chi.Router) {
+				r.Post("/", multiStep[createPaymentRequest](a.createPayment))
+				r.Get("/", a.listPayments)
+				r.Get("/{id}", a.getPayment)
+				r.Post("/{id}/refunds", a.createRefund)
+				r.Get("/{id}/refunds/{refund_id}", a.getRefund)
+			})
 		})
 		for _, add := range buildRoutes {
 			add(a, r)

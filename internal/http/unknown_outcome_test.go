@@ -349,7 +349,7 @@ func TestLateChargeWithCompleterOnly(t *testing.T) {
 			if got := len(e.compensationsOf(t, late.ID)); got != tt.charges-1 {
 				t.Errorf("compensations = %d, want %d", got, tt.charges-1)
 			}
-			if diff := cmp.Diff(orderRow{Status: "paid", AmountPaid: orderAmount}, e.orderRow(t, o.ID)); diff != "" {
+			if diff := cmp.Diff(orderEvents{Succeeded: 1, Amount: orderAmount}, e.orderEvents(t, o.ID)); diff != "" {
 				t.Errorf("order row (-want +got):\n%s", diff)
 			}
 		})

@@ -24,6 +24,9 @@ import (
 const (
 	StatusPending = "pending"
 	StatusPaid    = "paid"
+	// StatusPartiallyRefunded and StatusRefunded follow refund events.
+	StatusPartiallyRefunded = "partially_refunded"
+	StatusRefunded          = "refunded"
 )
 
 // Order is an order as the rest of the program sees it.
@@ -36,8 +39,13 @@ type Order struct {
 	Description string
 	Metadata    map[string]string
 	Status      string
-	AmountPaid  int64
-	CreatedAt   time.Time
+	// AmountPaid is what was paid and not refunded, AmountRefunded what
+	// was refunded. Both follow payment and refund events (see
+	// ApplyEvent): they catch up with the payments within the relay and
+	// delivery latency.
+	AmountPaid     int64
+	AmountRefunded int64
+	CreatedAt      time.Time
 }
 
 // CreateInput is a validated-for-shape create request after defaults.
@@ -229,16 +237,17 @@ func fromRow(row dbsqlc.Order) (Order, error) {
 		return Order{}, fmt.Errorf("decode order metadata: %w", err)
 	}
 	return Order{
-		ID:          row.ID,
-		Reference:   row.Reference,
-		CustomerID:  row.CustomerID,
-		Amount:      row.Amount,
-		Currency:    row.Currency,
-		Description: row.Description,
-		Metadata:    metadata,
-		Status:      row.Status,
-		AmountPaid:  row.AmountPaid,
-		CreatedAt:   row.CreatedAt,
+		ID:             row.ID,
+		Reference:      row.Reference,
+		CustomerID:     row.CustomerID,
+		Amount:         row.Amount,
+		Currency:       row.Currency,
+		Description:    row.Description,
+		Metadata:       metadata,
+		Status:         row.Status,
+		AmountPaid:     row.AmountPaid,
+		AmountRefunded: row.AmountRefunded,
+		CreatedAt:      row.CreatedAt,
 	}, nil
 }
 

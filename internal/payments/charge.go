@@ -8,7 +8,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemref/payments/internal/db/dbsqlc"
+	"github.com/idemref/payments/internal/events"
 	"github.com/idemref/payments/internal/idem"
+	"github.com/idemref/payments/internal/outbox"
 	"github.com/idemref/payments/internal/processor"
 )
 
@@ -61,6 +63,11 @@ func (s *Service) charge(ctx context.Context, l *idem.Lease, marked *dbsqlc.Paym
 			return chargeOutcome{}, err
 		}
 		p, unsettled = row.Payment, seconds(row.UnsettledSeconds)
+		if p.Status == StatusSucceeded && p.ChargeID != nil {
+			// A webhook confirmed the charge while the key was unfinished
+			// (webhook.go): nothing to send or look up.
+			return chargeOutcome{charge: processor.Charge{ID: *p.ChargeID}}, nil
+		}
 	}
 	return settle(ctx, s.log, processorCall[chargeOutcome]{
 		fresh:     marked != nil,
@@ -127,11 +134,22 @@ func (s *Service) lookUpCharge(ctx context.Context, chargeKey string) (*chargeOu
 	return &chargeOutcome{declined: &processor.DeclineError{Code: processor.CodeCardDeclined, DeclineCode: first.DeclineCode, ChargeID: first.ID}}, nil
 }
 
-// recordCharge is transaction 2: the outcome on the payment (and the order)
-// and the exact response on the key, committed together. Only final
-// outcomes get here (S6).
+// recordCharge is transaction 2: the outcome on the payment, its event in
+// the outbox, and the exact response on the key, committed together. Only
+// final outcomes get here (S6). The order is not touched: the orders
+// consumer applies the payment.succeeded event to it (M2).
 func (s *Service) recordCharge(ctx context.Context, tx pgx.Tx, l *idem.Lease, o chargeOutcome) (idem.Step, error) {
 	q := dbsqlc.New(tx)
+	// The row lock serialises this record with a webhook that confirms the
+	// same payment (see webhook.go): whichever commits first settles it
+	// and writes its one event; the other finds it settled.
+	cur, err := q.PaymentGetForUpdate(ctx, dbsqlc.PaymentGetForUpdateParams{TenantID: l.TenantID, ID: l.ResourceID})
+	if err != nil {
+		return idem.Step{}, err
+	}
+	if (paymentFrom(cur)).Settled() {
+		return s.recordSettled(ctx, q, cur, o)
+	}
 	finish := dbsqlc.PaymentFinishParams{TenantID: l.TenantID, ID: l.ResourceID, SweepDelaySeconds: s.sweepDelay().Seconds(), SweepNow: o.extra}
 	switch {
 	case o.declined != nil:
@@ -144,11 +162,18 @@ func (s *Service) recordCharge(ctx context.Context, tx pgx.Tx, l *idem.Lease, o 
 		if err != nil {
 			return idem.Step{}, err
 		}
+		if err := writePaymentEvent(ctx, tx, p); err != nil {
+			return idem.Step{}, err
+		}
 		res := s.render.Failure(&DeclinedError{PaymentID: p.ID, DeclineCode: code})
 		return idem.Step{Response: &res}, nil
 	case o.rejected != nil:
 		finish.Status, finish.FailureMessage = StatusFailed, &o.rejected.Message
-		if _, err := q.PaymentFinish(ctx, finish); err != nil {
+		p, err := q.PaymentFinish(ctx, finish)
+		if err != nil {
+			return idem.Step{}, err
+		}
+		if err := writePaymentEvent(ctx, tx, p); err != nil {
 			return idem.Step{}, err
 		}
 		res := s.render.Failure(&ProcessorRejectedError{Code: o.rejected.Code, Message: o.rejected.Message})
@@ -159,7 +184,7 @@ func (s *Service) recordCharge(ctx context.Context, tx pgx.Tx, l *idem.Lease, o 
 	if err != nil {
 		return idem.Step{}, err
 	}
-	if _, err := q.OrderAddPaid(ctx, dbsqlc.OrderAddPaidParams{TenantID: l.TenantID, ID: row.OrderID, Amount: row.Amount}); err != nil {
+	if err := writePaymentEvent(ctx, tx, row); err != nil {
 		return idem.Step{}, err
 	}
 	// No compensation can exist yet: the sweep only looks at payments that
@@ -169,6 +194,51 @@ func (s *Service) recordCharge(ctx context.Context, tx pgx.Tx, l *idem.Lease, o 
 	p.Compensations = []Compensation{}
 	res := s.render.Payment(p)
 	return idem.Step{Response: &res}, nil
+}
+
+// recordSettled records the key's response for a payment that a webhook
+// settled first. Its event is already in the outbox; none is written
+// again. A charge of this attempt other than the one the webhook confirmed
+// is an extra charge: the sweep refunds it now.
+func (s *Service) recordSettled(ctx context.Context, q *dbsqlc.Queries, cur dbsqlc.Payment, o chargeOutcome) (idem.Step, error) {
+	if o.declined == nil && o.rejected == nil && o.charge.ID != "" && (cur.ChargeID == nil || *cur.ChargeID != o.charge.ID) {
+		if err := q.PaymentSweepNow(ctx, dbsqlc.PaymentSweepNowParams{TenantID: cur.TenantID, ID: cur.ID}); err != nil {
+			return idem.Step{}, err
+		}
+	}
+	p, err := withCompensations(ctx, q, paymentFrom(cur))
+	if err != nil {
+		return idem.Step{}, err
+	}
+	var res idem.Response
+	switch p.Status {
+	case StatusSucceeded:
+		res = s.render.Payment(p)
+	case StatusDeclined:
+		res = s.render.Failure(&DeclinedError{PaymentID: p.ID, DeclineCode: p.DeclineCode})
+	default:
+		msg := ""
+		if cur.FailureMessage != nil {
+			msg = *cur.FailureMessage
+		}
+		res = s.render.Failure(&ProcessorRejectedError{Message: msg})
+	}
+	return idem.Step{Response: &res}, nil
+}
+
+// writePaymentEvent adds the payment's final event to the outbox, in the
+// transaction that finished it (M2).
+func writePaymentEvent(ctx context.Context, tx pgx.Tx, p dbsqlc.Payment) error {
+	typ := events.TypePaymentFailed
+	if p.Status == StatusSucceeded {
+		typ = events.TypePaymentSucceeded
+	}
+	data := events.Payment{PaymentID: p.ID, OrderID: p.OrderID, Amount: p.Amount, Currency: p.Currency, Status: p.Status}
+	if p.ChargeID != nil {
+		data.ChargeID = *p.ChargeID
+	}
+	_, err := outbox.Write(ctx, tx, p.TenantID, typ, data)
+	return err
 }
 
 func nonEmpty(s string) *string {

@@ -39,7 +39,11 @@ func createPayment(ctx context.Context, tx pgx.Tx, c idem.Claim, in PayInput) (d
 	} else if !errors.Is(err, pgx.ErrNoRows) {
 		return dbsqlc.Payment{}, err
 	}
-	if owed := order.Amount - order.AmountPaid; in.Amount != owed || in.Currency != order.Currency {
+	// The order is owed its full amount: a payment that paid any of it is
+	// live, and was refused just above. amount_paid is not read here: it
+	// is a projection the orders consumer updates from events, so it may
+	// lag behind the payments table, which is the source of truth.
+	if owed := order.Amount; in.Amount != owed || in.Currency != order.Currency {
 		return dbsqlc.Payment{}, &AmountMismatchError{Owed: owed, Currency: order.Currency}
 	}
 	id, err := uuid.NewV7()

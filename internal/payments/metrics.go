@@ -5,6 +5,10 @@ import "github.com/prometheus/client_golang/prometheus"
 // Metrics of reconciliation, served at /metrics. Labels are bounded: never
 // a tenant, key or id.
 var (
+	webhookEventsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "payments_webhook_events_total",
+		Help: "Processor webhook events applied, by event type and result (confirmed, compensating, recorded, duplicate).",
+	}, []string{"type", "result"})
 	compensationsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "payments_compensations_total",
 		Help: "Extra charges the reconciliation sweep refunded, by reason (duplicate_charge, charge_after_failure).",
@@ -16,5 +20,5 @@ var (
 )
 
 func init() {
-	prometheus.MustRegister(compensationsTotal, duplicateRefundsTotal)
+	prometheus.MustRegister(webhookEventsTotal, compensationsTotal, duplicateRefundsTotal)
 }

@@ -9,7 +9,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemref/payments/internal/db/dbsqlc"
+	"github.com/idemref/payments/internal/events"
 	"github.com/idemref/payments/internal/idem"
+	"github.com/idemref/payments/internal/outbox"
 	"github.com/idemref/payments/internal/processor"
 )
 
@@ -104,7 +106,8 @@ func refundsUnder(ctx context.Context, proc *processor.Client, chargeID, key str
 }
 
 // recordRefund is the refund's last transaction: its outcome, the
-// payment's refunded total and the exact response, committed together.
+// payment's refunded total, its event in the outbox and the exact
+// response, committed together.
 func (s *Service) recordRefund(ctx context.Context, tx pgx.Tx, l *idem.Lease, o refundOutcome) (idem.Step, error) {
 	q := dbsqlc.New(tx)
 	finish := dbsqlc.RefundFinishParams{TenantID: l.TenantID, ID: l.ResourceID, SweepDelaySeconds: s.sweepDelay().Seconds(), SweepNow: o.extra}
@@ -122,6 +125,16 @@ func (s *Service) recordRefund(ctx context.Context, tx pgx.Tx, l *idem.Lease, o 
 		return idem.Step{}, err
 	}
 	if err := q.PaymentAddRefunded(ctx, dbsqlc.PaymentAddRefundedParams{TenantID: l.TenantID, ID: r.PaymentID, Amount: r.Amount}); err != nil {
+		return idem.Step{}, err
+	}
+	p, err := q.PaymentGet(ctx, dbsqlc.PaymentGetParams{TenantID: l.TenantID, ID: r.PaymentID})
+	if err != nil {
+		return idem.Step{}, err
+	}
+	// The refund's event, in the transaction that made it (M2).
+	if _, err := outbox.Write(ctx, tx, l.TenantID, events.TypeRefundSucceeded, events.Refund{
+		RefundID: r.ID, PaymentID: p.ID, OrderID: p.OrderID, Amount: r.Amount, Currency: p.Currency,
+	}); err != nil {
 		return idem.Step{}, err
 	}
 	res := s.render.Refund(refundFrom(r))

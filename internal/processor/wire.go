@@ -112,3 +112,25 @@ const (
 	CodeIdempotencyKeyReused = "idempotency_key_reused"
 	CodeRateLimited          = "rate_limited"
 )
+
+// Webhook event types the processor sends.
+const (
+	EventChargeSucceeded = "charge.succeeded"
+	EventChargeFailed    = "charge.failed"
+	EventChargeRefunded  = "charge.refunded"
+)
+
+// Event is a webhook delivery's body, shaped like a Stripe event. ID is
+// assigned by the processor once per event and is the same on every
+// delivery attempt of it: the id a receiver deduplicates on.
+type Event struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Type    string `json:"type"`
+	Created int64  `json:"created"`
+	Data    struct {
+		// Object is the charge (charge.*), as it was when the event
+		// happened.
+		Object Charge `json:"object"`
+	} `json:"data"`
+}

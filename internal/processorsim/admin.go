@@ -129,3 +129,45 @@ func statusList() string {
 	}
 	return strings.Join(s, "|")
 }
+
+// adminWebhooks serves POST /_sim/webhooks: where and how events are
+// delivered ({"url":"","secrets":[...]}; an empty url turns them off).
+func (s *Simulator) adminWebhooks(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		URL     string   `json:"url"`
+		Secrets []string `json:"secrets"`
+	}
+	if rejected := decodeAdmin(w, r, &req); rejected != nil {
+		writeOutcome(w, *rejected)
+		return
+	}
+	s.SetWebhooks(WebhookConfig{URL: req.URL, Secrets: req.Secrets})
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// adminWebhookFaults serves POST /_sim/webhook-faults: a one-shot fault
+// for the next event ({"duplicates":N,"delay_ms":N}).
+func (s *Simulator) adminWebhookFaults(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Duplicates int   `json:"duplicates"`
+		DelayMS    int64 `json:"delay_ms"`
+	}
+	if rejected := decodeAdmin(w, r, &req); rejected != nil {
+		writeOutcome(w, *rejected)
+		return
+	}
+	if req.Duplicates < 0 || req.Duplicates > 100 || req.DelayMS < 0 || milliseconds(req.DelayMS) > MaxExecution {
+		writeOutcome(w, invalidRequest(processor.CodeParameterInvalid, "", fmt.Sprintf(
+			`Want {"duplicates":0..100,"delay_ms":0..%d}.`, MaxExecution.Milliseconds())))
+		return
+	}
+	s.InjectWebhookFault(WebhookFault{Duplicates: req.Duplicates, Delay: milliseconds(req.DelayMS)})
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// adminDeliveries serves GET /_sim/deliveries: every webhook attempt.
+func (s *Simulator) adminDeliveries(w http.ResponseWriter, _ *http.Request) {
+	writeOutcome(w, jsonOutcome(http.StatusOK, struct {
+		Data []Delivery `json:"data"`
+	}{s.Deliveries()}))
+}

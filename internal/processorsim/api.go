@@ -59,6 +59,9 @@ func (s *Simulator) routes() http.Handler {
 	r.Post("/_sim/faults", s.adminFaults)
 	r.Post("/_sim/mode", s.adminMode)
 	r.Post("/_sim/reset", s.adminReset)
+	r.Post("/_sim/webhooks", s.adminWebhooks)
+	r.Post("/_sim/webhook-faults", s.adminWebhookFaults)
+	r.Get("/_sim/deliveries", s.adminDeliveries)
 
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeOutcome(w, errorOutcome(http.StatusNotFound, processor.APIError{
@@ -525,6 +528,7 @@ func (m refundMutation) execute(s *Simulator, key string) outcome {
 		Created:        time.Now().Unix(),
 	}
 	s.refunds = append(s.refunds, re)
+	s.emitLocked(processor.EventChargeRefunded, *ch)
 	return executed(jsonOutcome(http.StatusOK, re))
 }
 

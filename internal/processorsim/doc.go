@@ -48,6 +48,11 @@
 //     by a fault also gives up without executing when the server shuts
 //     down (Server.Shutdown, so shutdown stays bounded) or when Reset
 //     forgets the state it belongs to.
+//   - Webhooks (webhooks.go). With a URL set, every charge and refund
+//     becomes an event (charge.succeeded, charge.failed, charge.refunded)
+//     delivered at least once: signed like Stripe's with every configured
+//     secret, retried on non-2xx and timeouts on a backoff, and, by
+//     one-shot fault, duplicated or delayed so later events overtake it.
 //   - A record of every call to /v1 (Calls), which tests use to assert on
 //     the side effect itself (requirement T4) rather than on status codes.
 //     WaitIdle (or GET /_sim/idle) waits until no call is held by a fault,
@@ -73,6 +78,9 @@
 //	                                 either field may be omitted
 //	POST /_sim/reset                 forget everything and restore the
 //	                                 configured mode
+//	POST /_sim/webhooks              {"url":"...","secrets":["..."]}: deliver events
+//	POST /_sim/webhook-faults        {"duplicates":N,"delay_ms":N} for the next event
+//	GET  /_sim/deliveries            every webhook delivery attempt
 //
 // Lists are pages, oldest first, as at Stripe: limit=N (1 to 100, default
 // 10) items after the one named by starting_after=<id>, and has_more when

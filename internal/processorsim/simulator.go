@@ -41,6 +41,9 @@ type Config struct {
 	IgnoreIdempotencyKeys bool
 	// Latency is added to every call to /v1.
 	Latency time.Duration
+	// Webhooks is where and how events are delivered (webhooks.go);
+	// Reset keeps the current webhook configuration.
+	Webhooks WebhookConfig
 
 	// onBlock is called when a call starts waiting in a timeout fault, so
 	// tests can act while it is in flight without sleeping.
@@ -87,6 +90,8 @@ type Simulator struct {
 	// accepted into, so they give up without executing; forget ends it.
 	forgotten context.Context
 	forget    context.CancelFunc
+	// webhooks is the webhook delivery state (webhooks.go).
+	webhooks webhookState
 	// held counts calls held by a latency or late_execution fault, across
 	// resets; idle is closed whenever it is zero (see WaitIdle).
 	held int
@@ -132,6 +137,10 @@ func New(cfg Config) *Simulator {
 	}
 	s := &Simulator{cfg: cfg, logger: logger, lifetime: context.Background(), idle: make(chan struct{})}
 	close(s.idle)
+	s.webhooks.cfg = cfg.Webhooks
+	s.webhooks.client = &http.Client{}
+	s.webhooks.idle = make(chan struct{})
+	close(s.webhooks.idle)
 	s.resetLocked()
 	s.handler = s.routes()
 	return s
@@ -197,6 +206,7 @@ func (s *Simulator) resetLocked() {
 	s.refunds = nil
 	s.keys = map[string]storedResponse{}
 	s.inFlight = map[string]*Call{}
+	s.webhooks.faults, s.webhooks.deliveries, s.webhooks.events = nil, nil, nil
 	if s.forget != nil {
 		s.forget()
 	}
@@ -288,6 +298,11 @@ func (s *Simulator) newChargeLocked(req processor.ChargeRequest, key, status str
 	}
 	s.chargeIndex[ch.ID] = len(s.charges)
 	s.charges = append(s.charges, ch)
+	if status == processor.StatusSucceeded {
+		s.emitLocked(processor.EventChargeSucceeded, ch)
+	} else {
+		s.emitLocked(processor.EventChargeFailed, ch)
+	}
 	return ch
 }
 

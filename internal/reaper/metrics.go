@@ -6,7 +6,7 @@ import "github.com/prometheus/client_golang/prometheus"
 var (
 	rowsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "idempotency_reaper_rows_total",
-		Help: "Idempotency keys the reaper handled, by action: pruned (response dropped, tombstone kept), deleted (key forgotten).",
+		Help: "Rows the reaper handled, by action: pruned (key response dropped, tombstone kept), deleted (key forgotten), messages_deleted (inbox ids past MESSAGE_RETENTION), outbox_deleted (published outbox rows past it).",
 	}, []string{"action"})
 	timeoutsTotal = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "idempotency_reaper_timeouts_total",
@@ -28,4 +28,6 @@ func init() {
 	// from the start.
 	rowsTotal.WithLabelValues("pruned")
 	rowsTotal.WithLabelValues("deleted")
+	rowsTotal.WithLabelValues("messages_deleted")
+	rowsTotal.WithLabelValues("outbox_deleted")
 }

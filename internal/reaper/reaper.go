@@ -100,6 +100,11 @@ type Config struct {
 	// large backlog is worked off as a trickle that leaves the database to
 	// live traffic. Default DefaultDuty.
 	Duty float64
+	// MessageRetention is how long inbox rows (processed_messages) and
+	// published outbox rows are kept (M3). It must exceed the longest
+	// redelivery horizon of every producer: a redelivery that finds its id
+	// pruned would apply its effect a second time. Zero keeps them.
+	MessageRetention time.Duration
 	// Logger receives warnings and a line per pass that did work.
 	Logger *slog.Logger
 }
@@ -108,6 +113,10 @@ type Config struct {
 type Result struct {
 	Pruned  int64 // completed keys turned into tombstones
 	Deleted int64 // finished keys past retain_until removed
+	// Messages are inbox rows past MessageRetention removed; Outbox are
+	// published outbox rows past it removed.
+	Messages int64
+	Outbox   int64
 }
 
 // Reaper prunes and deletes idempotency keys past their horizons. It is
@@ -176,8 +185,24 @@ func (r *Reaper) RunOnce(ctx context.Context) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-	if res.Pruned > 0 || res.Deleted > 0 {
-		r.log.InfoContext(ctx, "reaper: pass", slog.Int64("pruned", res.Pruned), slog.Int64("deleted", res.Deleted))
+	if r.cfg.MessageRetention > 0 {
+		retention := r.cfg.MessageRetention.Seconds()
+		res.Messages, err = r.drain(ctx, "messages", "messages_deleted", func(q *dbsqlc.Queries, n int32) (int64, error) {
+			return q.ProcessedMessagesPrune(ctx, dbsqlc.ProcessedMessagesPruneParams{RetentionSeconds: retention, BatchSize: n})
+		})
+		if err != nil {
+			return res, err
+		}
+		res.Outbox, err = r.drain(ctx, "outbox", "outbox_deleted", func(q *dbsqlc.Queries, n int32) (int64, error) {
+			return q.OutboxDeletePublished(ctx, dbsqlc.OutboxDeletePublishedParams{RetentionSeconds: retention, BatchSize: n})
+		})
+		if err != nil {
+			return res, err
+		}
+	}
+	if res.Pruned > 0 || res.Deleted > 0 || res.Messages > 0 || res.Outbox > 0 {
+		r.log.InfoContext(ctx, "reaper: pass", slog.Int64("pruned", res.Pruned), slog.Int64("deleted", res.Deleted),
+			slog.Int64("messages_deleted", res.Messages), slog.Int64("outbox_deleted", res.Outbox))
 	}
 	return res, nil
 }

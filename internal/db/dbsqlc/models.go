@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 type ApiKey struct {
@@ -49,17 +50,33 @@ type IdempotencyKey struct {
 }
 
 type Order struct {
-	TenantID    uuid.UUID
-	ID          uuid.UUID
-	Reference   string
-	CustomerID  string
-	Amount      int64
-	Currency    string
-	Description string
-	Metadata    json.RawMessage
-	Status      string
-	AmountPaid  int64
-	CreatedAt   time.Time
+	TenantID       uuid.UUID
+	ID             uuid.UUID
+	Reference      string
+	CustomerID     string
+	Amount         int64
+	Currency       string
+	Description    string
+	Metadata       json.RawMessage
+	Status         string
+	AmountPaid     int64
+	CreatedAt      time.Time
+	AmountRefunded int64
+}
+
+type Outbox struct {
+	ID              uuid.UUID
+	Seq             *int64
+	Xid             pgtype.Uint64
+	TenantID        uuid.UUID
+	Subject         string
+	EventType       string
+	SchemaVersion   int32
+	Payload         []byte
+	CreatedAt       time.Time
+	ClaimedUntil    *time.Time
+	PublishAttempts int32
+	PublishedAt     *time.Time
 }
 
 type Payment struct {
@@ -93,6 +110,13 @@ type PaymentCompensation struct {
 	ProcessorRefundID *string
 	CreatedAt         time.Time
 	UpdatedAt         time.Time
+}
+
+type ProcessedMessage struct {
+	Consumer    string
+	Source      string
+	MessageID   string
+	ProcessedAt time.Time
 }
 
 type Refund struct {

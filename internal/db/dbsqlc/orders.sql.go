@@ -18,7 +18,7 @@ UPDATE orders
 SET amount_paid = amount_paid + $1,
     status = CASE WHEN amount_paid + $1 >= amount THEN 'paid' ELSE status END
 WHERE tenant_id = $2 AND id = $3
-RETURNING tenant_id, id, reference, customer_id, amount, currency, description, metadata, status, amount_paid, created_at
+RETURNING tenant_id, id, reference, customer_id, amount, currency, description, metadata, status, amount_paid, created_at, amount_refunded
 `
 
 type OrderAddPaidParams struct {
@@ -27,6 +27,7 @@ type OrderAddPaidParams struct {
 	ID       uuid.UUID
 }
 
+// The orders consumer applies a payment.succeeded event.
 func (q *Queries) OrderAddPaid(ctx context.Context, arg OrderAddPaidParams) (Order, error) {
 	row := q.db.QueryRow(ctx, orderAddPaid, arg.Amount, arg.TenantID, arg.ID)
 	var i Order
@@ -42,6 +43,45 @@ func (q *Queries) OrderAddPaid(ctx context.Context, arg OrderAddPaidParams) (Ord
 		&i.Status,
 		&i.AmountPaid,
 		&i.CreatedAt,
+		&i.AmountRefunded,
+	)
+	return i, err
+}
+
+const orderApplyRefunded = `-- name: OrderApplyRefunded :one
+UPDATE orders
+SET amount_paid = amount_paid - $1,
+    amount_refunded = amount_refunded + $1,
+    status = CASE WHEN amount_paid - $1 <= 0 THEN 'refunded' ELSE 'partially_refunded' END
+WHERE tenant_id = $2 AND id = $3
+RETURNING tenant_id, id, reference, customer_id, amount, currency, description, metadata, status, amount_paid, created_at, amount_refunded
+`
+
+type OrderApplyRefundedParams struct {
+	Amount   int64
+	TenantID uuid.UUID
+	ID       uuid.UUID
+}
+
+// The orders consumer applies a refund.succeeded event. A refund that
+// overtook its payment's event would take amount_paid below zero: the
+// check constraint fails it, and the broker redelivers it later.
+func (q *Queries) OrderApplyRefunded(ctx context.Context, arg OrderApplyRefundedParams) (Order, error) {
+	row := q.db.QueryRow(ctx, orderApplyRefunded, arg.Amount, arg.TenantID, arg.ID)
+	var i Order
+	err := row.Scan(
+		&i.TenantID,
+		&i.ID,
+		&i.Reference,
+		&i.CustomerID,
+		&i.Amount,
+		&i.Currency,
+		&i.Description,
+		&i.Metadata,
+		&i.Status,
+		&i.AmountPaid,
+		&i.CreatedAt,
+		&i.AmountRefunded,
 	)
 	return i, err
 }
@@ -50,7 +90,7 @@ const orderCreate = `-- name: OrderCreate :one
 INSERT INTO orders (tenant_id, id, reference, customer_id, amount, currency, description, metadata)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 ON CONFLICT ON CONSTRAINT orders_tenant_reference_key DO NOTHING
-RETURNING tenant_id, id, reference, customer_id, amount, currency, description, metadata, status, amount_paid, created_at
+RETURNING tenant_id, id, reference, customer_id, amount, currency, description, metadata, status, amount_paid, created_at, amount_refunded
 `
 
 type OrderCreateParams struct {
@@ -88,12 +128,13 @@ func (q *Queries) OrderCreate(ctx context.Context, arg OrderCreateParams) (Order
 		&i.Status,
 		&i.AmountPaid,
 		&i.CreatedAt,
+		&i.AmountRefunded,
 	)
 	return i, err
 }
 
 const orderGet = `-- name: OrderGet :one
-SELECT tenant_id, id, reference, customer_id, amount, currency, description, metadata, status, amount_paid, created_at FROM orders WHERE tenant_id = $1 AND id = $2
+SELECT tenant_id, id, reference, customer_id, amount, currency, description, metadata, status, amount_paid, created_at, amount_refunded FROM orders WHERE tenant_id = $1 AND id = $2
 `
 
 type OrderGetParams struct {
@@ -116,12 +157,13 @@ func (q *Queries) OrderGet(ctx context.Context, arg OrderGetParams) (Order, erro
 		&i.Status,
 		&i.AmountPaid,
 		&i.CreatedAt,
+		&i.AmountRefunded,
 	)
 	return i, err
 }
 
 const orderGetByReference = `-- name: OrderGetByReference :one
-SELECT tenant_id, id, reference, customer_id, amount, currency, description, metadata, status, amount_paid, created_at FROM orders WHERE tenant_id = $1 AND reference = $2
+SELECT tenant_id, id, reference, customer_id, amount, currency, description, metadata, status, amount_paid, created_at, amount_refunded FROM orders WHERE tenant_id = $1 AND reference = $2
 `
 
 type OrderGetByReferenceParams struct {
@@ -144,12 +186,13 @@ func (q *Queries) OrderGetByReference(ctx context.Context, arg OrderGetByReferen
 		&i.Status,
 		&i.AmountPaid,
 		&i.CreatedAt,
+		&i.AmountRefunded,
 	)
 	return i, err
 }
 
 const orderGetForUpdate = `-- name: OrderGetForUpdate :one
-SELECT tenant_id, id, reference, customer_id, amount, currency, description, metadata, status, amount_paid, created_at FROM orders WHERE tenant_id = $1 AND id = $2 FOR UPDATE
+SELECT tenant_id, id, reference, customer_id, amount, currency, description, metadata, status, amount_paid, created_at, amount_refunded FROM orders WHERE tenant_id = $1 AND id = $2 FOR UPDATE
 `
 
 type OrderGetForUpdateParams struct {
@@ -174,12 +217,13 @@ func (q *Queries) OrderGetForUpdate(ctx context.Context, arg OrderGetForUpdatePa
 		&i.Status,
 		&i.AmountPaid,
 		&i.CreatedAt,
+		&i.AmountRefunded,
 	)
 	return i, err
 }
 
 const orderList = `-- name: OrderList :many
-SELECT tenant_id, id, reference, customer_id, amount, currency, description, metadata, status, amount_paid, created_at FROM orders
+SELECT tenant_id, id, reference, customer_id, amount, currency, description, metadata, status, amount_paid, created_at, amount_refunded FROM orders
 WHERE tenant_id = $1
   AND ($2::timestamptz IS NULL
        OR (created_at, id) < ($2::timestamptz, $3::uuid))
@@ -222,6 +266,7 @@ func (q *Queries) OrderList(ctx context.Context, arg OrderListParams) ([]Order, 
 			&i.Status,
 			&i.AmountPaid,
 			&i.CreatedAt,
+			&i.AmountRefunded,
 		); err != nil {
 			return nil, err
 		}
@@ -238,7 +283,7 @@ UPDATE orders
 SET description = $1,
     metadata = $2
 WHERE tenant_id = $3 AND id = $4
-RETURNING tenant_id, id, reference, customer_id, amount, currency, description, metadata, status, amount_paid, created_at
+RETURNING tenant_id, id, reference, customer_id, amount, currency, description, metadata, status, amount_paid, created_at, amount_refunded
 `
 
 type OrderUpdateDetailsParams struct {
@@ -271,6 +316,7 @@ func (q *Queries) OrderUpdateDetails(ctx context.Context, arg OrderUpdateDetails
 		&i.Status,
 		&i.AmountPaid,
 		&i.CreatedAt,
+		&i.AmountRefunded,
 	)
 	return i, err
 }

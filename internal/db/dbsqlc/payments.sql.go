@@ -312,6 +312,38 @@ func (q *Queries) PaymentGet(ctx context.Context, arg PaymentGetParams) (Payment
 	return i, err
 }
 
+const paymentGetByChargeKeyForUpdate = `-- name: PaymentGetByChargeKeyForUpdate :one
+SELECT tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at FROM payments WHERE charge_key = $1 FOR UPDATE
+`
+
+// A processor webhook names the charge's idempotency key. The row lock
+// serialises the webhook with the attempt's own record of the charge and
+// with the sweep: whoever commits first settles the payment.
+func (q *Queries) PaymentGetByChargeKeyForUpdate(ctx context.Context, chargeKey string) (Payment, error) {
+	row := q.db.QueryRow(ctx, paymentGetByChargeKeyForUpdate, chargeKey)
+	var i Payment
+	err := row.Scan(
+		&i.TenantID,
+		&i.ID,
+		&i.OrderID,
+		&i.Amount,
+		&i.Currency,
+		&i.PaymentMethod,
+		&i.Status,
+		&i.ChargeKey,
+		&i.ChargeID,
+		&i.DeclineCode,
+		&i.FailureMessage,
+		&i.RefundedAmount,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.ChargeSentAt,
+		&i.ChargeCalls,
+		&i.SweepAt,
+	)
+	return i, err
+}
+
 const paymentGetForUpdate = `-- name: PaymentGetForUpdate :one
 SELECT tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at FROM payments WHERE tenant_id = $1 AND id = $2 FOR UPDATE
 `
@@ -559,6 +591,22 @@ func (q *Queries) PaymentSweepDone(ctx context.Context, arg PaymentSweepDonePara
 		arg.ID,
 		arg.ClaimedUntil,
 	)
+	return err
+}
+
+const paymentSweepNow = `-- name: PaymentSweepNow :exec
+UPDATE payments SET sweep_at = now() WHERE tenant_id = $1 AND id = $2
+`
+
+type PaymentSweepNowParams struct {
+	TenantID uuid.UUID
+	ID       uuid.UUID
+}
+
+// A charge the payment does not know about was reported: the sweep looks
+// at once and compensates it, exactly as for a late duplicate it finds.
+func (q *Queries) PaymentSweepNow(ctx context.Context, arg PaymentSweepNowParams) error {
+	_, err := q.db.Exec(ctx, paymentSweepNow, arg.TenantID, arg.ID)
 	return err
 }
 

@@ -1,0 +1,59 @@
+-- name: OutboxInsert :exec
+-- Written in the business change's own transaction (M2): the event exists
+-- if and only if the change committed.
+INSERT INTO outbox (id, tenant_id, subject, event_type, schema_version, payload)
+VALUES (@id, @tenant_id, @subject, @event_type, @schema_version, @payload);
+
+-- name: OutboxClaim :many
+-- A relay's claim: unpublished rows in seq order, skipping rows another
+-- relay holds (SKIP LOCKED) or has claimed, pushed out by hold_seconds.
+--
+-- The snapshot guard: xid < pg_snapshot_xmin(pg_current_snapshot()) keeps
+-- only rows whose writing transaction is older than every transaction still
+-- running. Without it, a transaction that took its seq first but commits
+-- last would be overtaken: rows of later transactions would be published
+-- ahead of it, and a reader that follows the outbox by position would step
+-- over it for good. With it the relay waits for the oldest transaction in
+-- flight, and publishes in transaction order.
+UPDATE outbox o
+SET claimed_until = now() + make_interval(secs => @hold_seconds::float8),
+    publish_attempts = o.publish_attempts + 1
+FROM (
+    SELECT id FROM outbox
+    WHERE published_at IS NULL
+      AND (claimed_until IS NULL OR claimed_until <= now())
+      AND xid < pg_snapshot_xmin(pg_current_snapshot())
+    ORDER BY seq
+    LIMIT @max_rows
+    FOR UPDATE SKIP LOCKED
+) c
+WHERE o.id = c.id
+RETURNING o.id, o.seq, o.subject, o.event_type, o.payload, o.created_at;
+
+-- name: OutboxMarkPublished :execrows
+-- After the broker acknowledged each publish.
+UPDATE outbox SET published_at = now(), claimed_until = NULL
+WHERE id = ANY(@ids::uuid[]) AND published_at IS NULL;
+
+-- name: OutboxRelease :exec
+-- A publish failed: the rows may be claimed again at once.
+UPDATE outbox SET claimed_until = NULL
+WHERE id = ANY(@ids::uuid[]) AND published_at IS NULL;
+
+-- name: OutboxLag :one
+-- Unpublished rows and the age of the oldest, for the relay's lag metric.
+SELECT count(*)::bigint AS unpublished,
+       coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 AS oldest_seconds
+FROM outbox WHERE published_at IS NULL;
+
+-- name: OutboxDeletePublished :execrows
+-- The reaper: published rows older than the retention, in bounded batches.
+DELETE FROM outbox o
+WHERE o.id IN (
+    SELECT id FROM outbox
+    WHERE published_at IS NOT NULL
+      AND published_at < now() - make_interval(secs => @retention_seconds::float8)
+    ORDER BY published_at
+    LIMIT @batch_size
+    FOR UPDATE SKIP LOCKED
+);

@@ -1,0 +1,183 @@
+// Package broker owns the connection to NATS JetStream and the
+// configuration of its streams and consumers, as code: Ensure creates them
+// when missing and brings them to this configuration when they differ
+// (M2, M3). Without a NATS_URL, Embedded runs a JetStream server inside
+// the process for development and tests.
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Streams.
+const (
+	// StreamEvents holds every event the outbox relays.
+	StreamEvents = "PAYMENTS_EVENTS"
+	// StreamDeadLetters keeps a copy of every message a consumer gave up
+	// on (past MaxDeliver, or terminated as unreadable), for a person to
+	// look at and replay.
+	StreamDeadLetters = "PAYMENTS_DEAD_LETTERS"
+	// DeadLetterPrefix prefixes the subjects of StreamDeadLetters:
+	// payments.dead.<consumer>.<original subject>.
+	DeadLetterPrefix = "payments.dead."
+)
+
+// Defaults for Config.
+const (
+	// DefaultDuplicateWindow is the events stream's duplicates window. It
+	// must cover a relay's republish of a row whose publish was
+	// acknowledged but whose mark was lost: that happens once the row's
+	// claim (outbox.DefaultClaimHold, 30 s) and the publish timeout (5 s)
+	// have passed. Two minutes covers that with room for a slow restart;
+	// a longer window costs server memory for every id in it. Beyond the
+	// window the consumers' inboxes drop duplicates.
+	DefaultDuplicateWindow = 2 * time.Minute
+	// DefaultAckWait is how long a delivery may go unacknowledged before
+	// it is redelivered: the first step of the backoff.
+	DefaultAckWait = 30 * time.Second
+	// DefaultMaxDeliver is how many times a message is delivered before
+	// it is dead-lettered.
+	DefaultMaxDeliver = 5
+	// DefaultMaxAge is how long the events stream keeps messages.
+	DefaultMaxAge = 7 * 24 * time.Hour
+)
+
+// Config is the streams' and consumers' configuration.
+type Config struct {
+	DuplicateWindow time.Duration
+	AckWait         time.Duration
+	MaxDeliver      int
+}
+
+func (c Config) withDefaults() Config {
+	if c.DuplicateWindow <= 0 {
+		c.DuplicateWindow = DefaultDuplicateWindow
+	}
+	if c.AckWait <= 0 {
+		c.AckWait = DefaultAckWait
+	}
+	if c.MaxDeliver <= 0 {
+		c.MaxDeliver = DefaultMaxDeliver
+	}
+	return c
+}
+
+// Backoff is the wait before each redelivery: AckWait, doubling each
+// time, one per delivery (the server takes BackOff[n-1] as the ack wait of
+// delivery n).
+func (c Config) Backoff() []time.Duration {
+	c = c.withDefaults()
+	out := make([]time.Duration, c.MaxDeliver)
+	d := c.AckWait
+	for i := range out {
+		out[i] = d
+		d *= 2
+	}
+	return out
+}
+
+// RedeliveryHorizon is the longest a message can still be redelivered
+// after its first delivery: the sum of the backoff. Inbox rows must be
+// kept longer than this (M3).
+func (c Config) RedeliveryHorizon() time.Duration {
+	var sum time.Duration
+	for _, d := range c.Backoff() {
+		sum += d
+	}
+	return sum
+}
+
+// Ensure creates the streams when missing, or updates them to cfg.
+func Ensure(ctx context.Context, js jetstream.JetStream, cfg Config) error {
+	cfg = cfg.withDefaults()
+	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        StreamEvents,
+		Description: "Events relayed from the payments outbox; Nats-Msg-Id is the outbox id.",
+		Subjects:    []string{"payments.events.>"},
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.LimitsPolicy,
+		MaxAge:      DefaultMaxAge,
+		Duplicates:  cfg.DuplicateWindow,
+	}); err != nil {
+		return fmt.Errorf("broker: stream %s: %w", StreamEvents, err)
+	}
+	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        StreamDeadLetters,
+		Description: "Messages consumers gave up on; kept until a person removes them.",
+		Subjects:    []string{DeadLetterPrefix + ">"},
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.LimitsPolicy,
+		Duplicates:  cfg.DuplicateWindow,
+	}); err != nil {
+		return fmt.Errorf("broker: stream %s: %w", StreamDeadLetters, err)
+	}
+	return nil
+}
+
+// ConsumerConfig is the durable pull consumer name of the events stream,
+// filtered to subjects: explicit acks, redelivery on the backoff, at most
+// MaxDeliver deliveries.
+func ConsumerConfig(name string, subjects []string, cfg Config) jetstream.ConsumerConfig {
+	cfg = cfg.withDefaults()
+	return jetstream.ConsumerConfig{
+		Durable:        name,
+		Description:    "Applies events with an inbox row in the same transaction; acks after commit.",
+		DeliverPolicy:  jetstream.DeliverAllPolicy,
+		AckPolicy:      jetstream.AckExplicitPolicy,
+		AckWait:        cfg.AckWait,
+		MaxDeliver:     cfg.MaxDeliver,
+		BackOff:        cfg.Backoff(),
+		FilterSubjects: subjects,
+		MaxAckPending:  1000,
+	}
+}
+
+// Connect connects to url and returns the JetStream context.
+func Connect(url, name string) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1))
+	if err != nil {
+		return nil, nil, fmt.Errorf("broker: connect to %s: %w", url, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
+}
+
+// Embedded is a NATS server with JetStream running in this process.
+type Embedded struct{ srv *server.Server }
+
+// StartEmbedded starts a NATS server with JetStream storing in dir, on a
+// free loopback port.
+func StartEmbedded(dir string) (*Embedded, error) {
+	srv, err := server.NewServer(&server.Options{
+		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoSigs: true, NoLog: true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("broker: embedded NATS: %w", err)
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		srv.Shutdown()
+		return nil, errors.New("broker: embedded NATS did not start within 10s")
+	}
+	return &Embedded{srv: srv}, nil
+}
+
+// URL is the client URL, for NATS_URL or Connect.
+func (e *Embedded) URL() string { return e.srv.ClientURL() }
+
+// Shutdown stops the server and waits until it has stopped.
+func (e *Embedded) Shutdown() {
+	e.srv.Shutdown()
+	e.srv.WaitForShutdown()
+}

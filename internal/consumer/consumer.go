@@ -1,0 +1,164 @@
+// Package consumer runs an idempotent consumer of the events stream (M1,
+// M3): each message's producer-assigned id (the outbox id in the
+// envelope, never the stream sequence or the delivery count) goes into the
+// inbox in the same transaction as the message's effect, and the message
+// is acknowledged, with a double ack that waits for the server's
+// confirmation, only after that transaction committed.
+//
+// The crash windows:
+//
+//   - before the commit: neither inbox row nor effect exist; the message
+//     is redelivered after the ack wait and applied then;
+//   - after the commit, before the ack: the redelivery finds the inbox
+//     row and is acknowledged without a second effect;
+//   - a redelivery while the first delivery is still running (an ack wait
+//     shorter than the transaction): the inbox row's primary key makes
+//     the second transaction wait and then find it.
+//
+// A message whose effect keeps failing is negatively acknowledged with the
+// backoff until MaxDeliver; the server then gives up on it, and
+// DeadLetters copies it to the dead-letter stream, logs and counts it.
+package consumer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemref/payments/internal/broker"
+	"github.com/idemref/payments/internal/db"
+	"github.com/idemref/payments/internal/events"
+	"github.com/idemref/payments/internal/failpoint"
+	"github.com/idemref/payments/internal/inbox"
+)
+
+// Handler applies one event in tx, the transaction that also holds its
+// inbox row. An error rolls both back and the message is redelivered.
+type Handler func(ctx context.Context, tx pgx.Tx, ev events.Envelope) error
+
+// ErrUnreadable marks an event no redelivery can make readable (an unknown
+// schema version, a payload that does not parse): it is dead-lettered at
+// once instead of being redelivered MaxDeliver times.
+var ErrUnreadable = errors.New("unreadable event")
+
+// Config describes one consumer.
+type Config struct {
+	// Name is the durable consumer's name and the inbox's consumer column.
+	Name string
+	// Subjects filters the events stream.
+	Subjects []string
+	Broker   broker.Config
+	Logger   *slog.Logger
+}
+
+// Consumer is a running consumer.
+type Consumer struct {
+	pool    *pgxpool.Pool
+	cfg     Config
+	handle  Handler
+	log     *slog.Logger
+	backoff []time.Duration
+	cc      jetstream.ConsumeContext
+}
+
+// Start creates or updates the durable consumer and starts consuming. Any
+// number of processes may start the same consumer: the server splits the
+// messages between them.
+func Start(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, cfg Config, handle Handler) (*Consumer, error) {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, broker.StreamEvents, broker.ConsumerConfig(cfg.Name, cfg.Subjects, cfg.Broker))
+	if err != nil {
+		return nil, fmt.Errorf("consumer %s: %w", cfg.Name, err)
+	}
+	// Present at 0 from the start, so rate() and increase() work at once.
+	for _, m := range []*prometheus.CounterVec{processedTotal, duplicatesTotal, redeliveriesTotal, failuresTotal} {
+		m.WithLabelValues(cfg.Name)
+	}
+	c := &Consumer{pool: pool, cfg: cfg, handle: handle, log: log.With(slog.String("consumer", cfg.Name)), backoff: cfg.Broker.Backoff()}
+	cc, err := cons.Consume(func(msg jetstream.Msg) { c.process(ctx, msg) })
+	if err != nil {
+		return nil, fmt.Errorf("consumer %s: consume: %w", cfg.Name, err)
+	}
+	c.cc = cc
+	return c, nil
+}
+
+// Stop stops taking messages and waits for the one in hand.
+func (c *Consumer) Stop() {
+	c.cc.Drain()
+	<-c.cc.Closed()
+}
+
+func (c *Consumer) process(ctx context.Context, msg jetstream.Msg) {
+	ctx = context.WithoutCancel(ctx) // a message in hand is finished, not abandoned half-way
+	md, err := msg.Metadata()
+	if err != nil {
+		c.log.ErrorContext(ctx, "message without JetStream metadata", slog.Any("error", err))
+		return
+	}
+	if md.NumDelivered > 1 {
+		redeliveriesTotal.WithLabelValues(c.cfg.Name).Inc()
+	}
+	log := c.log.With(slog.Uint64("stream_seq", md.Sequence.Stream), slog.Uint64("delivery", md.NumDelivered))
+
+	var ev events.Envelope
+	if err := json.Unmarshal(msg.Data(), &ev); err != nil || ev.ID.String() == "" || ev.SchemaVersion != events.SchemaVersion {
+		log.ErrorContext(ctx, "unreadable event; terminating it for the dead-letter stream", slog.Any("error", err), slog.Int("schema_version", ev.SchemaVersion))
+		_ = msg.TermWithReason("unreadable")
+		return
+	}
+	log = log.With(slog.String("event_id", ev.ID.String()), slog.String("type", ev.Type))
+
+	duplicate := false
+	err = db.WithTx(ctx, c.pool, func(ctx context.Context, tx pgx.Tx) error {
+		fresh, err := inbox.Record(ctx, tx, c.cfg.Name, events.Source, ev.ID.String())
+		if err != nil || !fresh {
+			duplicate = !fresh
+			return err
+		}
+		return c.handle(ctx, tx, ev)
+	})
+	switch {
+	case errors.Is(err, ErrUnreadable):
+		log.ErrorContext(ctx, "unreadable event; terminating it for the dead-letter stream", slog.Any("error", err))
+		_ = msg.TermWithReason("unreadable")
+		return
+	case err != nil:
+		// Nothing committed: the redelivery applies it. Nak (not waiting
+		// out the ack wait) with the delay of the backoff's next step.
+		delay := c.backoff[min(int(md.NumDelivered), len(c.backoff))-1]
+		log.WarnContext(ctx, "apply event; it will be redelivered", slog.Any("error", err), slog.Duration("delay", delay))
+		failuresTotal.WithLabelValues(c.cfg.Name).Inc()
+		_ = msg.NakWithDelay(delay)
+		return
+	}
+	// Committed. A crash here leaves the message unacknowledged: it is
+	// redelivered and the inbox row skips it (test: consumer killed after
+	// commit, before ack).
+	failpoint.Inject("consumer-after-commit")
+	if duplicate {
+		duplicatesTotal.WithLabelValues(c.cfg.Name).Inc()
+		log.InfoContext(ctx, "duplicate event skipped")
+	} else {
+		processedTotal.WithLabelValues(c.cfg.Name).Inc()
+	}
+	// The double ack waits for the server to confirm: a lost ack is seen
+	// here (and logged) rather than as a silent redelivery later, which the
+	// inbox would absorb all the same.
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := msg.DoubleAck(actx); err != nil {
+		log.WarnContext(ctx, "ack; the redelivery will be skipped by the inbox", slog.Any("error", err))
+	}
+}

@@ -1,0 +1,31 @@
+package consumer
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics of the consumers (X1), by consumer name (a bounded label).
+var (
+	processedTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "consumer_processed_total",
+		Help: "Events a consumer applied (inbox row and effect committed).",
+	}, []string{"consumer"})
+	duplicatesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "consumer_duplicates_skipped_total",
+		Help: "Deliveries whose event id the consumer's inbox already had: acknowledged without an effect.",
+	}, []string{"consumer"})
+	redeliveriesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "consumer_redeliveries_total",
+		Help: "Deliveries with a delivery count above 1 (after a missing ack, a nak or a crash).",
+	}, []string{"consumer"})
+	failuresTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "consumer_failures_total",
+		Help: "Deliveries whose effect failed and was rolled back; they are redelivered on the backoff.",
+	}, []string{"consumer"})
+	deadLettersTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "consumer_dead_letters_total",
+		Help: "Messages a consumer gave up on (past MaxDeliver, or unreadable), copied to the dead-letter stream.",
+	}, []string{"consumer", "reason"})
+)
+
+func init() {
+	prometheus.MustRegister(processedTotal, duplicatesTotal, redeliveriesTotal, failuresTotal, deadLettersTotal)
+}

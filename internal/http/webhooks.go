@@ -1,0 +1,68 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/idemref/payments/internal/processor"
+	"github.com/idemref/payments/internal/webhook"
+)
+
+// webhookError is a webhook rejected before anything was written (M4).
+type webhookError struct{ err error }
+
+func (e *webhookError) Error() string { return e.err.Error() }
+func (e *webhookError) Unwrap() error { return e.err }
+
+// webhookResponse is the body of a webhook's 200.
+type webhookResponse struct {
+	Received bool   `json:"received"`
+	EventID  string `json:"event_id"`
+	// Result says what the event did: confirmed, compensating, recorded,
+	// or duplicate (processed before: nothing done).
+	Result string `json:"result"`
+}
+
+// processorWebhook is POST /v1/webhooks/processor (M1, M4). It verifies
+// the signature over the raw bytes before parsing or writing anything,
+// applies the event in one transaction with its inbox row, and answers
+// 200 only after that transaction committed: a crash before the answer
+// leaves the processor retrying, and the retry is a duplicate (200, no
+// effect) or, if nothing committed, applies the event.
+func (a *api) processorWebhook(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBodyBytes+1))
+	if err != nil {
+		writeError(w, r, &bodyError{http.StatusBadRequest, CodeInvalidJSON, "Invalid JSON body", fmt.Errorf("read body: %w", err)})
+		return
+	}
+	if len(body) > MaxBodyBytes {
+		writeError(w, r, &bodyError{http.StatusRequestEntityTooLarge, CodeBodyTooLarge, "Body too large",
+			fmt.Errorf("the body exceeds %d bytes", MaxBodyBytes)})
+		return
+	}
+	// The bytes as received: the signature covers them, not a re-encoding.
+	if err := webhook.Verify(body, r.Header.Get(webhook.Header), a.webhookSecrets, time.Now(), a.webhookTolerance); err != nil {
+		writeError(w, r, &webhookError{err})
+		return
+	}
+	// Lenient decoding: the processor may add fields to its events.
+	var ev processor.Event
+	if err := json.Unmarshal(body, &ev); err != nil {
+		writeError(w, r, &bodyError{http.StatusBadRequest, CodeInvalidJSON, "Invalid JSON body", err})
+		return
+	}
+	if ev.ID == "" || ev.Type == "" {
+		writeError(w, r, &bodyError{http.StatusBadRequest, CodeInvalidJSON, "Invalid JSON body", errors.New("an event needs an id and a type")})
+		return
+	}
+	result, err := a.payments.HandleProcessorEvent(r.Context(), ev)
+	if err != nil {
+		writeError(w, r, readError(err))
+		return
+	}
+	writeJSON(w, http.StatusOK, webhookResponse{Received: true, EventID: ev.ID, Result: string(result)})
+}

@@ -1,0 +1,52 @@
+// Package outbox owns the transactional outbox (M2): Write adds an event
+// in the transaction of the business change it announces, and the Relay
+// publishes committed rows to NATS JetStream with the row's id as the
+// message id (Nats-Msg-Id), then marks them published.
+//
+// Delivery is at least once. A relay that dies after the broker
+// acknowledged a publish and before it marked the row publishes the row
+// again once its claim expires: JetStream drops the second copy when it
+// arrives within the stream's duplicates window, and a consumer's inbox
+// drops it when it arrives later.
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemref/payments/internal/db"
+	"github.com/idemref/payments/internal/db/dbsqlc"
+	"github.com/idemref/payments/internal/events"
+)
+
+// Write adds an event of eventType with data to the outbox in tx, the
+// transaction that makes the change the event announces: the event exists
+// exactly when the change committed. It returns the event's id.
+func Write(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, eventType string, data any) (uuid.UUID, error) {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return uuid.Nil, err
+	}
+	raw, err := json.Marshal(data)
+	if err != nil {
+		return uuid.Nil, err
+	}
+	payload, err := json.Marshal(events.Envelope{
+		ID: id, Type: eventType, SchemaVersion: events.SchemaVersion,
+		OccurredAt: time.Now().UTC(), TenantID: tenantID, Data: raw,
+	})
+	if err != nil {
+		return uuid.Nil, err
+	}
+	// Nothing waits on the insert's result: it travels to the server with
+	// the transaction's next statement (db.Deferred), and a failure of it
+	// aborts the transaction there, before anything commits (P2).
+	return id, dbsqlc.New(db.Deferred(tx)).OutboxInsert(ctx, dbsqlc.OutboxInsertParams{
+		ID: id, TenantID: tenantID, Subject: events.Subject(eventType), EventType: eventType,
+		SchemaVersion: events.SchemaVersion, Payload: payload,
+	})
+}

@@ -1,0 +1,240 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemref/payments/internal/db/dbsqlc"
+	"github.com/idemref/payments/internal/failpoint"
+)
+
+// Defaults for RelayConfig.
+const (
+	DefaultBatch          = 100
+	DefaultClaimHold      = 30 * time.Second
+	DefaultPollInterval   = time.Second
+	DefaultPublishTimeout = 5 * time.Second
+)
+
+// channel is the LISTEN/NOTIFY channel the outbox trigger notifies.
+const channel = "outbox"
+
+// heldBackRetry is how soon a relay looks again when rows are waiting that
+// it could not claim: held back by the snapshot guard (an older
+// transaction, anywhere in the cluster, is still running) or claimed by
+// another relay. Their release sends no notification.
+const heldBackRetry = 100 * time.Millisecond
+
+// RelayConfig tunes a Relay; zero fields take the defaults.
+type RelayConfig struct {
+	// Batch is the most rows one claim takes.
+	Batch int
+	// ClaimHold is how long claimed rows are kept from other relays. It
+	// must exceed a batch's publishing time; a relay that dies leaves its
+	// rows to the others after it. The stream's duplicates window must be
+	// longer than ClaimHold plus PublishTimeout, so that the republish of
+	// a row whose mark was lost still lands within it.
+	ClaimHold time.Duration
+	// PollInterval is how often the relay looks without a notification:
+	// the fallback when a NOTIFY was missed (its connection was down).
+	PollInterval time.Duration
+	// PublishTimeout bounds the wait for one publish acknowledgement.
+	PublishTimeout time.Duration
+	Logger         *slog.Logger
+}
+
+// Relay publishes outbox rows to JetStream. Any number may run, in one
+// process or many: claims skip each other's rows.
+type Relay struct {
+	pool *pgxpool.Pool
+	js   jetstream.JetStream
+	cfg  RelayConfig
+	log  *slog.Logger
+}
+
+// NewRelay returns a relay publishing pool's outbox through js.
+func NewRelay(pool *pgxpool.Pool, js jetstream.JetStream, cfg RelayConfig) *Relay {
+	if cfg.Batch <= 0 {
+		cfg.Batch = DefaultBatch
+	}
+	if cfg.ClaimHold <= 0 {
+		cfg.ClaimHold = DefaultClaimHold
+	}
+	if cfg.PollInterval <= 0 {
+		cfg.PollInterval = DefaultPollInterval
+	}
+	if cfg.PublishTimeout <= 0 {
+		cfg.PublishTimeout = DefaultPublishTimeout
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Relay{pool: pool, js: js, cfg: cfg, log: log}
+}
+
+// Run relays until ctx is done: it drains the outbox, then waits for a
+// notification or the poll interval, and again.
+func (r *Relay) Run(ctx context.Context) {
+	for ctx.Err() == nil {
+		r.listen(ctx)
+		if ctx.Err() == nil {
+			// The listening connection failed: poll until it is back.
+			if r.drain(ctx) {
+				sleep(ctx, heldBackRetry)
+			} else {
+				sleep(ctx, r.cfg.PollInterval)
+			}
+		}
+	}
+}
+
+// listen holds one connection that LISTENs, and drains the outbox on every
+// notification and every poll interval until ctx is done or the
+// connection fails.
+func (r *Relay) listen(ctx context.Context) {
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		r.log.WarnContext(ctx, "relay: acquire a connection to listen", slog.Any("error", err))
+		return
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "LISTEN "+channel); err != nil {
+		r.log.WarnContext(ctx, "relay: listen", slog.Any("error", err))
+		return
+	}
+	// A connection that listened goes back to the pool unlistened, so no
+	// other user of it gets notifications it does not expect.
+	defer func() { _, _ = conn.Exec(context.WithoutCancel(ctx), "UNLISTEN "+channel) }()
+	for {
+		// Listening first, draining second: a row committed meanwhile
+		// either is seen by this drain or notifies the wait below.
+		timeout := r.cfg.PollInterval
+		if r.drain(ctx) {
+			timeout = min(timeout, heldBackRetry)
+		}
+		wait, cancel := context.WithTimeout(ctx, timeout)
+		_, err := conn.Conn().WaitForNotification(wait)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil && !errors.Is(err, context.DeadlineExceeded):
+			r.log.WarnContext(ctx, "relay: wait for a notification", slog.Any("error", err))
+			return
+		}
+	}
+}
+
+// drain relays batches until the outbox has nothing claimable. It reports
+// whether unpublished rows remain that it could not claim.
+func (r *Relay) drain(ctx context.Context) (pending bool) {
+	for ctx.Err() == nil {
+		n, err := r.RelayOnce(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				r.log.WarnContext(ctx, "relay: publish batch", slog.Any("error", err))
+			}
+			return true
+		}
+		if n < r.cfg.Batch {
+			return r.observeLag(ctx)
+		}
+	}
+	return false
+}
+
+// RelayOnce claims one batch, publishes it in seq order, waiting for each
+// acknowledgement, and marks what was acknowledged published. It returns
+// how many rows it published.
+func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
+	q := dbsqlc.New(r.pool)
+	rows, err := q.OutboxClaim(ctx, dbsqlc.OutboxClaimParams{HoldSeconds: r.cfg.ClaimHold.Seconds(), MaxRows: int32(r.cfg.Batch)})
+	if err != nil || len(rows) == 0 {
+		return 0, err
+	}
+	// RETURNING gives no order; publish in the outbox's.
+	slices.SortFunc(rows, func(a, b dbsqlc.OutboxClaimRow) int { return cmp.Compare(*a.Seq, *b.Seq) })
+	acked := make([]uuid.UUID, 0, len(rows))
+	var pubErr error
+	for _, row := range rows {
+		if pubErr = r.publish(ctx, row); pubErr != nil {
+			break
+		}
+		acked = append(acked, row.ID)
+	}
+	// The broker has the messages; the rows do not say so yet. A crash
+	// here publishes them again after ClaimHold (test: relay killed after
+	// publish).
+	failpoint.Inject("relay-after-publish")
+	ctx = context.WithoutCancel(ctx) // what the broker acknowledged is recorded even while stopping
+	if len(acked) > 0 {
+		if _, err := q.OutboxMarkPublished(ctx, acked); err != nil {
+			return 0, err
+		}
+	}
+	if pubErr != nil {
+		publishErrorsTotal.Inc()
+		if err := q.OutboxRelease(ctx, ids(rows[len(acked):])); err != nil {
+			r.log.WarnContext(ctx, "relay: release unpublished rows", slog.Any("error", err))
+		}
+		return len(acked), pubErr
+	}
+	return len(acked), nil
+}
+
+// publish sends one row and waits for the stream's acknowledgement. The
+// message id is the outbox id, so the stream drops a second publish of the
+// row within its duplicates window.
+func (r *Relay) publish(ctx context.Context, row dbsqlc.OutboxClaimRow) error {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+	defer cancel()
+	msg := &nats.Msg{Subject: row.Subject, Data: row.Payload, Header: nats.Header{}}
+	msg.Header.Set("Event-Type", row.EventType)
+	ack, err := r.js.PublishMsg(ctx, msg, jetstream.WithMsgID(row.ID.String()))
+	if err != nil {
+		return err
+	}
+	if ack.Duplicate {
+		duplicatesDroppedTotal.Inc()
+	}
+	publishedTotal.Inc()
+	return nil
+}
+
+// observeLag updates the lag gauges and reports whether rows are waiting.
+func (r *Relay) observeLag(ctx context.Context) bool {
+	lag, err := dbsqlc.New(r.pool).OutboxLag(ctx)
+	if err != nil {
+		return false
+	}
+	unpublishedRows.Set(float64(lag.Unpublished))
+	lagSeconds.Set(lag.OldestSeconds)
+	return lag.Unpublished > 0
+}
+
+func ids(rows []dbsqlc.OutboxClaimRow) []uuid.UUID {
+	out := make([]uuid.UUID, len(rows))
+	for i, r := range rows {
+		out[i] = r.ID
+	}
+	return out
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}

@@ -1,0 +1,187 @@
+package outbox_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemref/payments/internal/broker"
+	"github.com/idemref/payments/internal/events"
+	"github.com/idemref/payments/internal/outbox"
+	"github.com/idemref/payments/internal/tenants"
+	"github.com/idemref/payments/internal/testdb"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+type fixture struct {
+	pool   *pgxpool.Pool
+	js     jetstream.JetStream
+	tenant uuid.UUID
+}
+
+// setup gives a test its own database and its own embedded JetStream with
+// the streams created.
+func setup(t *testing.T) fixture {
+	t.Helper()
+	pool, _ := testdb.NewPool(t)
+	ns, err := broker.StartEmbedded(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ns.Shutdown)
+	nc, js, err := broker.Connect(ns.URL(), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	if err := broker.Ensure(t.Context(), js, broker.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	tenant, _, err := tenants.Create(t.Context(), pool, "outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fixture{pool: pool, js: js, tenant: tenant}
+}
+
+// streamIDs returns the Nats-Msg-Id of every message on the events
+// stream, in stream order.
+func (f fixture) streamIDs(t *testing.T) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	s, err := f.js.Stream(ctx, broker.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for seq := info.State.FirstSeq; info.State.Msgs > 0 && seq <= info.State.LastSeq; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, m.Header.Get("Nats-Msg-Id"))
+	}
+	return ids
+}
+
+// write commits one event in its own transaction and returns its id.
+func (f fixture) write(t *testing.T) uuid.UUID {
+	t.Helper()
+	tx, err := f.pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.WithoutCancel(t.Context()))
+	id, err := outbox.Write(t.Context(), tx, f.tenant, events.TypePaymentSucceeded, events.Payment{Amount: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// M2: the relay never publishes past a transaction still in flight. A
+// transaction that wrote its row first (lower seq) but has not committed
+// holds back the row of a later transaction that did commit; once it
+// commits, both go out in seq order. Without the snapshot guard the later
+// row is published first and a reader following the outbox by position
+// would step over the earlier one.
+func TestRelayWaitsForTransactionsInFlight(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	relay := outbox.NewRelay(f.pool, f.js, outbox.RelayConfig{})
+
+	slow, err := f.pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Rollback(context.WithoutCancel(t.Context()))
+	first, err := outbox.Write(t.Context(), slow, f.tenant, events.TypePaymentSucceeded, events.Payment{Amount: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := f.write(t)
+
+	n, err := relay.RelayOnce(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Fatalf("published %d rows while an earlier transaction was in flight, want 0 (stream: %v)", n, f.streamIDs(t))
+	}
+	if err := slow.Commit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	// Transaction ids are cluster-wide: a transaction of another test may
+	// hold the guard back a moment longer, never past its own end.
+	published := 0
+	waitFor(t, func() bool {
+		n, err := relay.RelayOnce(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		published += n
+		return published >= 2
+	})
+	if published != 2 {
+		t.Fatalf("after the commit: published %d, want 2", published)
+	}
+	got := f.streamIDs(t)
+	if len(got) != 2 || got[0] != first.String() || got[1] != second.String() {
+		t.Errorf("stream = %v, want [%s %s] (seq order)", got, first, second)
+	}
+	if n, err := relay.RelayOnce(t.Context()); err != nil || n != 0 {
+		t.Errorf("a third pass published %d, %v; want 0: every row is marked", n, err)
+	}
+}
+
+// The relay wakes on the outbox's NOTIFY: with polling set to a minute, a
+// committed row is on the stream within seconds.
+func TestRelayWakesOnNotify(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	relay := outbox.NewRelay(f.pool, f.js, outbox.RelayConfig{PollInterval: time.Minute})
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		relay.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	// The first row may be found by the relay's first drain; once it is on
+	// the stream the relay waits for a notification, and only the NOTIFY
+	// of the second row's commit can wake it within the minute.
+	first := f.write(t)
+	waitFor(t, func() bool { return len(f.streamIDs(t)) == 1 })
+	second := f.write(t)
+	waitFor(t, func() bool { return len(f.streamIDs(t)) == 2 })
+	if ids := f.streamIDs(t); ids[0] != first.String() || ids[1] != second.String() {
+		t.Errorf("stream = %v, want [%s %s]", ids, first, second)
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,124 @@
+package payments
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemref/payments/internal/db"
+	"github.com/idemref/payments/internal/db/dbsqlc"
+	"github.com/idemref/payments/internal/inbox"
+	"github.com/idemref/payments/internal/processor"
+)
+
+// Processor webhooks (M1, M4).
+//
+// The processor tells us about charges at least once, in any order. Each
+// event's id (assigned by the processor, the same on every delivery) goes
+// into the inbox in the transaction that applies the event, so a
+// redelivery is skipped. The effects:
+//
+//   - charge.succeeded for a payment still at created or charge_sent
+//     confirms it: the payment succeeds with that charge and its
+//     payment.succeeded event goes to the outbox. The key is left to the
+//     attempt that holds it (or the completer): it finds the payment
+//     settled and records the response without calling the processor.
+//   - charge.succeeded for a charge the payment does not know (it
+//     succeeded with another charge, or was declined or failed): a late
+//     duplicate. The sweep is made due at once and refunds it, the same
+//     compensation it makes for a duplicate it finds itself.
+//   - charge.succeeded for the payment's own charge, charge.failed and
+//     charge.refunded: recorded, no effect. Failures are left to the
+//     lookup, which sees every charge under the key (S6), and refunds are
+//     ours to begin with.
+//
+// Who wins a race. The webhook, the attempt's record of its charge (after
+// the call or a lookup) and the sweep all take the payment's row lock, and
+// only a payment not yet settled can be settled: whichever of webhook and
+// attempt commits first settles the payment and writes its one event; the
+// other finds it settled, and if its charge is another one, hands that
+// charge to the sweep. The sweep only ever looks at settled payments, so
+// it runs after both and refunds every succeeded charge but the recorded
+// one. One charge is kept, one event written, whatever the order.
+
+// Inbox names of processor webhooks.
+const (
+	webhookConsumer = "processor-webhooks"
+	webhookSource   = "processor"
+)
+
+// WebhookResult says what an event did.
+type WebhookResult string
+
+// Webhook results.
+const (
+	// WebhookDuplicate: the event was processed before; nothing done.
+	WebhookDuplicate WebhookResult = "duplicate"
+	// WebhookConfirmed: the event confirmed an unsettled payment.
+	WebhookConfirmed WebhookResult = "confirmed"
+	// WebhookCompensating: the charge is unknown to its payment; the sweep
+	// refunds it.
+	WebhookCompensating WebhookResult = "compensating"
+	// WebhookRecorded: recorded, no effect.
+	WebhookRecorded WebhookResult = "recorded"
+)
+
+// HandleProcessorEvent applies a verified webhook event in one
+// transaction with its inbox row. The caller answers 2xx only after it
+// returned without error: the transaction has committed.
+func (s *Service) HandleProcessorEvent(ctx context.Context, ev processor.Event) (WebhookResult, error) {
+	result := WebhookRecorded
+	err := db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
+		result = WebhookRecorded
+		fresh, err := inbox.Record(ctx, tx, webhookConsumer, webhookSource, ev.ID)
+		if err != nil {
+			return err
+		}
+		if !fresh {
+			result = WebhookDuplicate
+			return nil
+		}
+		if ev.Type != processor.EventChargeSucceeded || ev.Data.Object.Status != processor.StatusSucceeded {
+			return nil
+		}
+		result, err = s.chargeSucceeded(ctx, tx, ev.Data.Object)
+		return err
+	})
+	if err != nil {
+		return "", err
+	}
+	webhookEventsTotal.WithLabelValues(ev.Type, string(result)).Inc()
+	return result, nil
+}
+
+func (s *Service) chargeSucceeded(ctx context.Context, tx pgx.Tx, ch processor.Charge) (WebhookResult, error) {
+	q := dbsqlc.New(tx)
+	cur, err := q.PaymentGetByChargeKeyForUpdate(ctx, ch.IdempotencyKey)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Not a charge of ours (or of a payment pruned long ago).
+		s.log.WarnContext(ctx, "webhook: a charge no payment made", slog.String("charge_id", ch.ID))
+		return WebhookRecorded, nil
+	}
+	if err != nil {
+		return "", err
+	}
+	switch {
+	case !paymentFrom(cur).Settled():
+		p, err := q.PaymentFinish(ctx, dbsqlc.PaymentFinishParams{
+			TenantID: cur.TenantID, ID: cur.ID, Status: StatusSucceeded, ChargeID: &ch.ID,
+			SweepDelaySeconds: s.sweepDelay().Seconds(),
+		})
+		if err != nil {
+			return "", err
+		}
+		return WebhookConfirmed, writePaymentEvent(ctx, tx, p)
+	case cur.Status == StatusSucceeded && cur.ChargeID != nil && *cur.ChargeID == ch.ID:
+		return WebhookRecorded, nil
+	default:
+		s.log.WarnContext(ctx, "webhook: a charge the payment does not know; the sweep refunds it",
+			slog.String("payment_id", cur.ID.String()), slog.String("charge_id", ch.ID), slog.String("payment_status", cur.Status))
+		return WebhookCompensating, q.PaymentSweepNow(ctx, dbsqlc.PaymentSweepNowParams{TenantID: cur.TenantID, ID: cur.ID})
+	}
+}
