@@ -1,9 +1,12 @@
 // Command api runs the payments API and its operator tasks:
 //
-//	api serve                  run the HTTP server (DATABASE_URL required)
+//	api serve                  run the HTTP server, the outbox relay and the
+//	                           orders consumer (DATABASE_URL and NATS_URL
+//	                           required)
 //	api dev                    development mode: a private PostgreSQL when
-//	                           DATABASE_URL is unset, migrations, a demo
-//	                           tenant and ready-to-paste curl commands
+//	                           DATABASE_URL is unset, an embedded NATS when
+//	                           NATS_URL is unset, migrations, a demo tenant
+//	                           and ready-to-paste curl commands
 //	api completer              finish abandoned payments and run the
 //	                           reconciliation sweep (also runs inside serve)
 //	api reap [--loop]          prune expired idempotency results to tombstones
@@ -31,8 +34,8 @@ import (
 )
 
 const usage = `usage:
-  api serve                 run the HTTP server
-  api dev                   development mode (private PostgreSQL when DATABASE_URL is unset)
+  api serve                 run the HTTP server, the outbox relay and the orders consumer (DATABASE_URL, NATS_URL)
+  api dev                   development mode (private PostgreSQL and embedded NATS when DATABASE_URL, NATS_URL are unset)
   api completer             finish abandoned payments, run the reconciliation sweep (serve also runs one)
   api reap [--loop]         prune expired idempotency keys once, or until SIGINT with --loop (serve also runs one)
   api migrate up            apply every database migration not yet applied
