@@ -45,7 +45,7 @@ func (a *api) createOrderBaseline(w http.ResponseWriter, r *http.Request) {
 		return err
 	})
 	if err != nil {
-		writeError(w, r, readError(err))
+		writeError(w, r, err)
 		return
 	}
 	res, err := encodeJSON(out.status, out.body, out.location)

@@ -108,7 +108,7 @@ func (a *api) updateOrder(w http.ResponseWriter, r *http.Request) {
 		return err
 	})
 	if err != nil {
-		writeError(w, r, readError(err))
+		writeError(w, r, err)
 		return
 	}
 	writeOrder(w, r, updated)

@@ -52,7 +52,7 @@ func (a *api) putCustomer(w http.ResponseWriter, r *http.Request) {
 	}
 	c, created, err := customers.Put(r.Context(), a.pool, tenantFrom(r.Context()), id, customers.Input(req))
 	if err != nil {
-		writeError(w, r, readError(err))
+		writeError(w, r, err)
 		return
 	}
 	status, location := http.StatusOK, ""
@@ -75,7 +75,7 @@ func (a *api) getCustomer(w http.ResponseWriter, r *http.Request) {
 	}
 	c, err := customers.Get(r.Context(), a.pool, tenantFrom(r.Context()), id)
 	if err != nil {
-		writeError(w, r, readError(err))
+		writeError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, toCustomerJSON(c))

@@ -53,7 +53,7 @@ func idempotent[T any, PT interface {
 			out, err := op(ctx, tx, claim.TenantID, req)
 			if err != nil {
 				p := problemFor(err)
-				if p.Status >= 500 {
+				if !p.recorded() {
 					return idem.Response{}, err // roll back, record nothing (O2)
 				}
 				logProblem(ctx, p, err)

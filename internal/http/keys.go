@@ -60,7 +60,7 @@ func (a *api) getKeyStatus(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		writeError(w, r, readError(err))
+		writeError(w, r, err)
 		return
 	}
 	out := keyStatusJSON{

@@ -167,7 +167,7 @@ func (a *api) authenticate(next http.Handler) http.Handler {
 			writeError(w, r, err)
 			return
 		case err != nil:
-			writeError(w, r, errors.Join(errUnavailable, err))
+			writeError(w, r, err)
 			return
 		}
 		ctx := context.WithValue(r.Context(), ctxTenant, tenantID)

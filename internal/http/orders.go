@@ -86,7 +86,7 @@ func (a *api) getOrder(w http.ResponseWriter, r *http.Request) {
 	}
 	o, err := orders.Get(r.Context(), a.pool, tenantFrom(r.Context()), id)
 	if err != nil {
-		writeError(w, r, readError(err))
+		writeError(w, r, err)
 		return
 	}
 	writeOrder(w, r, o)
@@ -123,7 +123,7 @@ func (a *api) listOrders(w http.ResponseWriter, r *http.Request) {
 	}
 	page, err := orders.List(r.Context(), a.pool, tenantFrom(r.Context()), r.URL.Query().Get("cursor"), limit)
 	if err != nil {
-		writeError(w, r, readError(err))
+		writeError(w, r, err)
 		return
 	}
 	out := orderListJSON{Data: make([]orderJSON, 0, len(page.Orders))}

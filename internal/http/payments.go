@@ -135,8 +135,12 @@ func (Renderer) Refund(r payments.Refund) idem.Response {
 	return res
 }
 
-// Failure renders a deterministic failure as its problem.
-func (Renderer) Failure(err error) idem.Response { return problemFor(err).encode() }
+// Failure renders err as its problem, and says whether it is an outcome to
+// record (Problem.recorded: the same rule as the one-transaction path).
+func (Renderer) Failure(err error) (idem.Response, bool) {
+	p := problemFor(err)
+	return p.encode(), p.recorded()
+}
 
 func (a *api) createPayment(ctx context.Context, c idem.Claim, req *createPaymentRequest) (idem.Response, bool, error) {
 	return a.payments.Pay(ctx, c, payments.PayInput(*req))
@@ -161,7 +165,7 @@ func (a *api) getPayment(w http.ResponseWriter, r *http.Request) {
 	}
 	p, err := a.payments.Get(r.Context(), tenantFrom(r.Context()), id)
 	if err != nil {
-		writeError(w, r, readError(err))
+		writeError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, toPaymentJSON(p))
@@ -189,7 +193,7 @@ func (a *api) listPayments(w http.ResponseWriter, r *http.Request) {
 	}
 	page, err := a.payments.List(r.Context(), tenantFrom(r.Context()), orderID, r.URL.Query().Get("cursor"), limit)
 	if err != nil {
-		writeError(w, r, readError(err))
+		writeError(w, r, err)
 		return
 	}
 	out := paymentListJSON{Data: make([]paymentJSON, 0, len(page.Payments))}
@@ -216,7 +220,7 @@ func (a *api) getRefund(w http.ResponseWriter, r *http.Request) {
 	}
 	ref, err := a.payments.GetRefund(r.Context(), tenantFrom(r.Context()), paymentID, refundID)
 	if err != nil {
-		writeError(w, r, readError(err))
+		writeError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, toRefundJSON(ref))

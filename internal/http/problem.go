@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemref/payments/internal/cursor"
 	"github.com/idemref/payments/internal/customers"
+	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/orders"
 	"github.com/idemref/payments/internal/payments"
@@ -215,14 +216,9 @@ func problemFor(err error) Problem {
 			"The database does not answer; this instance cannot take traffic.")
 		p.header = map[string]string{"Retry-After": retryAfterSeconds}
 		return p
-	case errors.Is(err, errUnavailable):
+	case isUnavailable(err):
 		p := newProblem(http.StatusServiceUnavailable, CodeUnavailable, "Service unavailable",
 			"A temporary failure interrupted the request and nothing was recorded. Retry after the Retry-After delay; for a POST, with the same Idempotency-Key.")
-		p.header = map[string]string{"Retry-After": retryAfterSeconds}
-		return p
-	case errors.Is(err, idem.ErrUnavailable):
-		p := newProblem(http.StatusServiceUnavailable, CodeUnavailable, "Service unavailable",
-			"A temporary failure interrupted the request and no final outcome was recorded. Retry with the same Idempotency-Key.")
 		p.header = map[string]string{"Retry-After": retryAfterSeconds}
 		return p
 	}
@@ -237,9 +233,6 @@ var (
 	// errInvalidOrderFilter: GET /v1/payments?order_id= that is not an
 	// order id in canonical form.
 	errInvalidOrderFilter = errors.New("order_id must be an order id (a lowercase UUID)")
-	// errUnavailable marks a transient failure outside the idempotency layer
-	// (authentication, reads).
-	errUnavailable = errors.New("temporarily unavailable")
 	// errNotReady: /readyz found the database down.
 	errNotReady = errors.New("not ready")
 )
@@ -278,6 +271,22 @@ func logProblem(ctx context.Context, p Problem, err error) {
 		loggerFrom(ctx).ErrorContext(ctx, "request failed", slog.String("code", p.Code), slog.Any("error", err))
 	}
 }
+
+// isUnavailable is the one rule for "temporarily unavailable" (O2, L6): a
+// failure that says nothing about the request, the idempotency layer's
+// ErrUnavailable or any transient database error (db.IsTransient), from a
+// create, a read or authentication alike, is 503 with Retry-After, and is
+// never recorded (see Problem.recorded).
+func isUnavailable(err error) bool {
+	return errors.Is(err, idem.ErrUnavailable) || db.IsTransient(err)
+}
+
+// recorded is the one rule for which answers an idempotency record keeps
+// (O1, O2), in both paths (idempotent, and payments through
+// Renderer.Failure): a 4xx that the request's own operation returned is
+// its deterministic outcome, recorded and replayed; a 5xx (unavailable,
+// internal) rolls back and is never recorded, so the retry runs again.
+func (p Problem) recorded() bool { return p.Status < 500 }
 
 func writeResponse(w http.ResponseWriter, res idem.Response) {
 	for k, v := range res.Header {

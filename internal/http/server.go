@@ -12,7 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idemref/payments/internal/apidocs"
-	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/tenants"
@@ -167,12 +166,4 @@ func allowedMethods(idx *chi.Mux, path string) string {
 		}
 	}
 	return strings.Join(allowed, ", ")
-}
-
-// readError maps a failed read: transient database errors are 503.
-func readError(err error) error {
-	if db.IsTransient(err) {
-		return errors.Join(errUnavailable, err)
-	}
-	return err
 }

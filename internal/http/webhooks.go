@@ -61,7 +61,7 @@ func (a *api) processorWebhook(w http.ResponseWriter, r *http.Request) {
 	}
 	result, err := a.payments.HandleProcessorEvent(r.Context(), ev)
 	if err != nil {
-		writeError(w, r, readError(err))
+		writeError(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, webhookResponse{Received: true, EventID: ev.ID, Result: string(result)})

@@ -165,7 +165,8 @@ func (s *Service) recordCharge(ctx context.Context, tx pgx.Tx, l *idem.Lease, o 
 		if err := writePaymentEvent(ctx, tx, p); err != nil {
 			return idem.Step{}, err
 		}
-		res := s.render.Failure(&DeclinedError{PaymentID: p.ID, DeclineCode: code})
+		// A processor's final answer is an outcome: always recorded.
+		res, _ := s.render.Failure(&DeclinedError{PaymentID: p.ID, DeclineCode: code})
 		return idem.Step{Response: &res}, nil
 	case o.rejected != nil:
 		finish.Status, finish.FailureMessage = StatusFailed, &o.rejected.Message
@@ -176,7 +177,8 @@ func (s *Service) recordCharge(ctx context.Context, tx pgx.Tx, l *idem.Lease, o 
 		if err := writePaymentEvent(ctx, tx, p); err != nil {
 			return idem.Step{}, err
 		}
-		res := s.render.Failure(&ProcessorRejectedError{Code: o.rejected.Code, Message: o.rejected.Message})
+		// A processor's final answer is an outcome: always recorded.
+		res, _ := s.render.Failure(&ProcessorRejectedError{Code: o.rejected.Code, Message: o.rejected.Message})
 		return idem.Step{Response: &res}, nil
 	}
 	finish.Status, finish.ChargeID = StatusSucceeded, &o.charge.ID
@@ -215,13 +217,15 @@ func (s *Service) recordSettled(ctx context.Context, q *dbsqlc.Queries, cur dbsq
 	case StatusSucceeded:
 		res = s.render.Payment(p)
 	case StatusDeclined:
-		res = s.render.Failure(&DeclinedError{PaymentID: p.ID, DeclineCode: p.DeclineCode})
+		// A processor's final answer is an outcome: always recorded.
+		res, _ = s.render.Failure(&DeclinedError{PaymentID: p.ID, DeclineCode: p.DeclineCode})
 	default:
 		msg := ""
 		if cur.FailureMessage != nil {
 			msg = *cur.FailureMessage
 		}
-		res = s.render.Failure(&ProcessorRejectedError{Message: msg})
+		// A processor's final answer is an outcome: always recorded.
+		res, _ = s.render.Failure(&ProcessorRejectedError{Message: msg})
 	}
 	return idem.Step{Response: &res}, nil
 }

@@ -110,17 +110,3 @@ func createRefund(ctx context.Context, tx pgx.Tx, c idem.Claim, paymentID uuid.U
 		RefundKey: idem.DeriveKey(c, stepRefund),
 	})
 }
-
-// isDeterministic reports whether err is a failure of the request itself,
-// recorded and replayed (O1), rather than a transient one.
-func isDeterministic(err error) bool {
-	var (
-		invalid  *validation.Error
-		mismatch *AmountMismatchError
-		exists   *PaymentExistsError
-		exceeds  *RefundExceedsError
-	)
-	return errors.As(err, &invalid) || errors.As(err, &mismatch) || errors.As(err, &exists) ||
-		errors.As(err, &exceeds) || errors.Is(err, ErrOrderNotFound) || errors.Is(err, ErrNotFound) ||
-		errors.Is(err, ErrNotRefundable)
-}

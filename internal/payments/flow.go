@@ -2,14 +2,12 @@ package payments
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/db/dbsqlc"
 	"github.com/idemref/payments/internal/failpoint"
 	"github.com/idemref/payments/internal/idem"
@@ -67,13 +65,13 @@ func (s *Service) run(ctx context.Context, c idem.Claim, created string, create 
 	return res, false, err
 }
 
-// failureStep completes the key with a deterministic failure, or passes a
-// transient error on (rolling back the claim).
+// failureStep completes the key with a failure the renderer says is
+// recorded (deterministic), or passes the error on, rolling the claim back.
 func (s *Service) failureStep(err error) (idem.Step, error) {
-	if !isDeterministic(err) {
+	res, recorded := s.render.Failure(err)
+	if !recorded {
 		return idem.Step{}, err
 	}
-	res := s.render.Failure(err)
 	return idem.Step{Response: &res}, nil
 }
 
@@ -153,9 +151,6 @@ func (s *Service) resume(ctx context.Context, l *idem.Lease) (_ idem.Response, e
 func (s *Service) release(ctx context.Context, l *idem.Lease, cause error) error {
 	if err := s.store.Release(ctx, *l, RetryAfter(cause)); err != nil {
 		s.log.WarnContext(ctx, "release idempotency key", slog.Any("error", err))
-	}
-	if db.IsTransient(cause) && !errors.Is(cause, idem.ErrUnavailable) {
-		return fmt.Errorf("%w: %w", idem.ErrUnavailable, cause)
 	}
 	return cause
 }

@@ -203,7 +203,10 @@ func (e *RefundExceedsError) Error() string {
 type Renderer interface {
 	Payment(Payment) idem.Response
 	Refund(Refund) idem.Response
-	Failure(error) idem.Response
+	// Failure renders a failure, and says whether it is an outcome the key
+	// records (deterministic) or one that rolls back (transient). The
+	// HTTP layer owns that rule, for both paths.
+	Failure(error) (res idem.Response, recorded bool)
 }
 
 // DefaultSettleWindow is Config.SettleWindow's default: comfortably above

@@ -116,7 +116,8 @@ func (s *Service) recordRefund(ctx context.Context, tx pgx.Tx, l *idem.Lease, o 
 		if _, err := q.RefundFinish(ctx, finish); err != nil {
 			return idem.Step{}, err
 		}
-		res := s.render.Failure(&ProcessorRejectedError{Code: o.rejected.Code, Message: o.rejected.Message})
+		// A processor's final answer is an outcome: always recorded.
+		res, _ := s.render.Failure(&ProcessorRejectedError{Code: o.rejected.Code, Message: o.rejected.Message})
 		return idem.Step{Response: &res}, nil
 	}
 	finish.Status, finish.ProcessorRefundID = RefundStatusSucceeded, &o.refund.ID
