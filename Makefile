@@ -6,13 +6,19 @@ OAPI := $(GO) run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@v2.8.
 BIN  := bin
 
 .DEFAULT_GOAL := help
-.PHONY: help run test bench loadtest loadtest-smoke fuzz fuzz-ci generate verify lint build migrate-new
+.PHONY: help run reset test bench loadtest loadtest-smoke fuzz fuzz-ci generate verify lint build migrate-new
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 run: ## Run the API locally: private PostgreSQL (unless DATABASE_URL is set), demo tenant, curl examples
-	$(GO) run ./cmd/api dev
+	@# The binary runs in make's place (exec), not under go run: Ctrl-C stops
+	@# it cleanly and make reports no error.
+	$(GO) build -o $(BIN)/api ./cmd/api
+	exec ./$(BIN)/api dev
+
+reset: ## Forget the development state: the private PostgreSQL, the broker's storage and the demo key (.dev/)
+	rm -rf .dev
 
 test: ## Run every test on a real PostgreSQL (a throwaway cluster unless TEST_DATABASE_URL is set)
 	$(GO) test -count=1 ./...

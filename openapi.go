@@ -5,7 +5,10 @@
 // answered by replaying the recorded response byte for byte.
 package payments
 
-import _ "embed"
+import (
+	_ "embed"
+	"strings"
+)
 
 // OpenAPI is the OpenAPI 3.1 description of the API (openapi.yaml), served
 // unauthenticated at GET /openapi.yaml. It is the authoritative statement of
@@ -14,3 +17,18 @@ import _ "embed"
 //
 //go:embed openapi.yaml
 var OpenAPI []byte
+
+//go:embed README.md
+var readme string
+
+// Configuration is the README's configuration table, every environment
+// variable with its default and meaning: `api help` prints it, so the help
+// and the README cannot disagree.
+func Configuration() string {
+	_, rest, ok := strings.Cut(readme, "\n## Configuration\n")
+	if !ok {
+		return ""
+	}
+	section, _, _ := strings.Cut(rest, "\n## ")
+	return strings.TrimSpace(section) + "\n"
+}

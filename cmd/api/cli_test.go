@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	payments "github.com/idemref/payments"
 	"github.com/idemref/payments/internal/dbmigrate"
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/testdb"
@@ -272,5 +274,39 @@ func TestHelp(t *testing.T) {
 		if !strings.Contains(stdout.String(), "api migrate down N") {
 			t.Errorf("api %v printed %q, want the usage", args, stdout.String())
 		}
+	}
+}
+
+// The startup log names the database and the processor, never a password.
+func TestStartupLogHidesPasswords(t *testing.T) {
+	t.Parallel()
+	if got := databaseTarget("postgres://app:s3cret@db.internal:6432/payments?sslmode=disable"); got != "db.internal:6432/payments" {
+		t.Errorf("databaseTarget = %q, want db.internal:6432/payments", got)
+	}
+	if got := redactURL("nats://user:s3cret@broker:4222"); strings.Contains(got, "s3cret") {
+		t.Errorf("redactURL = %q, leaks the password", got)
+	}
+}
+
+// Every environment variable the configuration reads is in the README's
+// table, which api help prints: the two cannot drift apart.
+func TestEveryVariableIsDocumented(t *testing.T) {
+	t.Parallel()
+	src, err := os.ReadFile("config.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Names are read as getenv("NAME") or listed as {"NAME", &cfg..., default}.
+	re := regexp.MustCompile(`(?:getenv\("|\{")([A-Z][A-Z0-9_]+)"`)
+	table := payments.Configuration()
+	var names []string
+	for _, m := range re.FindAllStringSubmatch(string(src), -1) {
+		names = append(names, m[1])
+		if !strings.Contains(table, "| `"+m[1]+"` |") {
+			t.Errorf("%s is read by config.go but has no row in the README's configuration table (api help prints it)", m[1])
+		}
+	}
+	if len(names) < 20 {
+		t.Fatalf("found only %d variables in config.go: the pattern no longer matches how it reads them", len(names))
 	}
 }

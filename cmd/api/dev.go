@@ -7,11 +7,13 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/nats-io/nats.go"
 
@@ -30,6 +32,10 @@ const devDataDir = ".dev/postgres"
 // devNatsDir holds the embedded NATS server's JetStream storage (git-ignored).
 const devNatsDir = ".dev/nats"
 
+// devKeyFile keeps the demo tenant's API key between runs (git-ignored):
+// keys are stored hashed, so a key not kept here could never be shown again.
+const devKeyFile = ".dev/demo-api-key"
+
 // devWebhookSecret signs the simulator's webhooks in development mode.
 const devWebhookSecret = "whsec_dev"
 
@@ -38,6 +44,7 @@ const devWebhookSecret = "whsec_dev"
 // time only) and stops it on exit. Then it migrates, creates a demo tenant,
 // prints ready-to-paste curl commands and serves.
 func dev(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer) error {
+	ownCluster := false
 	if cfg.DatabaseURL == "" {
 		if _, err := pgtmp.FindBinDir(); err != nil {
 			return err
@@ -59,6 +66,7 @@ func dev(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer)
 			return err
 		}
 		cfg.DatabaseURL = cluster.URL("payments")
+		ownCluster = true
 		logger.Info("development PostgreSQL running", slog.String("data_dir", devDataDir), slog.Int("port", cluster.Port()))
 	}
 	if cfg.NatsURL == "" {
@@ -105,18 +113,69 @@ func dev(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer)
 	if err != nil {
 		return err
 	}
-	_, key, err := tenants.Create(ctx, pool, "demo")
+	key, created, err := demoKey(ctx, pool)
 	pool.Close()
 	if err != nil {
 		return err
+	}
+	psql := ""
+	if ownCluster {
+		// Only the private cluster's URL: one given in DATABASE_URL may
+		// carry a password.
+		psql = cfg.DatabaseURL
 	}
 	return serve(ctx, cfg, logger, func(addr string) {
 		if sim != nil {
 			// The simulator's webhooks go to this API, signed with its secret.
 			sim.Simulator.SetWebhooks(processorsim.WebhookConfig{URL: "http://" + loopback(addr) + "/v1/webhooks/processor", Secrets: cfg.WebhookSecrets})
 		}
-		fmt.Fprint(stdout, devBanner(addr, key, cfg.ProcessorURL, cfg.NatsURL))
+		fmt.Fprint(stdout, devBanner(addr, key, created, psql, cfg.ProcessorURL, cfg.NatsURL))
 	})
+}
+
+// demoKey returns the demo tenant's API key: the one kept in devKeyFile
+// while it still authenticates, or a new tenant's (created reports which).
+func demoKey(ctx context.Context, pool *pgxpool.Pool) (key string, created bool, err error) {
+	if b, err := os.ReadFile(devKeyFile); err == nil {
+		key = strings.TrimSpace(string(b))
+		if _, err := tenants.Authenticate(ctx, pool, key); err == nil {
+			return key, false, nil
+		}
+	}
+	// No kept key, or one for a database that was reset: a new tenant. Its
+	// name is unique, so the first free "demo", "demo 2", ...
+	name := "demo"
+	for i := 2; ; i++ {
+		_, key, err = tenants.Create(ctx, pool, name)
+		if !errors.Is(err, tenants.ErrNameTaken) {
+			break
+		}
+		name = fmt.Sprintf("demo %d", i)
+	}
+	if err != nil {
+		return "", false, err
+	}
+	if err := os.MkdirAll(filepath.Dir(devKeyFile), 0o700); err != nil {
+		return "", false, err
+	}
+	if err := os.WriteFile(devKeyFile, []byte(key+"\n"), 0o600); err != nil {
+		return "", false, err
+	}
+	return key, true, nil
+}
+
+func tenantLine(created bool) string {
+	if created {
+		return "A demo tenant was created (its key is kept in " + devKeyFile + "; make reset starts over). Paste these two lines first:"
+	}
+	return "The demo tenant of earlier runs (its key is kept in " + devKeyFile + "; make reset starts over). Paste these two lines first:"
+}
+
+func psqlLine(url string) string {
+	if url == "" {
+		return "Look at the rows: psql \"$DATABASE_URL\""
+	}
+	return "Look at the rows: psql '" + url + "'   (e.g. SELECT idem_key, state, response_status FROM idempotency_keys;)"
 }
 
 // ensureDatabase creates database name unless it exists.
@@ -143,7 +202,7 @@ func loopback(addr string) string {
 	return net.JoinHostPort(host, port)
 }
 
-func devBanner(addr, key, processorURL, natsURL string) string {
+func devBanner(addr, key string, created bool, psql, processorURL, natsURL string) string {
 	base := "http://" + loopback(addr)
 	auth := `-H "Authorization: Bearer $API_KEY" -H 'Content-Type: application/json'`
 	post := func(path, key, body string) string {
@@ -163,11 +222,12 @@ func devBanner(addr, key, processorURL, natsURL string) string {
 		"Payments API (development mode) on " + base,
 		"API reference in your browser: " + base + "/docs (the contract itself: " + base + "/openapi.yaml)",
 		"Processor simulator on " + processorURL + " (see its calls: curl " + processorURL + "/_sim/calls)",
-		"A demo tenant was created. Paste these two lines first:",
+		tenantLine(created),
 		"",
 		"  export API=" + base,
 		"  export API_KEY=" + key,
 		"",
+		psqlLine(psql),
 		"Create an order (201 Created):",
 		"  " + post("/v1/orders", "demo-create-1", order),
 		"Send the same request again: the stored 201 is replayed byte for byte, with Idempotent-Replayed: true:",

@@ -31,6 +31,8 @@ import (
 	"os/signal"
 	"strconv"
 	"syscall"
+
+	payments "github.com/idemref/payments"
 )
 
 const usage = `usage:
@@ -84,7 +86,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return errUsage
 	}
 	if wantsHelp(args) {
-		fmt.Fprint(stdout, usage)
+		fmt.Fprint(stdout, usage, "\nConfiguration comes from the environment:\n\n", payments.Configuration())
 		return nil
 	}
 	switch cmd, rest := args[0], args[1:]; {

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/jackc/pgx/v5"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -73,7 +75,9 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 		return fmt.Errorf("listen on %s: %w", cfg.Addr, err)
 	}
 	ln = newLimitListener(ln, cfg.MaxConnections)
-	logger.Info("listening", slog.String("addr", ln.Addr().String()), slog.Int("max_connections", cfg.MaxConnections))
+	logger.Info("listening", slog.String("addr", ln.Addr().String()), slog.Int("max_connections", cfg.MaxConnections),
+		slog.String("database", databaseTarget(cfg.DatabaseURL)), slog.String("processor", cfg.ProcessorURL),
+		slog.String("nats", redactURL(cfg.NatsURL)))
 	if ready != nil {
 		ready(ln.Addr().String())
 	}
@@ -226,4 +230,23 @@ func createTenant(ctx context.Context, databaseURL, name string, stdout io.Write
 	}
 	fmt.Fprintf(stdout, "tenant %s created (%s); its API key, shown only once:\n%s\n", name, id, key)
 	return nil
+}
+
+// databaseTarget is where DATABASE_URL points, for the startup log: host,
+// port and database, never the user's password.
+func databaseTarget(databaseURL string) string {
+	cfg, err := pgx.ParseConfig(databaseURL)
+	if err != nil {
+		return "(unparsable DATABASE_URL)"
+	}
+	return fmt.Sprintf("%s:%d/%s", cfg.Host, cfg.Port, cfg.Database)
+}
+
+// redactURL drops a URL's password.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return u.Redacted()
 }

@@ -36,7 +36,7 @@ func setup(t *testing.T) bundle {
 
 func newTenant(t *testing.T, tx pgx.Tx) uuid.UUID {
 	t.Helper()
-	id, _, err := tenants.Create(t.Context(), tx, "Acme")
+	id, _, err := tenants.Create(t.Context(), tx, "Acme "+uuid.NewString())
 	if err != nil {
 		t.Fatalf("create tenant: %v", err)
 	}

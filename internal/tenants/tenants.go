@@ -26,8 +26,12 @@ var ErrUnauthenticated = errors.New("missing or invalid API key")
 // keyPrefix starts every API key: sk_<tenant id as 32 hex>_<secret>.
 const keyPrefix = "sk_"
 
+// ErrNameTaken: another tenant has this name (names are unique).
+var ErrNameTaken = errors.New("a tenant with this name exists already")
+
 // Create makes a tenant and its first API key, and returns the tenant id and
-// the key. The key is shown this once; only its hash is stored.
+// the key. The key is shown this once; only its hash is stored. A name in
+// use is ErrNameTaken.
 func Create(ctx context.Context, pool db.Beginner, name string) (uuid.UUID, string, error) {
 	if strings.TrimSpace(name) == "" {
 		return uuid.Nil, "", errors.New("tenant name must not be empty")
@@ -49,6 +53,9 @@ func Create(ctx context.Context, pool db.Beginner, name string) (uuid.UUID, stri
 		}
 		return q.APIKeyCreate(ctx, dbsqlc.APIKeyCreateParams{TenantID: id, KeyHash: hash[:]})
 	})
+	if db.IsUniqueViolation(err, "tenants_name_key") {
+		return uuid.Nil, "", fmt.Errorf("%w: %q", ErrNameTaken, name)
+	}
 	if err != nil {
 		return uuid.Nil, "", fmt.Errorf("create tenant: %w", err)
 	}

@@ -23,6 +23,7 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 var keyPattern = regexp.MustCompile(`^sk_([0-9a-f]{32})_([A-Za-z0-9_-]{43})$`)
 
 type bundle struct {
+	name     string
 	tx       pgx.Tx
 	tenantID uuid.UUID
 	key      string
@@ -33,11 +34,13 @@ type bundle struct {
 func setup(t *testing.T) bundle {
 	t.Helper()
 	tx := testdb.Tx(t)
-	id, key, err := tenants.Create(t.Context(), tx, "Acme")
+	// Names are unique, and parallel tests share the database: each its own.
+	name := "Acme " + uuid.NewString()
+	id, key, err := tenants.Create(t.Context(), tx, name)
 	if err != nil {
 		t.Fatalf("Create: %v", err)
 	}
-	return bundle{tx: tx, tenantID: id, key: key}
+	return bundle{name: name, tx: tx, tenantID: id, key: key}
 }
 
 func TestCreate(t *testing.T) {
@@ -62,7 +65,7 @@ func TestCreate(t *testing.T) {
 		if err := b.tx.QueryRow(t.Context(), "SELECT name FROM tenants WHERE id = $1", b.tenantID).Scan(&name); err != nil {
 			t.Fatalf("read tenant: %v", err)
 		}
-		if diff := cmp.Diff("Acme", name); diff != "" {
+		if diff := cmp.Diff(b.name, name); diff != "" {
 			t.Errorf("tenant name (-want +got):\n%s", diff)
 		}
 	})
@@ -81,6 +84,18 @@ func TestCreate(t *testing.T) {
 		sum := sha256.Sum256([]byte(b.key))
 		if diff := cmp.Diff([][]byte{sum[:]}, hashes); diff != "" {
 			t.Errorf("stored key hashes (-want +got):\n%s", diff)
+		}
+	})
+
+	t.Run("NamesAreUnique", func(t *testing.T) {
+		t.Parallel()
+		tx := testdb.Tx(t)
+		name := "Unique " + uuid.NewString()
+		if _, _, err := tenants.Create(t.Context(), tx, name); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := tenants.Create(t.Context(), tx, name); !errors.Is(err, tenants.ErrNameTaken) {
+			t.Fatalf("second Create(%q) = %v, want ErrNameTaken", name, err)
 		}
 	})
 
@@ -139,11 +154,11 @@ func TestAuthenticate(t *testing.T) {
 	t.Run("TellsTenantsApart", func(t *testing.T) {
 		t.Parallel()
 		tx := testdb.Tx(t)
-		idA, keyA, err := tenants.Create(t.Context(), tx, "A")
+		idA, keyA, err := tenants.Create(t.Context(), tx, "A "+uuid.NewString())
 		if err != nil {
 			t.Fatal(err)
 		}
-		idB, keyB, err := tenants.Create(t.Context(), tx, "B")
+		idB, keyB, err := tenants.Create(t.Context(), tx, "B "+uuid.NewString())
 		if err != nil {
 			t.Fatal(err)
 		}
