@@ -58,6 +58,11 @@ type config struct {
 	ReaperDuty float64
 	LogLevel   slog.Level
 
+	// EventWorkers: serve runs the outbox relay and the orders consumer.
+	// Off, it leaves them to the other API processes (they split the work
+	// through PostgreSQL and the durable consumer).
+	EventWorkers bool
+
 	// NatsURL is the NATS server with JetStream the outbox relay publishes
 	// to and the consumers read from. serve requires it; dev starts an
 	// embedded server when it is unset.
@@ -198,6 +203,14 @@ func loadConfig(getenv func(string) string) (config, error) {
 			return config{}, fmt.Errorf("REAPER_BATCH=%q: want a positive number of rows, such as 500", s)
 		}
 		cfg.ReaperBatch = v
+	}
+	cfg.EventWorkers = true
+	if s := getenv("EVENT_WORKERS"); s != "" {
+		v, err := strconv.ParseBool(s)
+		if err != nil {
+			return config{}, fmt.Errorf("EVENT_WORKERS=%q: want true or false", s)
+		}
+		cfg.EventWorkers = v
 	}
 	cfg.ReaperDuty = reaper.DefaultDuty
 	if s := getenv("REAPER_DUTY"); s != "" {

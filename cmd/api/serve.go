@@ -82,12 +82,15 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 		ready(ln.Addr().String())
 	}
 
-	// The relay and the consumers run beside the server and stop with it.
-	stopMessaging, err := startMessaging(ctx, pool, cfg, logger)
-	if err != nil {
-		return err
+	// The relay and the consumers run beside the server and stop with it,
+	// unless EVENT_WORKERS leaves them to other processes.
+	if cfg.EventWorkers {
+		stopMessaging, err := startMessaging(ctx, pool, cfg, logger)
+		if err != nil {
+			return err
+		}
+		defer stopMessaging()
 	}
-	defer stopMessaging()
 
 	// The completer runs beside the server and stops with it.
 	completerCtx, stopCompleter := context.WithCancel(ctx)

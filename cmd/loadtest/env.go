@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemref/payments/internal/broker"
 	"github.com/idemref/payments/internal/pgtmp"
 	"github.com/idemref/payments/internal/pgwire"
 )
@@ -26,7 +27,8 @@ type environment struct {
 	loadAPI   *process // the API under load, straight to PostgreSQL
 	probeAPI  *process // the API measured at the wire, through the proxy
 	proxy     *pgwire.Proxy
-	db        *pgxpool.Pool // straight to PostgreSQL, for the checks
+	db        *pgxpool.Pool    // straight to PostgreSQL, for the checks
+	nats      *broker.Embedded // the events broker both APIs publish to
 
 	processorURL      string
 	loadURL, probeURL string // the two APIs, http://host:port
@@ -87,6 +89,17 @@ func start(ctx context.Context, o options) (*environment, error) {
 		return env, err
 	}
 
+	// The broker: serve publishes every payment's event through it (the
+	// outbox relay), so it is part of what a payment costs.
+	natsDir, err := os.MkdirTemp("", "loadtest-nats-")
+	if err != nil {
+		return env, err
+	}
+	env.dirs = append(env.dirs, natsDir)
+	if env.nats, err = broker.StartEmbedded(natsDir); err != nil {
+		return env, err
+	}
+
 	var addr string
 	env.processor, addr, err = startProcess(ctx, work, "processor", processorBin, nil,
 		[]string{"PROCESSOR_ADDR=127.0.0.1:0"}, "processor simulator listening")
@@ -99,7 +112,7 @@ func start(ctx context.Context, o options) (*environment, error) {
 	// per-tenant rate limit is off (the benchmark is one tenant sending as
 	// fast as it can) and the pool size is fixed.
 	apiURL := dbURL + "&pool_max_conns=" + strconv.Itoa(o.pool)
-	common := []string{"ADDR=127.0.0.1:0", "PROCESSOR_URL=" + env.processorURL, "RATE_LIMIT_RPS=0"}
+	common := []string{"ADDR=127.0.0.1:0", "PROCESSOR_URL=" + env.processorURL, "RATE_LIMIT_RPS=0", "NATS_URL=" + env.nats.URL()}
 	env.loadAPI, addr, err = startProcess(ctx, work, "api-load", apiBin, []string{"serve"},
 		append(common, "DATABASE_URL="+apiURL), "listening")
 	if err != nil {
@@ -114,10 +127,11 @@ func start(ctx context.Context, o options) (*environment, error) {
 	if err != nil {
 		return env, err
 	}
-	// The probe's background jobs are off, so that every round trip the
-	// proxy counts belongs to the request being measured.
+	// The probe's background jobs (completer, reaper, outbox relay, orders
+	// consumer) are off, so that every round trip the proxy counts belongs
+	// to the request being measured; the load API relays its events.
 	env.probeAPI, addr, err = startProcess(ctx, work, "api-probe", apiBin, []string{"serve"},
-		append(common, "DATABASE_URL="+proxied, "COMPLETER_INTERVAL=0", "REAPER_INTERVAL=0"), "listening")
+		append(common, "DATABASE_URL="+proxied, "COMPLETER_INTERVAL=0", "REAPER_INTERVAL=0", "EVENT_WORKERS=false"), "listening")
 	if err != nil {
 		return env, err
 	}
@@ -135,6 +149,9 @@ func (env *environment) stop() {
 	}
 	if env.proxy != nil {
 		_ = env.proxy.Close()
+	}
+	if env.nats != nil {
+		env.nats.Shutdown()
 	}
 	if env.db != nil {
 		env.db.Close()
