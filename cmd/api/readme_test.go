@@ -1,0 +1,91 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/idemref/payments/internal/processorsim"
+	"github.com/idemref/payments/internal/tenants"
+	"github.com/idemref/payments/internal/testdb"
+)
+
+// The README's curl examples run, in order, against a real server and
+// answer what the README says: each `# HTTP/1.1 NNN` line under a command,
+// and each `# NNN ...` comment at the end of one, is the status that
+// command must get. The examples cannot rot unnoticed.
+func TestReadmeExamplesRun(t *testing.T) {
+	t.Parallel()
+	if _, err := exec.LookPath("curl"); err != nil {
+		t.Fatal("the README's examples need curl on the PATH")
+	}
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(readme), "\n## Every idempotency outcome, with curl\n")
+	if !ok {
+		t.Fatal("README has no section \"Every idempotency outcome, with curl\"")
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	var script strings.Builder
+	var want []string
+	statusLine := regexp.MustCompile(`^# HTTP/1\.1 (\d{3})`)
+	inline := regexp.MustCompile(`\s# (\d{3}) [a-z_]+`)
+	for _, block := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(section, -1) {
+		script.WriteString(block[1])
+		for _, line := range strings.Split(block[1], "\n") {
+			if m := statusLine.FindStringSubmatch(line); m != nil {
+				want = append(want, m[1])
+			} else if m := inline.FindStringSubmatch(line); m != nil && !strings.HasPrefix(line, "#") {
+				want = append(want, m[1])
+			}
+		}
+	}
+	if len(want) < 10 {
+		t.Fatalf("found %d documented statuses in the README's examples; the parser no longer understands them", len(want))
+	}
+
+	pool, url := testdb.NewPool(t)
+	_, key, err := tenants.Create(t.Context(), pool, "readme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sim, err := processorsim.Start("127.0.0.1:0", processorsim.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sim.Shutdown(t.Context()) })
+	srv := startServer(t, url, "PROCESSOR_URL="+sim.URL())
+
+	cmd := exec.CommandContext(t.Context(), "bash", "-u", "-c", script.String())
+	cmd.Env = append(os.Environ(), "API="+srv.base, "API_KEY="+key)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the examples failed: %v\n%s", err, out)
+	}
+	var got []string
+	for _, m := range regexp.MustCompile(`(?m)^HTTP/1\.1 (\d{3})`).FindAllStringSubmatch(string(out), -1) {
+		got = append(got, m[1])
+	}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("statuses of the README's examples:\n got  %v\n want %v (as documented)\noutput:\n%s", got, want, out)
+	}
+	// The side effects the examples describe: one order per reference, one
+	// charge for the paid order, one refund.
+	for _, q := range []struct {
+		sql  string
+		want int
+	}{
+		{`SELECT count(*) FROM orders WHERE reference = 'readme-1001'`, 1},
+		{`SELECT count(*) FROM payments WHERE status = 'succeeded'`, 1},
+		{`SELECT count(*) FROM payments WHERE status = 'declined'`, 1},
+		{`SELECT count(*) FROM refunds WHERE amount = 1000`, 1},
+	} {
+		if n := count(t, pool, q.sql); n != q.want {
+			t.Errorf("%s = %d, want %d", q.sql, n, q.want)
+		}
+	}
+}
