@@ -131,15 +131,3 @@ func canonicalParam(v string) string {
 	}
 	return v
 }
-
-// respond writes a recorded (or replayed) response, or the problem for err.
-func respond(w http.ResponseWriter, r *http.Request, res idem.Response, replayed bool, err error) {
-	if err != nil {
-		writeError(w, r, err)
-		return
-	}
-	if replayed {
-		res.Header.Set(ReplayedHeader, "true")
-	}
-	writeResponse(w, res)
-}

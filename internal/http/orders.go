@@ -2,7 +2,6 @@ package httpapi
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
 	"strconv"
 	"time"
@@ -11,7 +10,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/orders"
 )
 
@@ -134,26 +132,4 @@ func (a *api) listOrders(w http.ResponseWriter, r *http.Request) {
 		out.NextCursor = &page.NextCursor
 	}
 	writeJSON(w, http.StatusOK, out)
-}
-
-// encodeJSON renders a success as the exact bytes to send and record.
-func encodeJSON(status int, v any, location string) (idem.Response, error) {
-	body, err := json.Marshal(v)
-	if err != nil {
-		return idem.Response{}, err
-	}
-	h := http.Header{}
-	h.Set("Content-Type", "application/json")
-	if location != "" {
-		h.Set("Location", location)
-	}
-	return idem.Response{Status: status, Header: h, Body: body}, nil
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	res, err := encodeJSON(status, v, "")
-	if err != nil {
-		panic(err) // our own types always encode; recovered and logged as 500
-	}
-	writeResponse(w, res)
 }

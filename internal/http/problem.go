@@ -1,11 +1,9 @@
 package httpapi
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -254,24 +252,6 @@ func (p Problem) encode() idem.Response {
 	return idem.Response{Status: p.Status, Header: h, Body: body}
 }
 
-// writeError answers with the problem for err. Its code goes on the
-// request's one access log line; a 5xx also logs its internal cause, at
-// error level, since only the server can act on it.
-func writeError(w http.ResponseWriter, r *http.Request, err error) {
-	p := problemFor(err)
-	logProblem(r.Context(), p, err)
-	writeResponse(w, p.encode())
-}
-
-func logProblem(ctx context.Context, p Problem, err error) {
-	if n, ok := ctx.Value(ctxProblemCode).(*string); ok {
-		*n = p.Code
-	}
-	if p.Status >= 500 {
-		loggerFrom(ctx).ErrorContext(ctx, "request failed", slog.String("code", p.Code), slog.Any("error", err))
-	}
-}
-
 // isUnavailable is the one rule for "temporarily unavailable" (O2, L6): a
 // failure that says nothing about the request, the idempotency layer's
 // ErrUnavailable or any transient database error (db.IsTransient), from a
@@ -287,11 +267,3 @@ func isUnavailable(err error) bool {
 // its deterministic outcome, recorded and replayed; a 5xx (unavailable,
 // internal) rolls back and is never recorded, so the retry runs again.
 func (p Problem) recorded() bool { return p.Status < 500 }
-
-func writeResponse(w http.ResponseWriter, res idem.Response) {
-	for k, v := range res.Header {
-		w.Header()[k] = v
-	}
-	w.WriteHeader(res.Status)
-	_, _ = w.Write(res.Body)
-}

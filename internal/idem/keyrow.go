@@ -1,0 +1,150 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemref/payments/internal/db/dbsqlc"
+)
+
+// The key row, shared by both paths (Execute in store.go, Begin and Phase
+// in lease.go): claiming it, deciding what an existing one means, and the
+// response in the form its columns store.
+
+// stampExpiry puts the recorded expiry on the response being answered.
+func stampExpiry(res *Response, httpDate string) {
+	if res.Header == nil {
+		res.Header = http.Header{}
+	}
+	res.Header.Set(ExpiresHeader, httpDate)
+}
+
+// existing handles a key that is already claimed: replay, 409 or 422.
+// createdAt is the record's creation time, for the replay age metric.
+func (s *Store) existing(ctx context.Context, q *dbsqlc.Queries, c Claim) (res Response, createdAt time.Time, err error) {
+	row, err := q.IdemKeyGet(ctx, dbsqlc.IdemKeyGetParams{TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key})
+	if errors.Is(err, pgx.ErrNoRows) {
+		// The row vanished between our insert and this read: it expired
+		// and was deleted. Rare; the retry will claim it afresh.
+		return Response{}, time.Time{}, ErrKeyInUse
+	}
+	if err != nil {
+		return Response{}, time.Time{}, err
+	}
+	stored, err := settled(row.IdempotencyKey, row.ResultExpired, c)
+	if err != nil {
+		return Response{}, time.Time{}, err
+	}
+	if stored == nil {
+		return Response{}, time.Time{}, ErrKeyInUse
+	}
+	return *stored, row.IdempotencyKey.CreatedAt, nil
+}
+
+// claim inserts the key row (L1). lease is nil for a one-transaction key;
+// a multi-step key is claimed holding a lease of that length. pgx.ErrNoRows
+// means the key exists already.
+func (s *Store) claim(ctx context.Context, q *dbsqlc.Queries, c Claim, lease *time.Duration) (generation int64, err error) {
+	var seconds *float64
+	if lease != nil {
+		v := lease.Seconds()
+		seconds = &v
+	}
+	now := time.Now()
+	return q.IdemKeyClaim(ctx, dbsqlc.IdemKeyClaimParams{
+		TenantID:           c.TenantID,
+		Endpoint:           c.Endpoint,
+		IdemKey:            c.Key,
+		Fingerprint:        c.Fingerprint,
+		FingerprintVersion: FingerprintVersion,
+		ExpiresAt:          now.Add(s.cfg.TTL),
+		RetainUntil:        now.Add(s.cfg.KeyRetention),
+		LeaseSeconds:       seconds,
+	})
+}
+
+// settled decides what an existing key row means for claim c, in both
+// paths: another request's key is ErrKeyReused (L5: never answered with
+// another request's result); a completed key gives its recorded response;
+// a key still in progress gives nil. Records made under another
+// fingerprint version cannot be compared; they are trusted rather than
+// turned into 422s for honest retries (F3).
+//
+// A record whose result is past its TTL (resultExpired, computed on the
+// database clock) is a tombstone whether the reaper has pruned it or not
+// (E3): the same request gets *ResultExpiredError, never its old response
+// and never a second execution.
+func settled(row dbsqlc.IdempotencyKey, resultExpired bool, c Claim) (*Response, error) {
+	if row.FingerprintVersion == FingerprintVersion && !bytes.Equal(row.Fingerprint, c.Fingerprint) {
+		return nil, ErrKeyReused
+	}
+	if resultExpired {
+		e := &ResultExpiredError{ExpiredAt: row.ExpiresAt, RetainedUntil: row.RetainUntil}
+		if row.ResponseStatus != nil {
+			e.Status = int(*row.ResponseStatus)
+		}
+		if row.ResourceLocation != nil {
+			e.Location = *row.ResourceLocation
+		}
+		return nil, e
+	}
+	if row.State != "completed" {
+		return nil, nil
+	}
+	res, err := storedResponse(row)
+	return &res, err
+}
+
+// storedResponse decodes a completed row's stored response.
+func storedResponse(row dbsqlc.IdempotencyKey) (Response, error) {
+	var header http.Header
+	if err := json.Unmarshal(row.ResponseHeaders, &header); err != nil {
+		return Response{}, fmt.Errorf("idem: decode recorded headers: %w", err)
+	}
+	return Response{Status: int(*row.ResponseStatus), Header: header, Body: row.ResponseBody}, nil
+}
+
+// record is a Response in the form its columns store.
+type record struct {
+	status  int32
+	headers []byte
+	body    []byte
+	// location is the Location header, kept past the result's TTL.
+	location *string
+}
+
+// encodeRecord keeps only RecordedHeaders. A response without a body (204)
+// is recorded as an empty body: a NULL body would violate the completed-row
+// check and roll the work back.
+func encodeRecord(res Response) (record, error) {
+	headers, err := json.Marshal(pickHeaders(res.Header))
+	if err != nil {
+		return record{}, err
+	}
+	body := res.Body
+	if body == nil {
+		body = []byte{}
+	}
+	rec := record{status: int32(res.Status), headers: headers, body: body}
+	if loc := res.Header.Get("Location"); loc != "" {
+		rec.location = &loc
+	}
+	return rec, nil
+}
+
+func pickHeaders(h http.Header) http.Header {
+	kept := http.Header{}
+	for _, name := range RecordedHeaders {
+		if v := h.Values(name); len(v) > 0 {
+			kept[name] = v
+		}
+	}
+	return kept
+}
