@@ -19,11 +19,16 @@ import (
 // response in the form its columns store.
 
 // stampExpiry puts the recorded expiry on the response being answered.
+//
+// It stamps a copy: the header map came from the caller's exec, which may
+// share it with other responses, and must not be written behind its back.
 func stampExpiry(res *Response, httpDate string) {
-	if res.Header == nil {
-		res.Header = http.Header{}
+	h := res.Header.Clone()
+	if h == nil {
+		h = http.Header{}
 	}
-	res.Header.Set(ExpiresHeader, httpDate)
+	h.Set(ExpiresHeader, httpDate)
+	res.Header = h
 }
 
 // existing handles a key that is already claimed: replay, 409 or 422.

@@ -103,7 +103,7 @@ func (h *harness) wantLeaseRow(t *testing.T, c Claim, want leaseRow) {
 	if !ok {
 		t.Fatalf("no key row for %q", c.Key)
 	}
-	if diff := cmp.Diff(want, got); diff != "" {
+	if diff := cmp.Diff(want, got, ignoreExpires); diff != "" {
 		t.Errorf("key row of %q (-want +got):\n%s", c.Key, diff)
 	}
 }
@@ -182,7 +182,7 @@ func (h *harness) wantScratch(t *testing.T, vs ...string) {
 	byV := func(a, b scratchRow) int { return strings.Compare(a.V, b.V) }
 	slices.SortFunc(want, byV)
 	slices.SortFunc(got, byV)
-	if diff := cmp.Diff(want, got); diff != "" {
+	if diff := cmp.Diff(want, got, ignoreExpires); diff != "" {
 		t.Errorf("scratch rows (-want +got):\n%s", diff)
 	}
 }
@@ -199,7 +199,7 @@ func TestBeginRunsFirstPhaseInClaimTransaction(t *testing.T) {
 	var insideOK, visibleOutside bool
 	b, err := store.Begin(t.Context(), c, func(ctx context.Context, tx pgx.Tx, l Lease) (Step, error) {
 		calls.Add(1)
-		if diff := cmp.Diff(Lease{Claim: c, Generation: 1, RecoveryPoint: RecoveryStarted}, l); diff != "" {
+		if diff := cmp.Diff(Lease{Claim: c, Generation: 1, RecoveryPoint: RecoveryStarted}, l, ignoreExpires); diff != "" {
 			t.Errorf("lease given to the first phase (-want +got):\n%s", diff)
 		}
 		inside, insideOK = leaseRowOf(t, tx, c)
@@ -218,7 +218,7 @@ func TestBeginRunsFirstPhaseInClaimTransaction(t *testing.T) {
 			t.Fatal("the first phase's transaction has no key row: it does not run in the claim's transaction")
 		}
 		want := leaseRow{State: "in_progress", RecoveryPoint: RecoveryStarted, Generation: 1, Lock: "live"}
-		if diff := cmp.Diff(want, inside); diff != "" {
+		if diff := cmp.Diff(want, inside, ignoreExpires); diff != "" {
 			t.Errorf("key row inside the first phase (-want +got):\n%s", diff)
 		}
 		if visibleOutside {
@@ -228,7 +228,7 @@ func TestBeginRunsFirstPhaseInClaimTransaction(t *testing.T) {
 
 	t.Run("ClaimAndFirstPhaseCommitTogether", func(t *testing.T) {
 		want := Begun{Lease: Lease{Claim: c, Generation: 1, RecoveryPoint: pointCreated, ResourceID: resource}}
-		if diff := cmp.Diff(want, b); diff != "" {
+		if diff := cmp.Diff(want, b, ignoreExpires); diff != "" {
 			t.Errorf("Begin (-want +got):\n%s", diff)
 		}
 		h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: pointCreated, Generation: 1, ResourceID: resource, Lock: "live"})
@@ -248,7 +248,7 @@ func TestBeginFirstPhaseDeterministicFailure(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Begin: %v", err)
 	}
-	if diff := cmp.Diff(&want, b.Response); diff != "" {
+	if diff := cmp.Diff(&want, b.Response, ignoreExpires); diff != "" {
 		t.Errorf("Begin response (-want +got):\n%s", diff)
 	}
 	if b.Replayed {
@@ -266,7 +266,7 @@ func TestBeginFirstPhaseDeterministicFailure(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Begin: %v", err)
 		}
-		if diff := cmp.Diff(Begun{Response: &want, Replayed: true}, b); diff != "" {
+		if diff := cmp.Diff(Begun{Response: &want, Replayed: true}, b, ignoreExpires); diff != "" {
 			t.Errorf("replay (-want +got):\n%s", diff)
 		}
 		if got := calls.Load(); got != 1 {
@@ -328,7 +328,7 @@ func TestBeginOnExistingKey(t *testing.T) {
 		if got := calls.Load(); got != 0 {
 			t.Errorf("first phase ran %d times, want 0", got)
 		}
-		if diff := cmp.Diff(before, h.snapshot(t, c)); diff != "" {
+		if diff := cmp.Diff(before, h.snapshot(t, c), ignoreExpires); diff != "" {
 			t.Errorf("the key row changed (-before +after):\n%s", diff)
 		}
 		h.wantScratch(t, "first")
@@ -366,7 +366,7 @@ func TestBeginOnExistingKey(t *testing.T) {
 				t.Errorf("first phase ran %d times, want 0", got)
 			}
 			// No takeover: same generation, same lease, same everything.
-			if diff := cmp.Diff(before, h.snapshot(t, c)); diff != "" {
+			if diff := cmp.Diff(before, h.snapshot(t, c), ignoreExpires); diff != "" {
 				t.Errorf("the key row changed (-before +after):\n%s", diff)
 			}
 			h.wantScratch(t, "first")
@@ -388,7 +388,7 @@ func TestBeginOnExistingKey(t *testing.T) {
 			t.Fatalf("Begin after the lease expired: %v", err)
 		}
 		want := Begun{Lease: Lease{Claim: c, Generation: 2, RecoveryPoint: pointCreated, ResourceID: resource, Resumed: true}}
-		if diff := cmp.Diff(want, b); diff != "" {
+		if diff := cmp.Diff(want, b, ignoreExpires); diff != "" {
 			t.Errorf("takeover (-want +got):\n%s", diff)
 		}
 		if got := calls.Load(); got != 0 {
@@ -465,7 +465,7 @@ func TestPhaseFencesOffTakenOverAttempt(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Phase: %v", err)
 		}
-		if diff := cmp.Diff(&want, res); diff != "" {
+		if diff := cmp.Diff(&want, res, ignoreExpires); diff != "" {
 			t.Errorf("Phase response (-want +got):\n%s", diff)
 		}
 		if got := bCalls.Load(); got != 2 {
@@ -485,7 +485,7 @@ func TestPhaseFencesOffTakenOverAttempt(t *testing.T) {
 		if got := aCalls.Load(); got != 0 {
 			t.Errorf("the stale attempt's phase ran %d times, want 0", got)
 		}
-		if diff := cmp.Diff(before, h.snapshot(t, c)); diff != "" {
+		if diff := cmp.Diff(before, h.snapshot(t, c), ignoreExpires); diff != "" {
 			t.Errorf("the key row changed (-before +after):\n%s", diff)
 		}
 		h.wantScratch(t, "a: created", "b: sent", "b: done")
@@ -497,7 +497,7 @@ func TestPhaseFencesOffTakenOverAttempt(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Begin: %v", err)
 		}
-		if diff := cmp.Diff(Begun{Response: &want, Replayed: true}, got); diff != "" {
+		if diff := cmp.Diff(Begun{Response: &want, Replayed: true}, got, ignoreExpires); diff != "" {
 			t.Errorf("replay (-want +got):\n%s", diff)
 		}
 		if calls.Load() != 0 {
@@ -576,7 +576,7 @@ func TestPhaseErrorRollsBack(t *testing.T) {
 		t.Errorf("phase ran %d times, want 1", calls.Load())
 	}
 	h.wantScratch(t, "created")
-	if diff := cmp.Diff(before, h.snapshot(t, c)); diff != "" {
+	if diff := cmp.Diff(before, h.snapshot(t, c), ignoreExpires); diff != "" {
 		t.Errorf("the key row changed (-before +after):\n%s", diff)
 	}
 	if l.RecoveryPoint != pointCreated {
@@ -615,7 +615,7 @@ func TestRelease(t *testing.T) {
 			t.Fatalf("Begin after Release: %v", err)
 		}
 		want := Begun{Lease: Lease{Claim: c, Generation: 2, RecoveryPoint: pointCreated, ResourceID: resource, Resumed: true}}
-		if diff := cmp.Diff(want, b); diff != "" {
+		if diff := cmp.Diff(want, b, ignoreExpires); diff != "" {
 			t.Errorf("takeover (-want +got):\n%s", diff)
 		}
 		if calls.Load() != 0 {
@@ -630,7 +630,7 @@ func TestRelease(t *testing.T) {
 		if err := store.Release(t.Context(), first, 0); err != nil {
 			t.Fatalf("stale Release: %v", err)
 		}
-		if diff := cmp.Diff(before, h.snapshot(t, c)); diff != "" {
+		if diff := cmp.Diff(before, h.snapshot(t, c), ignoreExpires); diff != "" {
 			t.Errorf("a stale Release changed the key row (-before +after):\n%s", diff)
 		}
 	})
@@ -648,7 +648,7 @@ func TestRelease(t *testing.T) {
 		if err := store.Release(t.Context(), second, 0); err != nil {
 			t.Fatalf("Release of a completed key: %v", err)
 		}
-		if diff := cmp.Diff(before, h.snapshot(t, c)); diff != "" {
+		if diff := cmp.Diff(before, h.snapshot(t, c), ignoreExpires); diff != "" {
 			t.Errorf("Release changed a completed key row (-before +after):\n%s", diff)
 		}
 		h.wantScratch(t, "created", "done")
@@ -711,13 +711,13 @@ func TestTakeOverExpired(t *testing.T) {
 			{Claim: scope(expiredA), Generation: 2, RecoveryPoint: pointCreated, ResourceID: resourceA, Resumed: true},
 			{Claim: scope(expiredB), Generation: 2, RecoveryPoint: pointSent, ResourceID: resourceB, Resumed: true},
 		}
-		if diff := cmp.Diff(want, leases); diff != "" {
+		if diff := cmp.Diff(want, leases, ignoreExpires); diff != "" {
 			t.Errorf("TakeOverExpired (-want +got):\n%s", diff)
 		}
 		h.wantLeaseRow(t, expiredA, leaseRow{State: "in_progress", RecoveryPoint: pointCreated, Generation: 2, ResourceID: resourceA, Lock: "live"})
 		h.wantLeaseRow(t, expiredB, leaseRow{State: "in_progress", RecoveryPoint: pointSent, Generation: 2, ResourceID: resourceB, Lock: "live"})
 		for _, c := range untouched {
-			if diff := cmp.Diff(before[c.Key], h.snapshot(t, c)); diff != "" {
+			if diff := cmp.Diff(before[c.Key], h.snapshot(t, c), ignoreExpires); diff != "" {
 				t.Errorf("TakeOverExpired changed key %q (-before +after):\n%s", c.Key, diff)
 			}
 		}
@@ -835,7 +835,7 @@ func TestTakeOverExpired(t *testing.T) {
 			t.Fatalf("TakeOverExpired: %v", got.err)
 		}
 		want := []Lease{{Claim: Claim{TenantID: h.tenant, Endpoint: testEndpoint, Key: free.Key}, Generation: 2, RecoveryPoint: pointCreated, Resumed: true}}
-		if diff := cmp.Diff(want, got.leases); diff != "" {
+		if diff := cmp.Diff(want, got.leases, ignoreExpires); diff != "" {
 			t.Errorf("TakeOverExpired (-want +got):\n%s", diff)
 		}
 		if err := tx.Rollback(bound); err != nil && !errors.Is(err, pgx.ErrTxClosed) {

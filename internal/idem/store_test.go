@@ -142,16 +142,25 @@ func checkCompleted(t *testing.T, row keyRow, c Claim, want Response) {
 	}
 	wantID := identity{c.TenantID, c.Endpoint, c.Key, c.Fingerprint, FingerprintVersion, "completed"}
 	gotID := identity{row.TenantID, row.Endpoint, row.IdemKey, row.Fingerprint, row.FingerprintVersion, row.State}
-	if diff := cmp.Diff(wantID, gotID); diff != "" {
+	if diff := cmp.Diff(wantID, gotID, ignoreExpires); diff != "" {
 		t.Errorf("key row identity mismatch (-want +got):\n%s", diff)
 	}
 	if row.CompletedAt == nil {
 		t.Errorf("completed key row has no completed_at")
 	}
-	if diff := cmp.Diff(want, recorded(t, row)); diff != "" {
+	if diff := cmp.Diff(want, recorded(t, row), ignoreExpires); diff != "" {
 		t.Errorf("recorded response mismatch (-want +got):\n%s", diff)
 	}
 }
+
+// ignoreExpires compares responses apart from Idempotency-Expires, which
+// the store stamps on a copy of the header from the row's expires_at;
+// TestExecuteRunsOnceThenReplays checks that header exactly.
+var ignoreExpires = cmp.Transformer("withoutExpires", func(h http.Header) http.Header {
+	h = h.Clone()
+	h.Del(ExpiresHeader)
+	return h
+})
 
 // withExpiry is h plus the Idempotency-Expires the recording stamps from
 // row's expires_at.
@@ -274,17 +283,24 @@ func TestExecuteRunsOnceThenReplays(t *testing.T) {
 	if replayed {
 		t.Errorf("first Execute: replayed = true, want false")
 	}
-	if diff := cmp.Diff(want, res); diff != "" {
+	if diff := cmp.Diff(want, res, ignoreExpires); diff != "" {
 		t.Errorf("first Execute response mismatch (-want +got):\n%s", diff)
 	}
 	if got := calls.Load(); got != 1 {
 		t.Errorf("exec ran %d times, want 1", got)
 	}
 	wantScratch := []scratchRow{{h.tenant, "first"}}
-	if diff := cmp.Diff(wantScratch, h.scratch(t)); diff != "" {
+	if diff := cmp.Diff(wantScratch, h.scratch(t), ignoreExpires); diff != "" {
 		t.Errorf("business rows after the first call (-want +got):\n%s", diff)
 	}
 	checkCompleted(t, h.onlyKeyRow(t), c, want)
+	stamped := h.onlyKeyRow(t).ExpiresAt.UTC().Format(http.TimeFormat)
+	if got := res.Header.Get(ExpiresHeader); got != stamped {
+		t.Errorf("%s = %q, want the row's expires_at %q", ExpiresHeader, got, stamped)
+	}
+	if want.Header.Get(ExpiresHeader) != "" {
+		t.Errorf("the store wrote %s into the header map exec returned; it must stamp a copy", ExpiresHeader)
+	}
 
 	t.Run("SecondCallReplaysStoredResponse", func(t *testing.T) {
 		res, replayed, err := store.Execute(t.Context(), c, insertExec(&calls, h.tenant, "second", created(`{"other":true}`)))
@@ -294,13 +310,13 @@ func TestExecuteRunsOnceThenReplays(t *testing.T) {
 		if !replayed {
 			t.Errorf("second Execute: replayed = false, want true")
 		}
-		if diff := cmp.Diff(want, res); diff != "" {
+		if diff := cmp.Diff(want, res, ignoreExpires); diff != "" {
 			t.Errorf("replayed response mismatch (-want +got):\n%s", diff)
 		}
 		if got := calls.Load(); got != 1 {
 			t.Errorf("exec ran %d times in all, want 1", got)
 		}
-		if diff := cmp.Diff(wantScratch, h.scratch(t)); diff != "" {
+		if diff := cmp.Diff(wantScratch, h.scratch(t), ignoreExpires); diff != "" {
 			t.Errorf("business rows after the replay (-want +got):\n%s", diff)
 		}
 		checkCompleted(t, h.onlyKeyRow(t), c, want)
@@ -326,7 +342,7 @@ func TestExecuteRecordsOnlyRecordedHeaders(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(full, res.Header); diff != "" {
+	if diff := cmp.Diff(full, res.Header, ignoreExpires); diff != "" {
 		t.Errorf("first call's headers are not exec's (-want +got):\n%s", diff)
 	}
 	want := Response{Status: 201, Header: withExpiry(kept, h.onlyKeyRow(t)), Body: []byte(`{}`)}
@@ -336,7 +352,7 @@ func TestExecuteRecordsOnlyRecordedHeaders(t *testing.T) {
 	if err != nil || !replayed {
 		t.Fatalf("replay: replayed = %v, err = %v", replayed, err)
 	}
-	if diff := cmp.Diff(want, res); diff != "" {
+	if diff := cmp.Diff(want, res, ignoreExpires); diff != "" {
 		t.Errorf("replayed response mismatch (-want +got):\n%s", diff)
 	}
 }
@@ -358,7 +374,7 @@ func TestExecuteRecordsEmptyBody(t *testing.T) {
 	}
 	want := Response{Status: http.StatusNoContent, Header: withExpiry(http.Header{}, h.onlyKeyRow(t)), Body: []byte{}}
 	checkCompleted(t, h.onlyKeyRow(t), c, want)
-	if diff := cmp.Diff([]scratchRow{{h.tenant, "v"}}, h.scratch(t)); diff != "" {
+	if diff := cmp.Diff([]scratchRow{{h.tenant, "v"}}, h.scratch(t), ignoreExpires); diff != "" {
 		t.Errorf("business rows (-want +got):\n%s", diff)
 	}
 
@@ -366,7 +382,7 @@ func TestExecuteRecordsEmptyBody(t *testing.T) {
 	if err != nil || !replayed {
 		t.Fatalf("replay: replayed = %v, err = %v", replayed, err)
 	}
-	if diff := cmp.Diff(want, res); diff != "" {
+	if diff := cmp.Diff(want, res, ignoreExpires); diff != "" {
 		t.Errorf("replayed response mismatch (-want +got):\n%s", diff)
 	}
 }
@@ -390,7 +406,7 @@ func TestExecuteDifferentFingerprintIsKeyReused(t *testing.T) {
 	if got := calls.Load(); got != 1 {
 		t.Errorf("exec ran %d times in all, want 1", got)
 	}
-	if diff := cmp.Diff([]scratchRow{{h.tenant, "first"}}, h.scratch(t)); diff != "" {
+	if diff := cmp.Diff([]scratchRow{{h.tenant, "first"}}, h.scratch(t), ignoreExpires); diff != "" {
 		t.Errorf("business rows (-want +got):\n%s", diff)
 	}
 	checkCompleted(t, h.onlyKeyRow(t), first, want)
@@ -400,7 +416,7 @@ func TestExecuteDifferentFingerprintIsKeyReused(t *testing.T) {
 		if err != nil || !replayed {
 			t.Fatalf("replay: replayed = %v, err = %v", replayed, err)
 		}
-		if diff := cmp.Diff(want, res); diff != "" {
+		if diff := cmp.Diff(want, res, ignoreExpires); diff != "" {
 			t.Errorf("replayed response mismatch (-want +got):\n%s", diff)
 		}
 	})
@@ -442,7 +458,7 @@ func TestExecuteScopesKeysByTenantAndEndpoint(t *testing.T) {
 				if err != nil || replayed {
 					t.Fatalf("Execute(%+v): replayed = %v, err = %v; want a fresh execution", run.c, replayed, err)
 				}
-				if diff := cmp.Diff(run.want, res); diff != "" {
+				if diff := cmp.Diff(run.want, res, ignoreExpires); diff != "" {
 					t.Errorf("response mismatch (-want +got):\n%s", diff)
 				}
 			}
@@ -450,7 +466,7 @@ func TestExecuteScopesKeysByTenantAndEndpoint(t *testing.T) {
 				t.Errorf("exec ran %d times, want 2", got)
 			}
 			wantScratch := []scratchRow{{a.TenantID, "a"}, {b.TenantID, "b"}}
-			if diff := cmp.Diff(wantScratch, h.scratch(t)); diff != "" {
+			if diff := cmp.Diff(wantScratch, h.scratch(t), ignoreExpires); diff != "" {
 				t.Errorf("business rows (-want +got):\n%s", diff)
 			}
 			rows := h.keyRows(t)
@@ -473,7 +489,7 @@ func TestExecuteScopesKeysByTenantAndEndpoint(t *testing.T) {
 				if err != nil || !replayed {
 					t.Fatalf("replay of %+v: replayed = %v, err = %v", run.c, replayed, err)
 				}
-				if diff := cmp.Diff(run.want, res); diff != "" {
+				if diff := cmp.Diff(run.want, res, ignoreExpires); diff != "" {
 					t.Errorf("replayed response mismatch (-want +got):\n%s", diff)
 				}
 			}
@@ -529,7 +545,7 @@ func TestExecuteRecordsDeterministicFailure(t *testing.T) {
 			if err != nil || replayed {
 				t.Fatalf("Execute: replayed = %v, err = %v; want the recorded failure", replayed, err)
 			}
-			if diff := cmp.Diff(want, res); diff != "" {
+			if diff := cmp.Diff(want, res, ignoreExpires); diff != "" {
 				t.Errorf("response mismatch (-want +got):\n%s", diff)
 			}
 			if got := h.scratch(t); len(got) != 0 {
@@ -541,7 +557,7 @@ func TestExecuteRecordsDeterministicFailure(t *testing.T) {
 			if err != nil || !replayed {
 				t.Fatalf("retry: replayed = %v, err = %v; want the replayed failure", replayed, err)
 			}
-			if diff := cmp.Diff(want, res); diff != "" {
+			if diff := cmp.Diff(want, res, ignoreExpires); diff != "" {
 				t.Errorf("replayed response mismatch (-want +got):\n%s", diff)
 			}
 			if got := calls.Load(); got != 1 {
@@ -604,13 +620,13 @@ func TestExecuteErrorRecordsNothing(t *testing.T) {
 				if err != nil || replayed {
 					t.Fatalf("retry: replayed = %v, err = %v; want a fresh execution", replayed, err)
 				}
-				if diff := cmp.Diff(want, res); diff != "" {
+				if diff := cmp.Diff(want, res, ignoreExpires); diff != "" {
 					t.Errorf("response mismatch (-want +got):\n%s", diff)
 				}
 				if got := calls.Load(); got != 2 {
 					t.Errorf("exec ran %d times, want 2", got)
 				}
-				if diff := cmp.Diff([]scratchRow{{h.tenant, "retry"}}, h.scratch(t)); diff != "" {
+				if diff := cmp.Diff([]scratchRow{{h.tenant, "retry"}}, h.scratch(t), ignoreExpires); diff != "" {
 					t.Errorf("business rows (-want +got):\n%s", diff)
 				}
 				checkCompleted(t, h.onlyKeyRow(t), c, want)
@@ -675,13 +691,13 @@ func TestExecuteCancelledMidStatementIsUnavailable(t *testing.T) {
 		if err != nil || replayed {
 			t.Fatalf("retry: replayed = %v, err = %v; want a fresh execution", replayed, err)
 		}
-		if diff := cmp.Diff(want, res); diff != "" {
+		if diff := cmp.Diff(want, res, ignoreExpires); diff != "" {
 			t.Errorf("response mismatch (-want +got):\n%s", diff)
 		}
 		if got := calls.Load(); got != 2 {
 			t.Errorf("exec ran %d times, want 2", got)
 		}
-		if diff := cmp.Diff([]scratchRow{{h.tenant, "retry"}}, h.scratch(t)); diff != "" {
+		if diff := cmp.Diff([]scratchRow{{h.tenant, "retry"}}, h.scratch(t), ignoreExpires); diff != "" {
 			t.Errorf("business rows (-want +got):\n%s", diff)
 		}
 		checkCompleted(t, h.onlyKeyRow(t), c, want)
@@ -786,7 +802,7 @@ func TestExecuteDuplicateBehindUncommittedClaim(t *testing.T) {
 			if replayed != tt.commit {
 				t.Errorf("replayed = %v, want %v", replayed, tt.commit)
 			}
-			if diff := cmp.Diff(want, res); diff != "" {
+			if diff := cmp.Diff(want, res, ignoreExpires); diff != "" {
 				t.Errorf("response mismatch (-want +got):\n%s", diff)
 			}
 			var wantCalls int32
@@ -797,7 +813,7 @@ func TestExecuteDuplicateBehindUncommittedClaim(t *testing.T) {
 			if got := calls.Load(); got != wantCalls {
 				t.Errorf("exec ran %d times, want %d", got, wantCalls)
 			}
-			if diff := cmp.Diff(wantScratch, h.scratch(t)); diff != "" {
+			if diff := cmp.Diff(wantScratch, h.scratch(t), ignoreExpires); diff != "" {
 				t.Errorf("business rows (-want +got):\n%s", diff)
 			}
 			checkCompleted(t, h.onlyKeyRow(t), c, want)
@@ -872,13 +888,13 @@ func TestExecuteDuplicateWaitsForFirstAttempt(t *testing.T) {
 				if b.err != nil || b.replayed {
 					t.Fatalf("duplicate: replayed = %v, err = %v; want a fresh execution", b.replayed, b.err)
 				}
-				if diff := cmp.Diff(resSecond, b.res); diff != "" {
+				if diff := cmp.Diff(resSecond, b.res, ignoreExpires); diff != "" {
 					t.Errorf("duplicate's response mismatch (-want +got):\n%s", diff)
 				}
 				if got := callsSecond.Load(); got != 1 {
 					t.Errorf("duplicate's exec ran %d times, want 1", got)
 				}
-				if diff := cmp.Diff([]scratchRow{{h.tenant, "second"}}, h.scratch(t)); diff != "" {
+				if diff := cmp.Diff([]scratchRow{{h.tenant, "second"}}, h.scratch(t), ignoreExpires); diff != "" {
 					t.Errorf("business rows (-want +got):\n%s", diff)
 				}
 				checkCompleted(t, h.onlyKeyRow(t), c, resSecond)
@@ -890,13 +906,13 @@ func TestExecuteDuplicateWaitsForFirstAttempt(t *testing.T) {
 			if b.err != nil || !b.replayed {
 				t.Fatalf("duplicate: replayed = %v, err = %v; want the replay", b.replayed, b.err)
 			}
-			if diff := cmp.Diff(resFirst, b.res); diff != "" {
+			if diff := cmp.Diff(resFirst, b.res, ignoreExpires); diff != "" {
 				t.Errorf("duplicate's response mismatch (-want +got):\n%s", diff)
 			}
 			if got := callsSecond.Load(); got != 0 {
 				t.Errorf("duplicate's exec ran %d times, want 0", got)
 			}
-			if diff := cmp.Diff([]scratchRow{{h.tenant, "first"}}, h.scratch(t)); diff != "" {
+			if diff := cmp.Diff([]scratchRow{{h.tenant, "first"}}, h.scratch(t), ignoreExpires); diff != "" {
 				t.Errorf("business rows (-want +got):\n%s", diff)
 			}
 			checkCompleted(t, h.onlyKeyRow(t), c, resFirst)
@@ -939,9 +955,7 @@ func TestExecuteConcurrentDuplicatesExecuteOnce(t *testing.T) {
 		case <-ctx.Done():
 			return Response{}, ctx.Err()
 		}
-		// A copy: the store stamps Idempotency-Expires into the header it
-		// is given, while the other goroutines compare against want.
-		return Response{Status: want.Status, Header: want.Header.Clone(), Body: want.Body}, nil
+		return want, nil
 	}
 	start := make(chan struct{})
 	results := make(chan outcome, n)
@@ -978,7 +992,7 @@ func TestExecuteConcurrentDuplicatesExecuteOnce(t *testing.T) {
 		} else {
 			fresh++
 		}
-		if diff := cmp.Diff(want, o.res); diff != "" {
+		if diff := cmp.Diff(want, o.res, ignoreExpires); diff != "" {
 			t.Errorf("response mismatch (-want +got):\n%s", diff)
 		}
 	}
@@ -988,7 +1002,7 @@ func TestExecuteConcurrentDuplicatesExecuteOnce(t *testing.T) {
 	if got := calls.Load(); got != 1 {
 		t.Errorf("exec ran %d times, want 1", got)
 	}
-	if diff := cmp.Diff([]scratchRow{{h.tenant, "v"}}, h.scratch(t)); diff != "" {
+	if diff := cmp.Diff([]scratchRow{{h.tenant, "v"}}, h.scratch(t), ignoreExpires); diff != "" {
 		t.Errorf("business rows (-want +got):\n%s", diff)
 	}
 	checkCompleted(t, row, c, want)
@@ -1047,7 +1061,7 @@ func TestExecuteTrustsRecordOfOtherFingerprintVersion(t *testing.T) {
 	if err != nil || !replayed {
 		t.Fatalf("Execute: replayed = %v, err = %v; want the replay", replayed, err)
 	}
-	if diff := cmp.Diff(want, res); diff != "" {
+	if diff := cmp.Diff(want, res, ignoreExpires); diff != "" {
 		t.Errorf("replayed response mismatch (-want +got):\n%s", diff)
 	}
 	if rows := h.scratch(t); len(rows) != 0 {
@@ -1175,10 +1189,10 @@ func TestExecutePanicRollsBackAndReleasesTheKey(t *testing.T) {
 	if err != nil || replayed {
 		t.Fatalf("retry after the panic: replayed %v, err %v; want a fresh execution", replayed, err)
 	}
-	if diff := cmp.Diff(want, res); diff != "" {
+	if diff := cmp.Diff(want, res, ignoreExpires); diff != "" {
 		t.Errorf("retry response (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff([]scratchRow{{h.tenant, "retried"}}, h.scratch(t)); diff != "" {
+	if diff := cmp.Diff([]scratchRow{{h.tenant, "retried"}}, h.scratch(t), ignoreExpires); diff != "" {
 		t.Errorf("business rows (-want +got):\n%s", diff)
 	}
 }
