@@ -199,7 +199,9 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Cont
 		// this transaction inserted (or claimed over) and holds locked, so
 		// it cannot miss. COMMIT travels with it; an error from it still
 		// aborts the transaction, and the COMMIT then rolls everything
-		// back.
+		// back. It changes no column any index names, so PostgreSQL writes
+		// it as a HOT update, without new index entries (migration 000012,
+		// TestRecordIsHeapOnly).
 		db.CommitAfterNext(tx)
 		expires, err := q.IdemKeyComplete(ctx, dbsqlc.IdemKeyCompleteParams{
 			TenantID:         c.TenantID,

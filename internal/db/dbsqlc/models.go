@@ -47,6 +47,7 @@ type IdempotencyKey struct {
 	ResourceID         *uuid.UUID
 	RetainUntil        time.Time
 	ResourceLocation   *string
+	PrunedAt           *time.Time
 }
 
 type Order struct {
