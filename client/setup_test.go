@@ -17,7 +17,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	payments "github.com/idemref/payments"
+	"github.com/idemref/payments"
 	"github.com/idemref/payments/client"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
@@ -62,7 +62,7 @@ func setup(t *testing.T) *env {
 		Payments:       svc,
 		Logger:         slog.New(slog.DiscardHandler),
 		RequestTimeout: 10 * time.Second,
-		OpenAPI:        payments.OpenAPI,
+		OpenAPI:        apispec.OpenAPI,
 	}))
 	t.Cleanup(srv.Close)
 	return &env{pool: pool, url: srv.URL, tenantID: id, apiKey: key, faults: &faultTransport{next: srv.Client().Transport}}

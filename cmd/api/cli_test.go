@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	payments "github.com/idemref/payments"
+	"github.com/idemref/payments"
 	"github.com/idemref/payments/internal/dbmigrate"
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/testdb"
@@ -299,7 +299,7 @@ func TestEveryVariableIsDocumented(t *testing.T) {
 	}
 	// Names are read as getenv("NAME") or listed as {"NAME", &cfg..., default}.
 	re := regexp.MustCompile(`(?:getenv\("|\{")([A-Z][A-Z0-9_]+)"`)
-	table := payments.Configuration()
+	table := apispec.Configuration()
 	var names []string
 	for _, m := range re.FindAllStringSubmatch(string(src), -1) {
 		names = append(names, m[1])

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	payments "github.com/idemref/payments"
+	"github.com/idemref/payments"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
 	paymentsvc "github.com/idemref/payments/internal/payments"
@@ -148,7 +148,7 @@ func fuzzServer(tb testing.TB) (http.Handler, string, string) {
 		Payments:       svc,
 		Logger:         logger,
 		RequestTimeout: 10 * time.Second,
-		OpenAPI:        payments.OpenAPI,
+		OpenAPI:        apispec.OpenAPI,
 	})
 
 	// A paid order, so refunds have something to refund.

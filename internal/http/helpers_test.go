@@ -22,7 +22,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	payments "github.com/idemref/payments"
+	"github.com/idemref/payments"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
 	paymentsvc "github.com/idemref/payments/internal/payments"
@@ -227,7 +227,7 @@ func setup(t *testing.T, opts ...setupOption) *env {
 		Payments:       e.payments,
 		Logger:         logger,
 		RequestTimeout: 10 * time.Second,
-		OpenAPI:        payments.OpenAPI,
+		OpenAPI:        apispec.OpenAPI,
 		RateLimit:      o.rateLimit,
 		AuthCacheTTL:   authCacheTTL,
 		WebhookSecrets: []string{webhookSecret},

@@ -13,7 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/uuid"
 
-	payments "github.com/idemref/payments"
+	"github.com/idemref/payments"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/tenants"
@@ -269,8 +269,8 @@ func TestSystemEndpoints(t *testing.T) {
 		if ct := res.header.Get("Content-Type"); ct != "application/yaml" {
 			t.Errorf("Content-Type = %q, want application/yaml", ct)
 		}
-		if string(res.body) != string(payments.OpenAPI) {
-			t.Error("the served document differs from payments.OpenAPI")
+		if string(res.body) != string(apispec.OpenAPI) {
+			t.Error("the served document differs from apispec.OpenAPI")
 		}
 	})
 
