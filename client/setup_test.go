@@ -21,7 +21,7 @@ import (
 	"github.com/idemref/payments/client"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
-	paymentsvc "github.com/idemref/payments/internal/payments"
+	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
 	"github.com/idemref/payments/internal/processorsim"
 	"github.com/idemref/payments/internal/tenants"
@@ -54,8 +54,8 @@ func setup(t *testing.T) *env {
 	store := idem.NewStore(pool, idem.Config{LockTimeout: lockTimeout})
 	sim := httptest.NewServer(processorsim.New(processorsim.Config{Logger: slog.New(slog.DiscardHandler)}).Handler())
 	t.Cleanup(sim.Close)
-	svc := paymentsvc.NewService(pool, store, processor.NewClient(sim.URL, 5*time.Second), httpapi.Renderer{},
-		slog.New(slog.DiscardHandler), paymentsvc.Config{SettleWindow: 15 * time.Second})
+	svc := payments.NewService(pool, store, processor.NewClient(sim.URL, 5*time.Second), httpapi.Renderer{},
+		slog.New(slog.DiscardHandler), payments.Config{SettleWindow: 15 * time.Second})
 	srv := httptest.NewServer(httpapi.NewHandler(httpapi.Config{
 		Pool:           pool,
 		Idem:           store,

@@ -25,7 +25,7 @@ import (
 	"github.com/idemref/payments"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
-	paymentsvc "github.com/idemref/payments/internal/payments"
+	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/pgwire"
 	"github.com/idemref/payments/internal/processor"
 	"github.com/idemref/payments/internal/processorsim"
@@ -64,7 +64,7 @@ type env struct {
 	// sim is the payment processor the server calls when setup was given
 	// withProcessor, and payments the service that calls it; nil otherwise.
 	sim      *processorsim.Simulator
-	payments *paymentsvc.Service
+	payments *payments.Service
 	// wire counts the server's round trips to PostgreSQL when setup was
 	// given withWireCounter; nil otherwise.
 	wire *pgwire.Proxy
@@ -217,9 +217,9 @@ func setup(t *testing.T, opts ...setupOption) *env {
 		e.sim = processorsim.New(processorsim.Config{Logger: logger.With(slog.String("component", "processorsim"))})
 		simSrv := httptest.NewServer(e.sim.Handler())
 		t.Cleanup(simSrv.Close) // runs after the API server's Close: no call is cut short
-		e.payments = paymentsvc.NewService(serverPool, store,
+		e.payments = payments.NewService(serverPool, store,
 			processor.NewClient(simSrv.URL, processorTimeout), httpapi.Renderer{}, logger,
-			paymentsvc.Config{SettleWindow: o.settleWindow})
+			payments.Config{SettleWindow: o.settleWindow})
 	}
 	e.handler = httpapi.NewHandler(httpapi.Config{
 		Pool:           serverPool,

@@ -18,7 +18,7 @@ import (
 
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
-	paymentsvc "github.com/idemref/payments/internal/payments"
+	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
 	"github.com/idemref/payments/internal/processorsim"
 )
@@ -1307,7 +1307,7 @@ func TestCompleterFinishesAnAbandonedPayment(t *testing.T) {
 	row := e.onePayment(t, o.ID)
 	e.passSettleWindow(t, e.a.ID, endpointPayments, key)
 
-	if n := paymentsvc.NewCompleter(e.payments, time.Hour).RunOnce(t.Context()); n != 1 {
+	if n := payments.NewCompleter(e.payments, time.Hour).RunOnce(t.Context()); n != 1 {
 		t.Fatalf("the completer took over %d keys, want 1", n)
 	}
 	e.wantKeyState(t, e.a.ID, endpointPayments, key, completed(http.StatusCreated, row.ID))

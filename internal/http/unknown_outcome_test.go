@@ -13,7 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	httpapi "github.com/idemref/payments/internal/http"
-	paymentsvc "github.com/idemref/payments/internal/payments"
+	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
 	"github.com/idemref/payments/internal/processorsim"
 )
@@ -324,7 +324,7 @@ func TestLateChargeWithCompleterOnly(t *testing.T) {
 
 			ctx, stop := context.WithCancel(t.Context())
 			var wg sync.WaitGroup
-			wg.Go(func() { paymentsvc.NewCompleter(e.payments, 50*time.Millisecond).Run(ctx) })
+			wg.Go(func() { payments.NewCompleter(e.payments, 50*time.Millisecond).Run(ctx) })
 			t.Cleanup(func() { stop(); wg.Wait() })
 
 			deadline := time.Now().Add(20 * time.Second)
