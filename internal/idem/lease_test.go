@@ -35,8 +35,8 @@ const (
 
 // Recovery points of the pretend multi-step endpoint.
 const (
-	pointCreated = "thing_created"
-	pointSent    = "thing_sent"
+	recoveryThingCreated = "thing_created"
+	recoveryThingSent    = "thing_sent"
 )
 
 // otherEndpoint is a second multi-step endpoint.
@@ -204,7 +204,7 @@ func TestBeginRunsFirstPhaseInClaimTransaction(t *testing.T) {
 		}
 		inside, insideOK = leaseRowOf(t, tx, c)
 		_, visibleOutside = leaseRowOf(t, h.pool, c)
-		return Step{RecoveryPoint: pointCreated, ResourceID: resource}, insertScratch(ctx, tx, h.tenant, "created")
+		return Step{RecoveryPoint: recoveryThingCreated, ResourceID: resource}, insertScratch(ctx, tx, h.tenant, "created")
 	})
 	if err != nil {
 		t.Fatalf("Begin: %v", err)
@@ -227,11 +227,11 @@ func TestBeginRunsFirstPhaseInClaimTransaction(t *testing.T) {
 	})
 
 	t.Run("ClaimAndFirstPhaseCommitTogether", func(t *testing.T) {
-		want := Begun{Lease: Lease{Claim: c, Generation: 1, RecoveryPoint: pointCreated, ResourceID: resource}}
+		want := Begun{Lease: Lease{Claim: c, Generation: 1, RecoveryPoint: recoveryThingCreated, ResourceID: resource}}
 		if diff := cmp.Diff(want, b, ignoreExpires); diff != "" {
 			t.Errorf("Begin (-want +got):\n%s", diff)
 		}
-		h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: pointCreated, Generation: 1, ResourceID: resource, Lock: "live"})
+		h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: recoveryThingCreated, Generation: 1, ResourceID: resource, Lock: "live"})
 		h.wantScratch(t, "created")
 	})
 }
@@ -262,7 +262,7 @@ func TestBeginFirstPhaseDeterministicFailure(t *testing.T) {
 		checkCompleted(t, h.onlyKeyRow(t), c, want)
 	})
 	t.Run("LaterBeginReplays", func(t *testing.T) {
-		b, err := store.Begin(t.Context(), c, firstPhase(&calls, h.tenant, "retry", Step{RecoveryPoint: pointCreated}))
+		b, err := store.Begin(t.Context(), c, firstPhase(&calls, h.tenant, "retry", Step{RecoveryPoint: recoveryThingCreated}))
 		if err != nil {
 			t.Fatalf("Begin: %v", err)
 		}
@@ -290,7 +290,7 @@ func TestBeginFirstPhaseErrorLeavesNothing(t *testing.T) {
 		if err := insertScratch(ctx, tx, h.tenant, "failed"); err != nil {
 			return Step{}, err
 		}
-		return Step{RecoveryPoint: pointCreated}, errBoom
+		return Step{RecoveryPoint: recoveryThingCreated}, errBoom
 	})
 	if !errors.Is(err, errBoom) {
 		t.Fatalf("Begin = %+v, %v; want it to wrap %v", b, err, errBoom)
@@ -301,7 +301,7 @@ func TestBeginFirstPhaseErrorLeavesNothing(t *testing.T) {
 	h.wantScratch(t)
 
 	t.Run("RetryClaimsAfresh", func(t *testing.T) {
-		l := h.mustBegin(t, store, c, "retry", pointCreated, uuid.Nil)
+		l := h.mustBegin(t, store, c, "retry", recoveryThingCreated, uuid.Nil)
 		if l.Generation != 1 || l.Resumed {
 			t.Errorf("retry lease = %+v; want generation 1, not resumed", l)
 		}
@@ -317,11 +317,11 @@ func TestBeginOnExistingKey(t *testing.T) {
 		h := newHarness(t)
 		_, long := h.leaseStores()
 		c := h.claim(t, "key-1", `{"amount":100}`)
-		h.mustBegin(t, long, c, "first", pointCreated, uuid.Nil)
+		h.mustBegin(t, long, c, "first", recoveryThingCreated, uuid.Nil)
 		before := h.snapshot(t, c)
 		var calls atomic.Int32
 
-		b, err := long.Begin(t.Context(), c, firstPhase(&calls, h.tenant, "second", Step{RecoveryPoint: pointCreated}))
+		b, err := long.Begin(t.Context(), c, firstPhase(&calls, h.tenant, "second", Step{RecoveryPoint: recoveryThingCreated}))
 		if !errors.Is(err, ErrKeyInUse) {
 			t.Fatalf("Begin under a live lease = %+v, %v; want ErrKeyInUse", b, err)
 		}
@@ -350,7 +350,7 @@ func TestBeginOnExistingKey(t *testing.T) {
 			if tt.expire {
 				holder = short
 			}
-			h.mustBegin(t, holder, c, "first", pointCreated, uuid.Nil)
+			h.mustBegin(t, holder, c, "first", recoveryThingCreated, uuid.Nil)
 			if tt.expire {
 				h.waitLeaseExpired(t, deadline(t), c)
 			}
@@ -358,7 +358,7 @@ func TestBeginOnExistingKey(t *testing.T) {
 			var calls atomic.Int32
 
 			other := h.claim(t, "key-1", `{"amount":999}`)
-			b, err := long.Begin(t.Context(), other, firstPhase(&calls, h.tenant, "other", Step{RecoveryPoint: pointCreated}))
+			b, err := long.Begin(t.Context(), other, firstPhase(&calls, h.tenant, "other", Step{RecoveryPoint: recoveryThingCreated}))
 			if !errors.Is(err, ErrKeyReused) {
 				t.Fatalf("Begin with another fingerprint = %+v, %v; want ErrKeyReused", b, err)
 			}
@@ -379,30 +379,30 @@ func TestBeginOnExistingKey(t *testing.T) {
 		short, long := h.leaseStores()
 		c := h.claim(t, "key-1", `{"amount":100}`)
 		resource := uuid.New()
-		h.mustBegin(t, short, c, "first", pointCreated, resource)
+		h.mustBegin(t, short, c, "first", recoveryThingCreated, resource)
 		h.waitLeaseExpired(t, deadline(t), c)
 		var calls atomic.Int32
 
-		b, err := long.Begin(t.Context(), c, firstPhase(&calls, h.tenant, "second", Step{RecoveryPoint: pointCreated}))
+		b, err := long.Begin(t.Context(), c, firstPhase(&calls, h.tenant, "second", Step{RecoveryPoint: recoveryThingCreated}))
 		if err != nil {
 			t.Fatalf("Begin after the lease expired: %v", err)
 		}
-		want := Begun{Lease: Lease{Claim: c, Generation: 2, RecoveryPoint: pointCreated, ResourceID: resource, Resumed: true}}
+		want := Begun{Lease: Lease{Claim: c, Generation: 2, RecoveryPoint: recoveryThingCreated, ResourceID: resource, Resumed: true}}
 		if diff := cmp.Diff(want, b, ignoreExpires); diff != "" {
 			t.Errorf("takeover (-want +got):\n%s", diff)
 		}
 		if got := calls.Load(); got != 0 {
 			t.Errorf("first phase ran %d times on a takeover, want 0", got)
 		}
-		h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: pointCreated, Generation: 2, ResourceID: resource, Lock: "live"})
+		h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: recoveryThingCreated, Generation: 2, ResourceID: resource, Lock: "live"})
 		h.wantScratch(t, "first")
 
 		t.Run("TakenOverLeaseIsLive", func(t *testing.T) {
-			b, err := long.Begin(t.Context(), c, firstPhase(&calls, h.tenant, "third", Step{RecoveryPoint: pointCreated}))
+			b, err := long.Begin(t.Context(), c, firstPhase(&calls, h.tenant, "third", Step{RecoveryPoint: recoveryThingCreated}))
 			if !errors.Is(err, ErrKeyInUse) {
 				t.Fatalf("Begin under the new lease = %+v, %v; want ErrKeyInUse", b, err)
 			}
-			h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: pointCreated, Generation: 2, ResourceID: resource, Lock: "live"})
+			h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: recoveryThingCreated, Generation: 2, ResourceID: resource, Lock: "live"})
 		})
 	})
 }
@@ -415,7 +415,7 @@ func TestPhaseFencesOffTakenOverAttempt(t *testing.T) {
 	resource := uuid.New()
 
 	// Attempt A holds generation 1 and stalls until its lease expires.
-	a := h.mustBegin(t, short, c, "a: created", pointCreated, resource)
+	a := h.mustBegin(t, short, c, "a: created", recoveryThingCreated, resource)
 	h.waitLeaseExpired(t, deadline(t), c)
 
 	// Attempt B (a retry with the same request) takes over.
@@ -433,30 +433,30 @@ func TestPhaseFencesOffTakenOverAttempt(t *testing.T) {
 
 	var aCalls, bCalls atomic.Int32
 	t.Run("StaleAttemptGetsLeaseLost", func(t *testing.T) {
-		res, err := short.Phase(t.Context(), &a, phase(&aCalls, h.tenant, "a: sent", Step{RecoveryPoint: pointSent}))
+		res, err := short.Phase(t.Context(), &a, phase(&aCalls, h.tenant, "a: sent", Step{RecoveryPoint: recoveryThingSent}))
 		if !errors.Is(err, ErrLeaseLost) {
 			t.Fatalf("stale Phase = %+v, %v; want ErrLeaseLost", res, err)
 		}
 		if got := aCalls.Load(); got != 0 {
 			t.Errorf("the stale attempt's phase ran %d times, want 0", got)
 		}
-		if a.RecoveryPoint != pointCreated {
-			t.Errorf("stale lease's recovery point = %q, want %q", a.RecoveryPoint, pointCreated)
+		if a.RecoveryPoint != recoveryThingCreated {
+			t.Errorf("stale lease's recovery point = %q, want %q", a.RecoveryPoint, recoveryThingCreated)
 		}
 		h.wantScratch(t, "a: created")
-		h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: pointCreated, Generation: 2, ResourceID: resource, Lock: "live"})
+		h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: recoveryThingCreated, Generation: 2, ResourceID: resource, Lock: "live"})
 	})
 
 	t.Run("AttemptThatTookOverAdvances", func(t *testing.T) {
-		res, err := long.Phase(t.Context(), &b, phase(&bCalls, h.tenant, "b: sent", Step{RecoveryPoint: pointSent}))
+		res, err := long.Phase(t.Context(), &b, phase(&bCalls, h.tenant, "b: sent", Step{RecoveryPoint: recoveryThingSent}))
 		if err != nil || res != nil {
 			t.Fatalf("Phase = %+v, %v; want an advance", res, err)
 		}
-		if b.RecoveryPoint != pointSent {
-			t.Errorf("lease recovery point = %q, want %q", b.RecoveryPoint, pointSent)
+		if b.RecoveryPoint != recoveryThingSent {
+			t.Errorf("lease recovery point = %q, want %q", b.RecoveryPoint, recoveryThingSent)
 		}
 		h.wantScratch(t, "a: created", "b: sent")
-		h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: pointSent, Generation: 2, ResourceID: resource, Lock: "live"})
+		h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: recoveryThingSent, Generation: 2, ResourceID: resource, Lock: "live"})
 	})
 
 	want := created(`{"id":"t_1"}`)
@@ -493,7 +493,7 @@ func TestPhaseFencesOffTakenOverAttempt(t *testing.T) {
 
 	t.Run("LaterBeginReplays", func(t *testing.T) {
 		var calls atomic.Int32
-		got, err := long.Begin(t.Context(), c, firstPhase(&calls, h.tenant, "retry", Step{RecoveryPoint: pointCreated}))
+		got, err := long.Begin(t.Context(), c, firstPhase(&calls, h.tenant, "retry", Step{RecoveryPoint: recoveryThingCreated}))
 		if err != nil {
 			t.Fatalf("Begin: %v", err)
 		}
@@ -520,7 +520,7 @@ func TestPhaseInFlightHoldsOffTakeover(t *testing.T) {
 	c := h.claim(t, "key-1", `{}`)
 	bound := deadline(t)
 
-	a := h.mustBegin(t, short, c, "created", pointCreated, uuid.Nil)
+	a := h.mustBegin(t, short, c, "created", recoveryThingCreated, uuid.Nil)
 	h.waitLeaseExpired(t, bound, c)
 
 	var retryCalls atomic.Int32
@@ -532,11 +532,11 @@ func TestPhaseInFlightHoldsOffTakeover(t *testing.T) {
 		// The lease has expired, but this phase holds the row: a retry
 		// arriving now must wait for it.
 		go func() {
-			_, err := patient.Begin(bound, c, firstPhase(&retryCalls, h.tenant, "retry", Step{RecoveryPoint: pointCreated}))
+			_, err := patient.Begin(bound, c, firstPhase(&retryCalls, h.tenant, "retry", Step{RecoveryPoint: recoveryThingCreated}))
 			retried <- err
 		}()
 		waitUntil(t, bound, h.pool, lockWaitersAtLeast, 1)
-		return Step{RecoveryPoint: pointSent}, nil
+		return Step{RecoveryPoint: recoveryThingSent}, nil
 	})
 	if err != nil || res != nil {
 		t.Fatalf("Phase = %+v, %v; want an advance", res, err)
@@ -547,7 +547,7 @@ func TestPhaseInFlightHoldsOffTakeover(t *testing.T) {
 	if retryCalls.Load() != 0 {
 		t.Error("the retry's first phase ran")
 	}
-	h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: pointSent, Generation: 1, Lock: "live"})
+	h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: recoveryThingSent, Generation: 1, Lock: "live"})
 	h.wantScratch(t, "created", "sent")
 }
 
@@ -557,7 +557,7 @@ func TestPhaseErrorRollsBack(t *testing.T) {
 	_, store := h.leaseStores()
 	c := h.claim(t, "key-1", `{}`)
 	resource := uuid.New()
-	l := h.mustBegin(t, store, c, "created", pointCreated, resource)
+	l := h.mustBegin(t, store, c, "created", recoveryThingCreated, resource)
 	before := h.snapshot(t, c)
 	errBoom := errors.New("boom")
 	var calls atomic.Int32
@@ -567,7 +567,7 @@ func TestPhaseErrorRollsBack(t *testing.T) {
 		if err := insertScratch(ctx, tx, h.tenant, "failed"); err != nil {
 			return Step{}, err
 		}
-		return Step{RecoveryPoint: pointSent}, errBoom
+		return Step{RecoveryPoint: recoveryThingSent}, errBoom
 	})
 	if !errors.Is(err, errBoom) || res != nil {
 		t.Fatalf("Phase = %+v, %v; want it to wrap %v", res, err, errBoom)
@@ -579,16 +579,16 @@ func TestPhaseErrorRollsBack(t *testing.T) {
 	if diff := cmp.Diff(before, h.snapshot(t, c), ignoreExpires); diff != "" {
 		t.Errorf("the key row changed (-before +after):\n%s", diff)
 	}
-	if l.RecoveryPoint != pointCreated {
-		t.Errorf("lease recovery point = %q, want %q", l.RecoveryPoint, pointCreated)
+	if l.RecoveryPoint != recoveryThingCreated {
+		t.Errorf("lease recovery point = %q, want %q", l.RecoveryPoint, recoveryThingCreated)
 	}
 
 	t.Run("LeaseStillUsable", func(t *testing.T) {
-		if _, err := store.Phase(t.Context(), &l, phase(&calls, h.tenant, "sent", Step{RecoveryPoint: pointSent})); err != nil {
+		if _, err := store.Phase(t.Context(), &l, phase(&calls, h.tenant, "sent", Step{RecoveryPoint: recoveryThingSent})); err != nil {
 			t.Fatalf("Phase after a failed one: %v", err)
 		}
 		h.wantScratch(t, "created", "sent")
-		h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: pointSent, Generation: 1, ResourceID: resource, Lock: "live"})
+		h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: recoveryThingSent, Generation: 1, ResourceID: resource, Lock: "live"})
 	})
 }
 
@@ -598,23 +598,23 @@ func TestRelease(t *testing.T) {
 	_, store := h.leaseStores()
 	c := h.claim(t, "key-1", `{}`)
 	resource := uuid.New()
-	first := h.mustBegin(t, store, c, "created", pointCreated, resource)
+	first := h.mustBegin(t, store, c, "created", recoveryThingCreated, resource)
 
 	if err := store.Release(t.Context(), first, 0); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 	t.Run("EndsTheLeaseKeepsThePoint", func(t *testing.T) {
-		h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: pointCreated, Generation: 1, ResourceID: resource, Lock: "expired"})
+		h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: recoveryThingCreated, Generation: 1, ResourceID: resource, Lock: "expired"})
 	})
 
 	var second Lease
 	t.Run("ImmediateRetryTakesOver", func(t *testing.T) {
 		var calls atomic.Int32
-		b, err := store.Begin(t.Context(), c, firstPhase(&calls, h.tenant, "retry", Step{RecoveryPoint: pointCreated}))
+		b, err := store.Begin(t.Context(), c, firstPhase(&calls, h.tenant, "retry", Step{RecoveryPoint: recoveryThingCreated}))
 		if err != nil {
 			t.Fatalf("Begin after Release: %v", err)
 		}
-		want := Begun{Lease: Lease{Claim: c, Generation: 2, RecoveryPoint: pointCreated, ResourceID: resource, Resumed: true}}
+		want := Begun{Lease: Lease{Claim: c, Generation: 2, RecoveryPoint: recoveryThingCreated, ResourceID: resource, Resumed: true}}
 		if diff := cmp.Diff(want, b, ignoreExpires); diff != "" {
 			t.Errorf("takeover (-want +got):\n%s", diff)
 		}
@@ -622,7 +622,7 @@ func TestRelease(t *testing.T) {
 			t.Error("first phase ran on a takeover")
 		}
 		second = b.Lease
-		h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: pointCreated, Generation: 2, ResourceID: resource, Lock: "live"})
+		h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: recoveryThingCreated, Generation: 2, ResourceID: resource, Lock: "live"})
 	})
 
 	t.Run("StaleGenerationChangesNothing", func(t *testing.T) {
@@ -668,11 +668,11 @@ func TestTakeOverExpired(t *testing.T) {
 		expiredA := h.claim(t, "expired-a", `{}`)
 		expiredB := h.claimAt(t, otherEndpoint, "expired-b", `{}`)
 		resourceA, resourceB := uuid.New(), uuid.New()
-		h.mustBegin(t, short, expiredA, "a", pointCreated, resourceA)
-		h.mustBegin(t, short, expiredB, "b", pointSent, resourceB)
+		h.mustBegin(t, short, expiredA, "a", recoveryThingCreated, resourceA)
+		h.mustBegin(t, short, expiredB, "b", recoveryThingSent, resourceB)
 
 		live := h.claim(t, "live", `{}`)
-		h.mustBegin(t, long, live, "live", pointCreated, uuid.New())
+		h.mustBegin(t, long, live, "live", recoveryThingCreated, uuid.New())
 
 		completed := h.claim(t, "completed", `{}`)
 		res := created(`{}`)
@@ -682,7 +682,7 @@ func TestTakeOverExpired(t *testing.T) {
 		}
 
 		elsewhere := h.claimAt(t, "POST /v1/elsewhere", "elsewhere", `{}`)
-		h.mustBegin(t, short, elsewhere, "elsewhere", pointCreated, uuid.New())
+		h.mustBegin(t, short, elsewhere, "elsewhere", recoveryThingCreated, uuid.New())
 
 		// A one-transaction key left in progress, even with a stale
 		// locked_until, is not the completer's: it has no recovery point.
@@ -708,14 +708,14 @@ func TestTakeOverExpired(t *testing.T) {
 		slices.SortFunc(leases, func(a, b Lease) int { return strings.Compare(a.Key, b.Key) })
 		scope := func(c Claim) Claim { return Claim{TenantID: c.TenantID, Endpoint: c.Endpoint, Key: c.Key} }
 		want := []Lease{
-			{Claim: scope(expiredA), Generation: 2, RecoveryPoint: pointCreated, ResourceID: resourceA, Resumed: true},
-			{Claim: scope(expiredB), Generation: 2, RecoveryPoint: pointSent, ResourceID: resourceB, Resumed: true},
+			{Claim: scope(expiredA), Generation: 2, RecoveryPoint: recoveryThingCreated, ResourceID: resourceA, Resumed: true},
+			{Claim: scope(expiredB), Generation: 2, RecoveryPoint: recoveryThingSent, ResourceID: resourceB, Resumed: true},
 		}
 		if diff := cmp.Diff(want, leases, ignoreExpires); diff != "" {
 			t.Errorf("TakeOverExpired (-want +got):\n%s", diff)
 		}
-		h.wantLeaseRow(t, expiredA, leaseRow{State: "in_progress", RecoveryPoint: pointCreated, Generation: 2, ResourceID: resourceA, Lock: "live"})
-		h.wantLeaseRow(t, expiredB, leaseRow{State: "in_progress", RecoveryPoint: pointSent, Generation: 2, ResourceID: resourceB, Lock: "live"})
+		h.wantLeaseRow(t, expiredA, leaseRow{State: "in_progress", RecoveryPoint: recoveryThingCreated, Generation: 2, ResourceID: resourceA, Lock: "live"})
+		h.wantLeaseRow(t, expiredB, leaseRow{State: "in_progress", RecoveryPoint: recoveryThingSent, Generation: 2, ResourceID: resourceB, Lock: "live"})
 		for _, c := range untouched {
 			if diff := cmp.Diff(before[c.Key], h.snapshot(t, c), ignoreExpires); diff != "" {
 				t.Errorf("TakeOverExpired changed key %q (-before +after):\n%s", c.Key, diff)
@@ -727,13 +727,13 @@ func TestTakeOverExpired(t *testing.T) {
 			if err != nil || len(leases) != 0 {
 				t.Errorf("second TakeOverExpired = %+v, %v; want nothing", leases, err)
 			}
-			h.wantLeaseRow(t, expiredA, leaseRow{State: "in_progress", RecoveryPoint: pointCreated, Generation: 2, ResourceID: resourceA, Lock: "live"})
+			h.wantLeaseRow(t, expiredA, leaseRow{State: "in_progress", RecoveryPoint: recoveryThingCreated, Generation: 2, ResourceID: resourceA, Lock: "live"})
 		})
 
 		t.Run("TakenOverLeaseFencesTheOldAttempt", func(t *testing.T) {
-			l := Lease{Claim: expiredA, Generation: 1, RecoveryPoint: pointCreated, ResourceID: resourceA}
+			l := Lease{Claim: expiredA, Generation: 1, RecoveryPoint: recoveryThingCreated, ResourceID: resourceA}
 			var calls atomic.Int32
-			if _, err := short.Phase(bound, &l, phase(&calls, h.tenant, "stale", Step{RecoveryPoint: pointSent})); !errors.Is(err, ErrLeaseLost) {
+			if _, err := short.Phase(bound, &l, phase(&calls, h.tenant, "stale", Step{RecoveryPoint: recoveryThingSent})); !errors.Is(err, ErrLeaseLost) {
 				t.Errorf("Phase of the old attempt: %v; want ErrLeaseLost", err)
 			}
 			if calls.Load() != 0 {
@@ -750,7 +750,7 @@ func TestTakeOverExpired(t *testing.T) {
 		var claims []Claim
 		for i := range 5 {
 			c := h.claim(t, fmt.Sprintf("key-%d", i), `{}`)
-			h.mustBegin(t, short, c, c.Key, pointCreated, uuid.Nil)
+			h.mustBegin(t, short, c, c.Key, recoveryThingCreated, uuid.Nil)
 			claims = append(claims, c)
 		}
 		h.waitLeaseExpired(t, bound, claims...)
@@ -772,7 +772,7 @@ func TestTakeOverExpired(t *testing.T) {
 			}
 		}
 		for _, c := range claims {
-			h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: pointCreated, Generation: 2, Lock: "live"})
+			h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: recoveryThingCreated, Generation: 2, Lock: "live"})
 		}
 	})
 
@@ -782,8 +782,8 @@ func TestTakeOverExpired(t *testing.T) {
 		short, long := h.leaseStores()
 		bound := deadline(t)
 		held, free := h.claim(t, "held", `{}`), h.claim(t, "free", `{}`)
-		h.mustBegin(t, short, held, "held", pointCreated, uuid.Nil)
-		h.mustBegin(t, short, free, "free", pointCreated, uuid.Nil)
+		h.mustBegin(t, short, held, "held", recoveryThingCreated, uuid.Nil)
+		h.mustBegin(t, short, free, "free", recoveryThingCreated, uuid.Nil)
 		h.waitLeaseExpired(t, bound, held, free)
 
 		// Another completer is in the middle of taking "held" over.
@@ -834,14 +834,14 @@ func TestTakeOverExpired(t *testing.T) {
 		if got.err != nil {
 			t.Fatalf("TakeOverExpired: %v", got.err)
 		}
-		want := []Lease{{Claim: Claim{TenantID: h.tenant, Endpoint: testEndpoint, Key: free.Key}, Generation: 2, RecoveryPoint: pointCreated, Resumed: true}}
+		want := []Lease{{Claim: Claim{TenantID: h.tenant, Endpoint: testEndpoint, Key: free.Key}, Generation: 2, RecoveryPoint: recoveryThingCreated, Resumed: true}}
 		if diff := cmp.Diff(want, got.leases, ignoreExpires); diff != "" {
 			t.Errorf("TakeOverExpired (-want +got):\n%s", diff)
 		}
 		if err := tx.Rollback(bound); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
 			t.Fatal(err)
 		}
-		h.wantLeaseRow(t, held, leaseRow{State: "in_progress", RecoveryPoint: pointCreated, Generation: 1, Lock: "expired"})
+		h.wantLeaseRow(t, held, leaseRow{State: "in_progress", RecoveryPoint: recoveryThingCreated, Generation: 1, Lock: "expired"})
 	})
 
 	t.Run("ConcurrentCallsShareTheWork", func(t *testing.T) {
@@ -853,7 +853,7 @@ func TestTakeOverExpired(t *testing.T) {
 		var claims []Claim
 		for i := range keys {
 			c := h.claim(t, fmt.Sprintf("key-%02d", i), `{}`)
-			h.mustBegin(t, short, c, c.Key, pointCreated, uuid.Nil)
+			h.mustBegin(t, short, c, c.Key, recoveryThingCreated, uuid.Nil)
 			claims = append(claims, c)
 		}
 		h.waitLeaseExpired(t, bound, claims...)
@@ -894,7 +894,7 @@ func TestTakeOverExpired(t *testing.T) {
 			t.Errorf("the two calls took %d distinct keys (%d and %d), want all %d", len(taken), len(results[0]), len(results[1]), keys)
 		}
 		for _, c := range claims {
-			h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: pointCreated, Generation: 2, Lock: "live"})
+			h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: recoveryThingCreated, Generation: 2, Lock: "live"})
 		}
 	})
 }

@@ -51,10 +51,10 @@ func refundFrom(row dbsqlc.Refund) Refund {
 
 // Recovery points of a refund (S1).
 const (
-	// pointRefundCreated: the refund row is committed.
-	pointRefundCreated = "refund_created"
-	// pointRefundSent: a refund call may have reached the processor.
-	pointRefundSent = "refund_sent"
+	// recoveryRefundCreated: the refund row is committed.
+	recoveryRefundCreated = "refund_created"
+	// recoveryRefundSent: a refund call may have reached the processor.
+	recoveryRefundSent = "refund_sent"
 )
 
 // stepRefund names the refund's derived key (S2).
