@@ -31,6 +31,7 @@ import (
 	"github.com/idemref/payments/internal/processorsim"
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/testdb"
+	"github.com/idemref/payments/internal/testkit"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
@@ -211,7 +212,7 @@ func setup(t *testing.T, opts ...setupOption) *env {
 		t.Fatal(err)
 	}
 
-	logger := testLogger(t)
+	logger := testkit.Logger(t) // before the servers, so its cleanup runs after their Close
 	store := idem.NewStore(serverPool, idem.Config{LockTimeout: lockTimeout, Lease: paymentLease})
 	if o.processor {
 		e.sim = processorsim.New(processorsim.Config{Logger: logger.With(slog.String("component", "processorsim"))})
@@ -244,35 +245,6 @@ func setup(t *testing.T, opts ...setupOption) *env {
 	e.client = e.srv.Client()
 	e.client.Timeout = 10 * time.Second
 	return e
-}
-
-// testLogger sends the server's log to t.Log, so it shows with the failing
-// test (and with -v).
-func testLogger(t *testing.T) *slog.Logger {
-	w := &testLogWriter{t: t}
-	t.Cleanup(w.stop) // registered before the server's Close, so it runs after it
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-type testLogWriter struct {
-	mu   sync.Mutex
-	t    *testing.T
-	done bool
-}
-
-func (w *testLogWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.done {
-		w.t.Log(strings.TrimSuffix(string(p), "\n"))
-	}
-	return len(p), nil
-}
-
-func (w *testLogWriter) stop() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.done = true
 }
 
 // response is a response as the client saw it.

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -26,6 +25,7 @@ import (
 	"github.com/idemref/payments/internal/processorsim"
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/testdb"
+	"github.com/idemref/payments/internal/testkit"
 )
 
 // world is one test's payments service: a database of its own, a tenant,
@@ -53,7 +53,7 @@ type world struct {
 func newWorld(t *testing.T, lease, timeout time.Duration) *world {
 	t.Helper()
 	pool, dbURL := testdb.NewPool(t)
-	w := &world{pool: pool, dbURL: dbURL, lease: lease, timeout: timeout, settle: 3 * timeout, log: testLogger(t)}
+	w := &world{pool: pool, dbURL: dbURL, lease: lease, timeout: timeout, settle: 3 * timeout, log: testkit.Logger(t)}
 	var err error
 	w.tenant, _, err = tenants.Create(t.Context(), pool, "tenant "+uuid.NewString())
 	if err != nil {
@@ -440,33 +440,4 @@ func eventually(t *testing.T, ctx context.Context, what string, cond func() bool
 		case <-tick.C:
 		}
 	}
-}
-
-// testLogger sends the service's log to t.Log, so it shows with a failing
-// test (and with -v), and drops whatever comes after the test ended.
-func testLogger(t *testing.T) *slog.Logger {
-	w := &testLogWriter{t: t}
-	t.Cleanup(w.stop)
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-type testLogWriter struct {
-	mu   sync.Mutex
-	t    *testing.T
-	done bool
-}
-
-func (w *testLogWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.done {
-		w.t.Log(strings.TrimSuffix(string(p), "\n"))
-	}
-	return len(p), nil
-}
-
-func (w *testLogWriter) stop() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.done = true
 }
