@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemref/payments/internal/processorsim"
 	"github.com/idemref/payments/internal/testdb"
+	"github.com/idemref/payments/internal/testkit"
 )
 
 // paymentEnv is one database, one tenant with one unpaid order, and a
@@ -241,7 +242,7 @@ func TestConcurrentPaymentsAcrossProcesses(t *testing.T) {
 	t.Parallel()
 	e := newPaymentEnv(t)
 	apis := []*serverProcess{e.start(t), e.start(t), e.start(t)}
-	results := fire(t, 50, func(i int) (response, error) { return e.pay(apis[i%3].base, "same-pay-key") })
+	results := testkit.Fire(t, 50, func(i int) (response, error) { return e.pay(apis[i%3].base, "same-pay-key") })
 	var fresh int
 	for _, r := range results {
 		switch {

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +20,7 @@ import (
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
 	"github.com/idemref/payments/internal/processorsim"
+	"github.com/idemref/payments/internal/testkit"
 )
 
 // Payments and refunds through the HTTP API, against a processor simulator
@@ -1350,7 +1350,7 @@ func TestPayConcurrentDuplicates(t *testing.T) {
 		o := e.newOrder(t, e.a, "inv-1")
 		const key = "concurrent-key"
 		body := []byte(payBody(o.ID, cardVisa))
-		results := fire(t, n, func(int) (response, error) {
+		results := testkit.Fire(t, n, func(int) (response, error) {
 			return e.send(t.Context(), http.MethodPost, "/v1/payments", e.a.Key, body, withHeader(idem.HeaderName, key))
 		})
 		fresh := 0
@@ -1388,7 +1388,7 @@ func TestPayConcurrentDuplicates(t *testing.T) {
 	t.Run("NewKeyPerRequest", func(t *testing.T) {
 		o := e.newOrder(t, e.a, "inv-2")
 		body := []byte(payBody(o.ID, cardVisa))
-		results := fire(t, n, func(i int) (response, error) {
+		results := testkit.Fire(t, n, func(i int) (response, error) {
 			return e.send(t.Context(), http.MethodPost, "/v1/payments", e.a.Key, body, withHeader(idem.HeaderName, fmt.Sprintf("new-key-%d", i)))
 		})
 		var created []payment
@@ -1420,30 +1420,6 @@ func TestPayConcurrentDuplicates(t *testing.T) {
 			t.Errorf("order row (-want +got):\n%s", diff)
 		}
 	})
-}
-
-// fire sends n requests at once (released together) and returns every
-// response; a transport error fails the test.
-func fire(t *testing.T, n int, send func(i int) (response, error)) []response {
-	t.Helper()
-	results := make([]response, n)
-	errs := make([]error, n)
-	start := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() {
-			<-start
-			results[i], errs[i] = send(i)
-		})
-	}
-	close(start)
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("request %d: %v", i, err)
-		}
-	}
-	return results
 }
 
 // H: one tenant's payments are invisible to another; unknown and malformed

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,6 +16,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemref/payments/internal/testkit"
 )
 
 // Multi-step keys (S1, S3): Begin, Phase, Release, TakeOverExpired and
@@ -858,26 +859,14 @@ func TestTakeOverExpired(t *testing.T) {
 		}
 		h.waitLeaseExpired(t, bound, claims...)
 
-		start := make(chan struct{})
-		results := make([][]Lease, 2)
-		errs := make([]error, 2)
-		var wg sync.WaitGroup
-		for i := range 2 {
-			// Two completers, each with a store of its own.
-			store := NewStore(h.pool, Config{Lease: longLease})
-			wg.Go(func() {
-				<-start
-				results[i], errs[i] = store.TakeOverExpired(bound, endpoints, perCall)
-			})
-		}
-		close(start)
-		wg.Wait()
+		// Two completers, each with a store of its own.
+		stores := []*Store{NewStore(h.pool, Config{Lease: longLease}), NewStore(h.pool, Config{Lease: longLease})}
+		results := testkit.Fire(t, len(stores), func(i int) ([]Lease, error) {
+			return stores[i].TakeOverExpired(bound, endpoints, perCall)
+		})
 
 		taken := map[string]int{}
 		for i := range 2 {
-			if errs[i] != nil {
-				t.Fatalf("TakeOverExpired %d: %v", i, errs[i])
-			}
 			for _, l := range results[i] {
 				taken[l.Key]++
 				if l.Generation != 2 {
