@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -19,7 +18,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemref/payments"
@@ -506,20 +504,8 @@ type keyRow struct {
 // there is none.
 func (e *env) keyRecord(t *testing.T, tenantID uuid.UUID, key string) (row keyRow, ok bool) {
 	t.Helper()
-	var status *int32
-	err := e.pool.QueryRow(context.Background(),
-		`SELECT state, response_status FROM idempotency_keys WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3`,
-		tenantID, endpointOrders, key).Scan(&row.State, &status)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return keyRow{}, false
-	}
-	if err != nil {
-		t.Fatalf("read idempotency key row: %v", err)
-	}
-	if status != nil {
-		row.Status = int(*status)
-	}
-	return row, true
+	k, ok := testkit.ReadKeyRow(t, e.pool, tenantID, endpointOrders, key)
+	return keyRow{State: k.State, Status: k.ResponseStatus}, ok
 }
 
 // wantKeyRecord checks that the key's row is completed with status.

@@ -279,16 +279,15 @@ type keyState struct {
 // there is none.
 func (e *env) keyState(t *testing.T, tenantID uuid.UUID, endpoint, key string) keyState {
 	t.Helper()
-	var k keyState
-	err := e.pool.QueryRow(context.Background(),
-		`SELECT state, coalesce(response_status, 0), coalesce(recovery_point, ''),
-		        coalesce(locked_until > now(), false), coalesce(resource_id::text, '')
-		 FROM idempotency_keys WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3`,
-		tenantID, endpoint, key).Scan(&k.State, &k.Status, &k.RecoveryPoint, &k.LeaseHeld, &k.ResourceID)
-	if err != nil {
-		t.Fatalf("read idempotency key %q of %s: %v", key, endpoint, err)
+	k, ok := testkit.ReadKeyRow(t, e.pool, tenantID, endpoint, key)
+	if !ok {
+		t.Fatalf("no idempotency key %q of %s", key, endpoint)
 	}
-	return k
+	st := keyState{State: k.State, Status: k.ResponseStatus, RecoveryPoint: k.RecoveryPoint, LeaseHeld: k.Lock == "live"}
+	if k.ResourceID != uuid.Nil {
+		st.ResourceID = k.ResourceID.String()
+	}
+	return st
 }
 
 // wantKeyState compares the key's row with want.

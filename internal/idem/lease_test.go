@@ -70,31 +70,15 @@ type leaseRow struct {
 	Lock string
 }
 
-// querier reads one row: the pool, or a transaction that must see its own
-// uncommitted writes.
-type querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-// leaseRowOf reads c's key row through q; ok is false when there is none.
-func leaseRowOf(t *testing.T, q querier, c Claim) (row leaseRow, ok bool) {
+// leaseRowOf reads c's key row through q (the pool, or a transaction that
+// must see its own uncommitted writes); ok is false when there is none.
+func leaseRowOf(t *testing.T, q testkit.Querier, c Claim) (row leaseRow, ok bool) {
 	t.Helper()
-	err := q.QueryRow(context.Background(), `
-		SELECT state, coalesce(recovery_point, ''), lease_generation,
-		       coalesce(resource_id, '00000000-0000-0000-0000-000000000000'::uuid),
-		       CASE WHEN locked_until IS NULL THEN 'none'
-		            WHEN locked_until > now() THEN 'live'
-		            ELSE 'expired' END
-		FROM idempotency_keys WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3`,
-		c.TenantID, c.Endpoint, c.Key,
-	).Scan(&row.State, &row.RecoveryPoint, &row.Generation, &row.ResourceID, &row.Lock)
-	if errors.Is(err, pgx.ErrNoRows) {
+	k, ok := testkit.ReadKeyRow(t, q, c.TenantID, c.Endpoint, c.Key)
+	if !ok {
 		return leaseRow{}, false
 	}
-	if err != nil {
-		t.Fatalf("read key row of %q: %v", c.Key, err)
-	}
-	return row, true
+	return leaseRow{State: k.State, RecoveryPoint: k.RecoveryPoint, Generation: k.Generation, ResourceID: k.ResourceID, Lock: k.Lock}, true
 }
 
 // wantLeaseRow checks c's key row.

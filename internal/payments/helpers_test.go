@@ -190,18 +190,11 @@ type keyRow struct {
 
 func (w *world) key(t *testing.T, c idem.Claim) keyRow {
 	t.Helper()
-	var row keyRow
-	err := w.pool.QueryRow(context.Background(), `
-		SELECT state, coalesce(recovery_point, ''), lease_generation,
-		       CASE WHEN locked_until IS NULL THEN 'none'
-		            WHEN locked_until > now() THEN 'live'
-		            ELSE 'expired' END
-		FROM idempotency_keys WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3`,
-		c.TenantID, c.Endpoint, c.Key).Scan(&row.State, &row.RecoveryPoint, &row.Generation, &row.Lock)
-	if err != nil {
-		t.Fatalf("read key row %q: %v", c.Key, err)
+	k, ok := testkit.ReadKeyRow(t, w.pool, c.TenantID, c.Endpoint, c.Key)
+	if !ok {
+		t.Fatalf("no key row for %q", c.Key)
 	}
-	return row
+	return keyRow{State: k.State, RecoveryPoint: k.RecoveryPoint, Generation: k.Generation, Lock: k.Lock}
 }
 
 func (w *world) wantKey(t *testing.T, c idem.Claim, want keyRow) {
