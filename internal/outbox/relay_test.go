@@ -18,7 +18,7 @@ import (
 
 func TestMain(m *testing.M) { testdb.Main(m) }
 
-type fixture struct {
+type bundle struct {
 	pool   *pgxpool.Pool
 	js     jetstream.JetStream
 	tenant uuid.UUID
@@ -26,7 +26,7 @@ type fixture struct {
 
 // setup gives a test its own database and its own embedded JetStream with
 // the streams created.
-func setup(t *testing.T) fixture {
+func setup(t *testing.T) *bundle {
 	t.Helper()
 	pool, _ := testdb.NewPool(t)
 	ns, err := broker.StartEmbedded(t.TempDir())
@@ -46,12 +46,12 @@ func setup(t *testing.T) fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return fixture{pool: pool, js: js, tenant: tenant}
+	return &bundle{pool: pool, js: js, tenant: tenant}
 }
 
 // streamIDs returns the Nats-Msg-Id of every message on the events
 // stream, in stream order.
-func (f fixture) streamIDs(t *testing.T) []string {
+func (f *bundle) streamIDs(t *testing.T) []string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
@@ -75,7 +75,7 @@ func (f fixture) streamIDs(t *testing.T) []string {
 }
 
 // write commits one event in its own transaction and returns its id.
-func (f fixture) write(t *testing.T) uuid.UUID {
+func (f *bundle) write(t *testing.T) uuid.UUID {
 	t.Helper()
 	tx, err := f.pool.Begin(t.Context())
 	if err != nil {
