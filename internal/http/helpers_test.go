@@ -47,9 +47,9 @@ type tenant struct {
 	Key string // API key, sent as Authorization: Bearer <Key>
 }
 
-// env is one test's world: its own migrated database, a server over it and
+// bundle is one test's world: its own migrated database, a server over it and
 // two tenants.
-type env struct {
+type bundle struct {
 	pool  *pgxpool.Pool // direct to the database: assertions and fixtures
 	dbURL string
 	srv   *httptest.Server
@@ -134,14 +134,14 @@ const (
 	lateDelay = time.Second
 )
 
-func setup(t *testing.T, opts ...setupOption) *env {
+func setup(t *testing.T, opts ...setupOption) *bundle {
 	t.Helper()
 	o := setupOptions{settleWindow: settleWindow}
 	for _, opt := range opts {
 		opt(&o)
 	}
 	pool, dbURL := testdb.NewPool(t)
-	e := &env{pool: pool, dbURL: dbURL}
+	e := &bundle{pool: pool, dbURL: dbURL}
 
 	serverPool := pool
 	if o.proxy {
@@ -285,7 +285,7 @@ func withAuthorization(v string) reqOption {
 }
 
 // do sends one request. apiKey "" sends no Authorization header.
-func (e *env) do(t *testing.T, method, path, apiKey string, body []byte, opts ...reqOption) response {
+func (e *bundle) do(t *testing.T, method, path, apiKey string, body []byte, opts ...reqOption) response {
 	t.Helper()
 	res, err := e.send(t.Context(), method, path, apiKey, body, opts...)
 	if err != nil {
@@ -296,7 +296,7 @@ func (e *env) do(t *testing.T, method, path, apiKey string, body []byte, opts ..
 
 // send is do for other goroutines than the test's: it reports failures
 // instead of ending the test.
-func (e *env) send(ctx context.Context, method, path, apiKey string, body []byte, opts ...reqOption) (response, error) {
+func (e *bundle) send(ctx context.Context, method, path, apiKey string, body []byte, opts ...reqOption) (response, error) {
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
@@ -327,7 +327,7 @@ func (e *env) send(ctx context.Context, method, path, apiKey string, body []byte
 }
 
 // post creates an order. idemKey "" sends no Idempotency-Key header.
-func (e *env) post(t *testing.T, apiKey, idemKey, body string, opts ...reqOption) response {
+func (e *bundle) post(t *testing.T, apiKey, idemKey, body string, opts ...reqOption) response {
 	t.Helper()
 	if idemKey != "" {
 		opts = append([]reqOption{withHeader(idem.HeaderName, idemKey)}, opts...)
@@ -335,7 +335,7 @@ func (e *env) post(t *testing.T, apiKey, idemKey, body string, opts ...reqOption
 	return e.do(t, http.MethodPost, "/v1/orders", apiKey, []byte(body), opts...)
 }
 
-func (e *env) get(t *testing.T, apiKey, path string) response {
+func (e *bundle) get(t *testing.T, apiKey, path string) response {
 	t.Helper()
 	return e.do(t, http.MethodGet, path, apiKey, nil)
 }
@@ -464,17 +464,17 @@ func wantReplay(t *testing.T, first, replay response) {
 
 // --- Reading the side effects directly ---
 
-func (e *env) countOrders(t *testing.T) int {
+func (e *bundle) countOrders(t *testing.T) int {
 	t.Helper()
 	return e.count(t, "SELECT count(*) FROM orders")
 }
 
-func (e *env) countKeys(t *testing.T) int {
+func (e *bundle) countKeys(t *testing.T) int {
 	t.Helper()
 	return e.count(t, "SELECT count(*) FROM idempotency_keys")
 }
 
-func (e *env) count(t *testing.T, sql string, args ...any) int {
+func (e *bundle) count(t *testing.T, sql string, args ...any) int {
 	t.Helper()
 	var n int
 	if err := e.pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
@@ -484,7 +484,7 @@ func (e *env) count(t *testing.T, sql string, args ...any) int {
 }
 
 // wantRows checks the number of rows in orders and idempotency_keys.
-func (e *env) wantRows(t *testing.T, orders, keys int) {
+func (e *bundle) wantRows(t *testing.T, orders, keys int) {
 	t.Helper()
 	if got := e.countOrders(t); got != orders {
 		t.Errorf("orders rows = %d, want %d", got, orders)
@@ -502,14 +502,14 @@ type keyRow struct {
 
 // keyRecord reads the (tenant, POST /v1/orders, key) row; ok is false when
 // there is none.
-func (e *env) keyRecord(t *testing.T, tenantID uuid.UUID, key string) (row keyRow, ok bool) {
+func (e *bundle) keyRecord(t *testing.T, tenantID uuid.UUID, key string) (row keyRow, ok bool) {
 	t.Helper()
 	k, ok := testkit.ReadKeyRow(t, e.pool, tenantID, endpointOrders, key)
 	return keyRow{State: k.State, Status: k.ResponseStatus}, ok
 }
 
 // wantKeyRecord checks that the key's row is completed with status.
-func (e *env) wantKeyRecord(t *testing.T, tenantID uuid.UUID, key string, status int) {
+func (e *bundle) wantKeyRecord(t *testing.T, tenantID uuid.UUID, key string, status int) {
 	t.Helper()
 	row, ok := e.keyRecord(t, tenantID, key)
 	if !ok {
@@ -520,7 +520,7 @@ func (e *env) wantKeyRecord(t *testing.T, tenantID uuid.UUID, key string, status
 	}
 }
 
-func (e *env) countOrdersWithReference(t *testing.T, tenantID uuid.UUID, ref string) int {
+func (e *bundle) countOrdersWithReference(t *testing.T, tenantID uuid.UUID, ref string) int {
 	t.Helper()
 	return e.count(t, "SELECT count(*) FROM orders WHERE tenant_id = $1 AND reference = $2", tenantID, ref)
 }

@@ -128,7 +128,7 @@ type orderList struct {
 	NextCursor *string `json:"next_cursor"`
 }
 
-func (e *env) list(t *testing.T, apiKey, query string) orderList {
+func (e *bundle) list(t *testing.T, apiKey, query string) orderList {
 	t.Helper()
 	res := e.get(t, apiKey, "/v1/orders"+query)
 	wantStatus(t, res, http.StatusOK)

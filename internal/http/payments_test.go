@@ -57,7 +57,7 @@ func payBody(orderID, method string) string {
 func refundBody(amount int64) string { return fmt.Sprintf(`{"amount":%d}`, amount) }
 
 // pay sends POST /v1/payments. idemKey "" sends no Idempotency-Key header.
-func (e *env) pay(t *testing.T, apiKey, idemKey, body string, opts ...reqOption) response {
+func (e *bundle) pay(t *testing.T, apiKey, idemKey, body string, opts ...reqOption) response {
 	t.Helper()
 	if idemKey != "" {
 		opts = append([]reqOption{withHeader(idem.HeaderName, idemKey)}, opts...)
@@ -66,7 +66,7 @@ func (e *env) pay(t *testing.T, apiKey, idemKey, body string, opts ...reqOption)
 }
 
 // refund sends POST /v1/payments/{paymentID}/refunds.
-func (e *env) refund(t *testing.T, apiKey, idemKey, paymentID, body string, opts ...reqOption) response {
+func (e *bundle) refund(t *testing.T, apiKey, idemKey, paymentID, body string, opts ...reqOption) response {
 	t.Helper()
 	if idemKey != "" {
 		opts = append([]reqOption{withHeader(idem.HeaderName, idemKey)}, opts...)
@@ -75,7 +75,7 @@ func (e *env) refund(t *testing.T, apiKey, idemKey, paymentID, body string, opts
 }
 
 // newOrder creates an order of orderAmount EUR for tn.
-func (e *env) newOrder(t *testing.T, tn tenant, ref string) order {
+func (e *bundle) newOrder(t *testing.T, tn tenant, ref string) order {
 	t.Helper()
 	res := e.post(t, tn.Key, "order-"+ref, orderBody(ref))
 	wantStatus(t, res, http.StatusCreated)
@@ -84,7 +84,7 @@ func (e *env) newOrder(t *testing.T, tn tenant, ref string) order {
 
 // paidOrder creates an order for tn and pays it in full under the key
 // "pay-"+ref.
-func (e *env) paidOrder(t *testing.T, tn tenant, ref string) (order, payment) {
+func (e *bundle) paidOrder(t *testing.T, tn tenant, ref string) (order, payment) {
 	t.Helper()
 	o := e.newOrder(t, tn, ref)
 	res := e.pay(t, tn.Key, "pay-"+ref, payBody(o.ID, cardVisa))
@@ -191,7 +191,7 @@ type paymentRow struct {
 }
 
 // paymentRows returns the payments of an order, oldest first.
-func (e *env) paymentRows(t *testing.T, orderID string) []paymentRow {
+func (e *bundle) paymentRows(t *testing.T, orderID string) []paymentRow {
 	t.Helper()
 	rows, err := e.pool.Query(context.Background(),
 		`SELECT id::text, status, amount, currency, payment_method, charge_key, coalesce(charge_id, ''),
@@ -208,7 +208,7 @@ func (e *env) paymentRows(t *testing.T, orderID string) []paymentRow {
 }
 
 // onePayment returns the order's only payment row.
-func (e *env) onePayment(t *testing.T, orderID string) paymentRow {
+func (e *bundle) onePayment(t *testing.T, orderID string) paymentRow {
 	t.Helper()
 	rows := e.paymentRows(t, orderID)
 	if len(rows) != 1 {
@@ -227,7 +227,7 @@ type refundRow struct {
 }
 
 // refundRows returns the refunds of a payment, oldest first.
-func (e *env) refundRows(t *testing.T, paymentID string) []refundRow {
+func (e *bundle) refundRows(t *testing.T, paymentID string) []refundRow {
 	t.Helper()
 	rows, err := e.pool.Query(context.Background(),
 		`SELECT id::text, amount, status, refund_key, coalesce(processor_refund_id, '')
@@ -252,7 +252,7 @@ type orderEvents struct {
 	Amount    int64
 }
 
-func (e *env) orderEvents(t *testing.T, orderID string) orderEvents {
+func (e *bundle) orderEvents(t *testing.T, orderID string) orderEvents {
 	t.Helper()
 	var o orderEvents
 	if err := e.pool.QueryRow(context.Background(),
@@ -277,7 +277,7 @@ type keyState struct {
 
 // keyState reads the (tenant, endpoint, key) row; it fails the test when
 // there is none.
-func (e *env) keyState(t *testing.T, tenantID uuid.UUID, endpoint, key string) keyState {
+func (e *bundle) keyState(t *testing.T, tenantID uuid.UUID, endpoint, key string) keyState {
 	t.Helper()
 	k, ok := testkit.ReadKeyRow(t, e.pool, tenantID, endpoint, key)
 	if !ok {
@@ -291,7 +291,7 @@ func (e *env) keyState(t *testing.T, tenantID uuid.UUID, endpoint, key string) k
 }
 
 // wantKeyState compares the key's row with want.
-func (e *env) wantKeyState(t *testing.T, tenantID uuid.UUID, endpoint, key string, want keyState) {
+func (e *bundle) wantKeyState(t *testing.T, tenantID uuid.UUID, endpoint, key string, want keyState) {
 	t.Helper()
 	if diff := cmp.Diff(want, e.keyState(t, tenantID, endpoint, key)); diff != "" {
 		t.Errorf("idempotency_keys row for %q on %s (-want +got):\n%s", key, endpoint, diff)
@@ -303,12 +303,12 @@ func completed(status int, resourceID string) keyState {
 	return keyState{State: "completed", Status: status, RecoveryPoint: "finished", ResourceID: resourceID}
 }
 
-func (e *env) countKeysOf(t *testing.T, endpoint string) int {
+func (e *bundle) countKeysOf(t *testing.T, endpoint string) int {
 	t.Helper()
 	return e.count(t, "SELECT count(*) FROM idempotency_keys WHERE endpoint = $1", endpoint)
 }
 
-func (e *env) leaseGeneration(t *testing.T, tenantID uuid.UUID, endpoint, key string) int64 {
+func (e *bundle) leaseGeneration(t *testing.T, tenantID uuid.UUID, endpoint, key string) int64 {
 	t.Helper()
 	var gen int64
 	if err := e.pool.QueryRow(context.Background(),
@@ -320,7 +320,7 @@ func (e *env) leaseGeneration(t *testing.T, tenantID uuid.UUID, endpoint, key st
 }
 
 // setLease moves the key's lease to end at now() + d (d < 0: in the past).
-func (e *env) setLease(t *testing.T, tenantID uuid.UUID, endpoint, key string, d time.Duration) {
+func (e *bundle) setLease(t *testing.T, tenantID uuid.UUID, endpoint, key string, d time.Duration) {
 	t.Helper()
 	if _, err := e.pool.Exec(context.Background(),
 		`UPDATE idempotency_keys SET locked_until = now() + make_interval(secs => $4)
@@ -334,7 +334,7 @@ func (e *env) setLease(t *testing.T, tenantID uuid.UUID, endpoint, key string, d
 // refund pass now, as if its last processor call had been sent a window
 // ago, and ends the lease a key holds between two lookups: what waiting
 // would do, without the wait.
-func (e *env) passSettleWindow(t *testing.T, tenantID uuid.UUID, endpoint, key string) {
+func (e *bundle) passSettleWindow(t *testing.T, tenantID uuid.UUID, endpoint, key string) {
 	t.Helper()
 	ctx := context.Background()
 	for _, sql := range []string{
@@ -358,7 +358,7 @@ func (e *env) passSettleWindow(t *testing.T, tenantID uuid.UUID, endpoint, key s
 // netCharged is the money the processor moved for an order: its succeeded
 // charges less what was refunded of them, read from the simulator's own
 // records (the metadata the API puts on every charge names the order).
-func (e *env) netCharged(orderID string) int64 {
+func (e *bundle) netCharged(orderID string) int64 {
 	var net int64
 	for _, ch := range e.sim.Charges() {
 		if ch.Metadata["order_id"] == orderID && ch.Status == processor.StatusSucceeded {
@@ -378,7 +378,7 @@ type call struct {
 	Replayed bool
 }
 
-func (e *env) processorCalls() []call {
+func (e *bundle) processorCalls() []call {
 	var out []call
 	for _, c := range e.sim.Calls() {
 		out = append(out, call{c.Method, c.Path, c.IdempotencyKey, c.Fault, c.Executed, c.Replayed})
@@ -400,14 +400,14 @@ func refundCall(key string, fault processorsim.FaultKind, executed bool) call {
 }
 
 // wantCalls compares every call the simulator recorded with want.
-func (e *env) wantCalls(t *testing.T, want ...call) {
+func (e *bundle) wantCalls(t *testing.T, want ...call) {
 	t.Helper()
 	if diff := cmp.Diff(want, e.processorCalls()); diff != "" {
 		t.Errorf("processor calls (-want +got):\n%s", diff)
 	}
 }
 
-func (e *env) chargesUnder(key string) []processor.Charge {
+func (e *bundle) chargesUnder(key string) []processor.Charge {
 	var out []processor.Charge
 	for _, ch := range e.sim.Charges() {
 		if ch.IdempotencyKey == key {
@@ -417,7 +417,7 @@ func (e *env) chargesUnder(key string) []processor.Charge {
 	return out
 }
 
-func (e *env) refundsUnder(key string) []processor.Refund {
+func (e *bundle) refundsUnder(key string) []processor.Refund {
 	var out []processor.Refund
 	for _, re := range e.sim.Refunds() {
 		if re.IdempotencyKey == key {
@@ -428,7 +428,7 @@ func (e *env) refundsUnder(key string) []processor.Refund {
 }
 
 // oneCharge returns the simulator's only charge under key.
-func (e *env) oneCharge(t *testing.T, key string) processor.Charge {
+func (e *bundle) oneCharge(t *testing.T, key string) processor.Charge {
 	t.Helper()
 	charges := e.chargesUnder(key)
 	if len(charges) != 1 {
