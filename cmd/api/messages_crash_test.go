@@ -13,7 +13,7 @@ import (
 )
 
 // streamMessages is how many messages the test's events stream holds.
-func streamMessages(t *testing.T, e *paymentEnv) uint64 {
+func streamMessages(t *testing.T, e *bundle) uint64 {
 	t.Helper()
 	nc, js, err := broker.Connect(natsURLFor(t, e.url), "test")
 	if err != nil {
@@ -57,7 +57,7 @@ func metric(t *testing.T, p *serverProcess, sample string) float64 {
 
 // consumerAckFloor is the stream sequence up to which the orders consumer
 // has acknowledged every message.
-func consumerAckFloor(t *testing.T, e *paymentEnv) uint64 {
+func consumerAckFloor(t *testing.T, e *bundle) uint64 {
 	t.Helper()
 	nc, js, err := broker.Connect(natsURLFor(t, e.url), "test")
 	if err != nil {
@@ -85,7 +85,7 @@ const duplicatesSkipped = `consumer_duplicates_skipped_total{consumer="orders"}`
 // next process's consumer, whose inbox skips it: the order is paid once.
 func TestConsumerKilledAfterCommitBeforeAck(t *testing.T) {
 	t.Parallel()
-	e := newPaymentEnv(t)
+	e := setup(t)
 	doomed := e.start(t, "FAILPOINTS=consumer-after-commit=kill")
 	go func() { _, _ = e.pay(doomed.base, "pay-key") }() // answered or not: the process dies
 	if !doomed.killedBySIGKILL(t) {
@@ -146,7 +146,7 @@ func TestRelayKilledAfterPublishBeforeMark(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			e := newPaymentEnv(t)
+			e := setup(t)
 			doomed := e.start(t, append(tc.env, "FAILPOINTS=relay-after-publish=kill")...)
 			go func() { _, _ = e.pay(doomed.base, "pay-key") }()
 			if !doomed.killedBySIGKILL(t) {

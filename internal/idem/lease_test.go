@@ -21,7 +21,7 @@ import (
 )
 
 // Multi-step keys (S1, S3): Begin, Phase, Release, TakeOverExpired and
-// DeriveKey, against a real database. The phases write to the harness's
+// DeriveKey, against a real database. The phases write to the bundle's
 // scratch table, standing in for a payment row, so every test can check
 // which writes committed.
 
@@ -45,12 +45,12 @@ const otherEndpoint = "POST /v1/things/{id}/parts"
 
 // leaseStores returns two stores over h.pool that differ only in the lease
 // they take: short's expire during the test, long's never do.
-func (h *harness) leaseStores() (short, long *Store) {
+func (h *bundle) leaseStores() (short, long *Store) {
 	return NewStore(h.pool, Config{Lease: shortLease}), NewStore(h.pool, Config{Lease: longLease})
 }
 
 // claimAt is h.claim on another endpoint.
-func (h *harness) claimAt(t *testing.T, endpoint, key, body string) Claim {
+func (h *bundle) claimAt(t *testing.T, endpoint, key, body string) Claim {
 	t.Helper()
 	fp, err := Fingerprint(endpoint, nil, json.RawMessage(body))
 	if err != nil {
@@ -82,7 +82,7 @@ func leaseRowOf(t *testing.T, q testkit.Querier, c Claim) (row leaseRow, ok bool
 }
 
 // wantLeaseRow checks c's key row.
-func (h *harness) wantLeaseRow(t *testing.T, c Claim, want leaseRow) {
+func (h *bundle) wantLeaseRow(t *testing.T, c Claim, want leaseRow) {
 	t.Helper()
 	got, ok := leaseRowOf(t, h.pool, c)
 	if !ok {
@@ -95,7 +95,7 @@ func (h *harness) wantLeaseRow(t *testing.T, c Claim, want leaseRow) {
 
 // snapshot returns c's whole key row as JSON, timestamps included, to
 // check that something changed nothing at all.
-func (h *harness) snapshot(t *testing.T, c Claim) string {
+func (h *bundle) snapshot(t *testing.T, c Claim) string {
 	t.Helper()
 	var s string
 	err := h.pool.QueryRow(t.Context(), `
@@ -109,7 +109,7 @@ func (h *harness) snapshot(t *testing.T, c Claim) string {
 }
 
 // waitLeaseExpired waits until the lease on each claim's key has expired.
-func (h *harness) waitLeaseExpired(t *testing.T, ctx context.Context, claims ...Claim) {
+func (h *bundle) waitLeaseExpired(t *testing.T, ctx context.Context, claims ...Claim) {
 	t.Helper()
 	for _, c := range claims {
 		waitUntil(t, ctx, h.pool, `
@@ -143,7 +143,7 @@ func phase(calls *atomic.Int32, tenant uuid.UUID, v string, step Step) func(cont
 
 // mustBegin begins c with a first phase that writes v to scratch and
 // advances to point with resource, and returns the lease.
-func (h *harness) mustBegin(t *testing.T, store *Store, c Claim, v, point string, resource uuid.UUID) Lease {
+func (h *bundle) mustBegin(t *testing.T, store *Store, c Claim, v, point string, resource uuid.UUID) Lease {
 	t.Helper()
 	var calls atomic.Int32
 	b, err := store.Begin(t.Context(), c, firstPhase(&calls, h.tenant, v, Step{RecoveryPoint: point, ResourceID: resource}))
@@ -156,7 +156,7 @@ func (h *harness) mustBegin(t *testing.T, store *Store, c Claim, v, point string
 	return b.Lease
 }
 
-func (h *harness) wantScratch(t *testing.T, vs ...string) {
+func (h *bundle) wantScratch(t *testing.T, vs ...string) {
 	t.Helper()
 	want := []scratchRow{}
 	for _, v := range vs {
@@ -174,7 +174,7 @@ func (h *harness) wantScratch(t *testing.T, vs ...string) {
 
 func TestBeginRunsFirstPhaseInClaimTransaction(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
+	h := setup(t)
 	_, store := h.leaseStores()
 	c := h.claim(t, "key-1", `{"amount":100}`)
 	resource := uuid.New()
@@ -223,7 +223,7 @@ func TestBeginRunsFirstPhaseInClaimTransaction(t *testing.T) {
 
 func TestBeginFirstPhaseDeterministicFailure(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
+	h := setup(t)
 	_, store := h.leaseStores()
 	c := h.claim(t, "key-1", `{"amount":100}`)
 	want := problem(http.StatusUnprocessableEntity, "insufficient_funds")
@@ -264,7 +264,7 @@ func TestBeginFirstPhaseDeterministicFailure(t *testing.T) {
 
 func TestBeginFirstPhaseErrorLeavesNothing(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
+	h := setup(t)
 	_, store := h.leaseStores()
 	c := h.claim(t, "key-1", `{}`)
 	errBoom := errors.New("boom")
@@ -299,7 +299,7 @@ func TestBeginOnExistingKey(t *testing.T) {
 
 	t.Run("LiveLeaseIsKeyInUse", func(t *testing.T) {
 		t.Parallel()
-		h := newHarness(t)
+		h := setup(t)
 		_, long := h.leaseStores()
 		c := h.claim(t, "key-1", `{"amount":100}`)
 		h.mustBegin(t, long, c, "first", recoveryThingCreated, uuid.Nil)
@@ -328,7 +328,7 @@ func TestBeginOnExistingKey(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			h := newHarness(t)
+			h := setup(t)
 			short, long := h.leaseStores()
 			c := h.claim(t, "key-1", `{"amount":100}`)
 			holder := long
@@ -360,7 +360,7 @@ func TestBeginOnExistingKey(t *testing.T) {
 
 	t.Run("SameFingerprintAfterExpiryTakesOver", func(t *testing.T) {
 		t.Parallel()
-		h := newHarness(t)
+		h := setup(t)
 		short, long := h.leaseStores()
 		c := h.claim(t, "key-1", `{"amount":100}`)
 		resource := uuid.New()
@@ -394,7 +394,7 @@ func TestBeginOnExistingKey(t *testing.T) {
 
 func TestPhaseFencesOffTakenOverAttempt(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
+	h := setup(t)
 	short, long := h.leaseStores()
 	c := h.claim(t, "key-1", `{"amount":100}`)
 	resource := uuid.New()
@@ -497,7 +497,7 @@ func TestPhaseFencesOffTakenOverAttempt(t *testing.T) {
 // never overtaken halfway.
 func TestPhaseInFlightHoldsOffTakeover(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
+	h := setup(t)
 	short, long := h.leaseStores()
 	// The retry waits on the phase's row lock for as long as the test
 	// lets it, so it reaches the lease check instead of timing out.
@@ -538,7 +538,7 @@ func TestPhaseInFlightHoldsOffTakeover(t *testing.T) {
 
 func TestPhaseErrorRollsBack(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
+	h := setup(t)
 	_, store := h.leaseStores()
 	c := h.claim(t, "key-1", `{}`)
 	resource := uuid.New()
@@ -579,7 +579,7 @@ func TestPhaseErrorRollsBack(t *testing.T) {
 
 func TestRelease(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
+	h := setup(t)
 	_, store := h.leaseStores()
 	c := h.claim(t, "key-1", `{}`)
 	resource := uuid.New()
@@ -646,7 +646,7 @@ func TestTakeOverExpired(t *testing.T) {
 
 	t.Run("OnlyExpiredMultiStepKeysOfTheGivenEndpoints", func(t *testing.T) {
 		t.Parallel()
-		h := newHarness(t)
+		h := setup(t)
 		short, long := h.leaseStores()
 		bound := deadline(t)
 
@@ -729,7 +729,7 @@ func TestTakeOverExpired(t *testing.T) {
 
 	t.Run("RespectsMax", func(t *testing.T) {
 		t.Parallel()
-		h := newHarness(t)
+		h := setup(t)
 		short, long := h.leaseStores()
 		bound := deadline(t)
 		var claims []Claim
@@ -763,7 +763,7 @@ func TestTakeOverExpired(t *testing.T) {
 
 	t.Run("SkipsKeysAnotherCompleterHolds", func(t *testing.T) {
 		t.Parallel()
-		h := newHarness(t)
+		h := setup(t)
 		short, long := h.leaseStores()
 		bound := deadline(t)
 		held, free := h.claim(t, "held", `{}`), h.claim(t, "free", `{}`)
@@ -831,7 +831,7 @@ func TestTakeOverExpired(t *testing.T) {
 
 	t.Run("ConcurrentCallsShareTheWork", func(t *testing.T) {
 		t.Parallel()
-		h := newHarness(t)
+		h := setup(t)
 		short, _ := h.leaseStores()
 		bound := deadline(t)
 		const keys, perCall = 40, 25 // neither call alone can take them all
