@@ -97,15 +97,7 @@ func (h *bundle) wantLeaseRow(t *testing.T, c Claim, want leaseRow) {
 // check that something changed nothing at all.
 func (h *bundle) snapshot(t *testing.T, c Claim) string {
 	t.Helper()
-	var s string
-	err := h.pool.QueryRow(t.Context(), `
-		SELECT row_to_json(k)::text FROM idempotency_keys k
-		WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3`,
-		c.TenantID, c.Endpoint, c.Key).Scan(&s)
-	if err != nil {
-		t.Fatalf("snapshot key row of %q: %v", c.Key, err)
-	}
-	return s
+	return testkit.KeyRowJSON(t, h.pool, c.TenantID, c.Endpoint, c.Key)
 }
 
 // waitLeaseExpired waits until the lease on each claim's key has expired.

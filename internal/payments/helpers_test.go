@@ -242,14 +242,7 @@ func (w *bundle) waitLeaseExpired(t *testing.T, ctx context.Context, c idem.Clai
 // changed nothing at all.
 func (w *bundle) snapshot(t *testing.T, c idem.Claim) string {
 	t.Helper()
-	var s string
-	err := w.pool.QueryRow(context.Background(), `
-		SELECT row_to_json(k)::text FROM idempotency_keys k
-		WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3`, c.TenantID, c.Endpoint, c.Key).Scan(&s)
-	if err != nil {
-		t.Fatalf("snapshot key row %q: %v", c.Key, err)
-	}
-	return s
+	return testkit.KeyRowJSON(t, w.pool, c.TenantID, c.Endpoint, c.Key)
 }
 
 // paymentRow is a payments row; NULLs read as "".

@@ -52,3 +52,17 @@ func ReadKeyRow(t testing.TB, q Querier, tenantID uuid.UUID, endpoint, key strin
 	}
 	return row, true
 }
+
+// KeyRowJSON returns the whole (tenantID, endpoint, key) row as JSON, to
+// check that something changed nothing at all in it.
+func KeyRowJSON(t testing.TB, q Querier, tenantID uuid.UUID, endpoint, key string) string {
+	t.Helper()
+	var s string
+	err := q.QueryRow(context.Background(), `
+		SELECT row_to_json(k)::text FROM idempotency_keys k
+		WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3`, tenantID, endpoint, key).Scan(&s)
+	if err != nil {
+		t.Fatalf("snapshot the idempotency key row of %q on %s: %v", key, endpoint, err)
+	}
+	return s
+}
