@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemref/payments/internal/broker"
+	"github.com/idemref/payments/internal/testkit"
 )
 
 // streamMessages is how many messages the test's events stream holds.
@@ -102,7 +103,7 @@ func TestConsumerKilledAfterCommitBeforeAck(t *testing.T) {
 	api := e.start(t)
 	// The redelivery reaches the new process's consumer and is settled
 	// there (skipped, or applied again if the inbox failed).
-	waitFor(t, func() bool {
+	testkit.WaitFor(t, 20*time.Second, func() bool {
 		return metric(t, api, `consumer_redeliveries_total{consumer="orders"}`) >= 1 &&
 			metric(t, api, duplicatesSkipped)+metric(t, api, `consumer_processed_total{consumer="orders"}`) >= 1
 	})
@@ -160,7 +161,7 @@ func TestRelayKilledAfterPublishBeforeMark(t *testing.T) {
 			}
 
 			api := e.start(t, tc.env...)
-			waitFor(t, func() bool {
+			testkit.WaitFor(t, 20*time.Second, func() bool {
 				return count(t, e.pool, `SELECT count(*) FROM outbox WHERE published_at IS NOT NULL AND publish_attempts = 2`) == 1
 			})
 			if n := streamMessages(t, e); n != tc.streamMsgs {
@@ -173,7 +174,7 @@ func TestRelayKilledAfterPublishBeforeMark(t *testing.T) {
 			if tc.streamMsgs == 2 {
 				// Both copies were delivered (the first maybe to the dead
 				// process): wait until the stream's last message is acked.
-				waitFor(t, func() bool { return consumerAckFloor(t, e) == 2 })
+				testkit.WaitFor(t, 20*time.Second, func() bool { return consumerAckFloor(t, e) == 2 })
 			}
 			if final := e.payUntilDone(t, api.base, "pay-key"); final.status != http.StatusCreated {
 				t.Fatalf("final answer %d: %s", final.status, final.body)

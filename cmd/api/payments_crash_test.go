@@ -143,7 +143,7 @@ func (e *bundle) assertPaidOnce(t *testing.T) {
 	}
 	// The order follows the payment.succeeded event through the relay and
 	// the orders consumer: eventually, and once.
-	waitFor(t, func() bool {
+	testkit.WaitFor(t, 20*time.Second, func() bool {
 		return count(t, e.pool, `SELECT count(*) FROM processed_messages WHERE consumer = 'orders'`) == 1
 	})
 	if paid := count(t, e.pool, `SELECT amount_paid FROM orders WHERE id = $1`, e.orderID); paid != orderAmount {
@@ -186,7 +186,7 @@ func TestPaymentSurvivesCrashBetweenSteps(t *testing.T) {
 					final = e.payUntilDone(t, api.base, "pay-key")
 				case "Completer":
 					api := e.start(t, "COMPLETER_INTERVAL=100ms")
-					waitFor(t, func() bool {
+					testkit.WaitFor(t, 20*time.Second, func() bool {
 						return count(t, e.pool, `SELECT count(*) FROM idempotency_keys WHERE endpoint = 'POST /v1/payments' AND state = 'completed'`) == 1
 					})
 					// The client comes back late and gets what the completer recorded.
@@ -233,7 +233,7 @@ func crash(t *testing.T, e *bundle, failpoint string) {
 		t.Fatalf("server exit: %v", api.cmd.ProcessState)
 	}
 	close(e.chargeRelease)
-	waitFor(t, func() bool { return len(e.sim.Charges()) == 1 })
+	testkit.WaitFor(t, 20*time.Second, func() bool { return len(e.sim.Charges()) == 1 })
 }
 
 // T2 for payments: 50 identical payment requests under one key, in
@@ -298,8 +298,8 @@ func TestStalledAttemptCannotOverwriteTakeover(t *testing.T) {
 		}
 		first <- res
 	}()
-	waitFor(t, func() bool { return len(e.sim.Charges()) == 1 })
-	waitFor(t, func() bool {
+	testkit.WaitFor(t, 20*time.Second, func() bool { return len(e.sim.Charges()) == 1 })
+	testkit.WaitFor(t, 20*time.Second, func() bool {
 		return count(t, e.pool, `SELECT count(*) FROM idempotency_keys WHERE idem_key = 'fenced-key' AND locked_until < now()`) == 1
 	})
 
@@ -348,7 +348,7 @@ func TestStandaloneCompleterFinishesAbandonedPayment(t *testing.T) {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	})
-	waitFor(t, func() bool {
+	testkit.WaitFor(t, 20*time.Second, func() bool {
 		return count(t, e.pool, `SELECT count(*) FROM idempotency_keys WHERE endpoint = 'POST /v1/payments' AND state = 'completed'`) == 1
 	})
 	// The completer wrote the payment's event to the outbox; the order

@@ -14,6 +14,7 @@ import (
 	"github.com/idemref/payments/internal/outbox"
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/testdb"
+	"github.com/idemref/payments/internal/testkit"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
@@ -127,7 +128,7 @@ func TestRelayWaitsForTransactionsInFlight(t *testing.T) {
 	// Transaction ids are cluster-wide: a transaction of another test may
 	// hold the guard back a moment longer, never past its own end.
 	published := 0
-	waitFor(t, func() bool {
+	testkit.WaitFor(t, 10*time.Second, func() bool {
 		n, err := relay.RelayOnce(t.Context())
 		if err != nil {
 			t.Fatal(err)
@@ -167,21 +168,10 @@ func TestRelayWakesOnNotify(t *testing.T) {
 	// the stream the relay waits for a notification, and only the NOTIFY
 	// of the second row's commit can wake it within the minute.
 	first := f.write(t)
-	waitFor(t, func() bool { return len(f.streamIDs(t)) == 1 })
+	testkit.WaitFor(t, 10*time.Second, func() bool { return len(f.streamIDs(t)) == 1 })
 	second := f.write(t)
-	waitFor(t, func() bool { return len(f.streamIDs(t)) == 2 })
+	testkit.WaitFor(t, 10*time.Second, func() bool { return len(f.streamIDs(t)) == 2 })
 	if ids := f.streamIDs(t); ids[0] != first.String() || ids[1] != second.String() {
 		t.Errorf("stream = %v, want [%s %s]", ids, first, second)
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
