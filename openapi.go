@@ -1,9 +1,12 @@
-// Package payments is a reference payments REST API that demonstrates
-// idempotency keys done right: every mutating request carries an
-// Idempotency-Key, the key claim, the business write and the recorded
-// response commit in one transaction, and retries of the same request are
-// answered by replaying the recorded response byte for byte.
-package payments
+// Package apispec embeds the API's contract, openapi.yaml, and the README's
+// configuration table at the module's root, beside the files they come from.
+//
+// The module is a reference payments REST API that demonstrates idempotency
+// keys done right: every mutating request carries an Idempotency-Key, the key
+// claim, the business write and the recorded response commit in one
+// transaction, and retries of the same request are answered by replaying the
+// recorded response byte for byte. Start reading at internal/idem/doc.go.
+package apispec
 
 import (
 	_ "embed"

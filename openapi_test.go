@@ -1,4 +1,4 @@
-package payments
+package apispec
 
 import (
 	"context"

@@ -17,11 +17,11 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	payments "github.com/idemref/payments"
+	"github.com/idemref/payments"
 	"github.com/idemref/payments/client"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
-	paymentsvc "github.com/idemref/payments/internal/payments"
+	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
 	"github.com/idemref/payments/internal/processorsim"
 	"github.com/idemref/payments/internal/tenants"
@@ -34,9 +34,9 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 // a 409 idempotency_key_in_use costs the tests little.
 const lockTimeout = 200 * time.Millisecond
 
-// env is the real server on its own database, a tenant, and a fault
+// bundle is the real server on its own database, a tenant, and a fault
 // injecting transport between the client and the server.
-type env struct {
+type bundle struct {
 	pool     *pgxpool.Pool // direct to the database: assertions and fixtures
 	url      string
 	tenantID uuid.UUID
@@ -44,7 +44,7 @@ type env struct {
 	faults   *faultTransport
 }
 
-func setup(t *testing.T) *env {
+func setup(t *testing.T) *bundle {
 	t.Helper()
 	pool, _ := testdb.NewPool(t)
 	id, key, err := tenants.Create(t.Context(), pool, "client tests")
@@ -54,23 +54,23 @@ func setup(t *testing.T) *env {
 	store := idem.NewStore(pool, idem.Config{LockTimeout: lockTimeout})
 	sim := httptest.NewServer(processorsim.New(processorsim.Config{Logger: slog.New(slog.DiscardHandler)}).Handler())
 	t.Cleanup(sim.Close)
-	svc := paymentsvc.NewService(pool, store, processor.NewClient(sim.URL, 5*time.Second), httpapi.Renderer{},
-		slog.New(slog.DiscardHandler), paymentsvc.Config{SettleWindow: 15 * time.Second})
+	svc := payments.NewService(pool, store, processor.NewClient(sim.URL, 5*time.Second), httpapi.Renderer{},
+		slog.New(slog.DiscardHandler), payments.Config{SettleWindow: 15 * time.Second})
 	srv := httptest.NewServer(httpapi.NewHandler(httpapi.Config{
 		Pool:           pool,
 		Idem:           store,
 		Payments:       svc,
 		Logger:         slog.New(slog.DiscardHandler),
 		RequestTimeout: 10 * time.Second,
-		OpenAPI:        payments.OpenAPI,
+		OpenAPI:        apispec.OpenAPI,
 	}))
 	t.Cleanup(srv.Close)
-	return &env{pool: pool, url: srv.URL, tenantID: id, apiKey: key, faults: &faultTransport{next: srv.Client().Transport}}
+	return &bundle{pool: pool, url: srv.URL, tenantID: id, apiKey: key, faults: &faultTransport{next: srv.Client().Transport}}
 }
 
 // client returns a client that sends through the fault transport, with
 // short backoff so the tests stay fast; p overrides the policy.
-func (e *env) client(t *testing.T, p client.Policy, opts ...client.Option) *client.Client {
+func (e *bundle) client(t *testing.T, p client.Policy, opts ...client.Option) *client.Client {
 	t.Helper()
 	if p.BaseDelay == 0 {
 		p.BaseDelay = 5 * time.Millisecond
@@ -86,7 +86,7 @@ func (e *env) client(t *testing.T, p client.Policy, opts ...client.Option) *clie
 	return c
 }
 
-func (e *env) count(t *testing.T, sql string, args ...any) int {
+func (e *bundle) count(t *testing.T, sql string, args ...any) int {
 	t.Helper()
 	var n int
 	if err := e.pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
@@ -97,7 +97,7 @@ func (e *env) count(t *testing.T, sql string, args ...any) int {
 
 // wantOrders checks how many orders the tenant has with reference ref, and
 // how many idempotency keys it recorded.
-func (e *env) wantRows(t *testing.T, ref string, orders, keys int) {
+func (e *bundle) wantRows(t *testing.T, ref string, orders, keys int) {
 	t.Helper()
 	if got := e.count(t, "SELECT count(*) FROM orders WHERE tenant_id = $1 AND reference = $2", e.tenantID, ref); got != orders {
 		t.Errorf("orders with reference %s = %d, want %d", ref, got, orders)
@@ -202,7 +202,7 @@ func status(code int, retryAfter string) fault {
 // real server waits its lock timeout and answers 409
 // idempotency_key_in_use with Retry-After. The claim is then rolled back,
 // so the retry can run.
-func (e *env) heldByAnother(t *testing.T) fault {
+func (e *bundle) heldByAnother(t *testing.T) fault {
 	return func(req *http.Request, next http.RoundTripper) (*http.Response, error) {
 		ctx := context.Background()
 		tx, err := e.pool.Begin(ctx)

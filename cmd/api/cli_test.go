@@ -16,10 +16,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	payments "github.com/idemref/payments"
+	"github.com/idemref/payments"
 	"github.com/idemref/payments/internal/dbmigrate"
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/testdb"
+	"github.com/idemref/payments/internal/testkit"
 )
 
 func TestTenantCreatePrintsAWorkingKeyOnTheLastLine(t *testing.T) {
@@ -192,7 +193,7 @@ func TestGracefulShutdownFinishesInFlightRequests(t *testing.T) {
 		}
 		done <- res
 	}()
-	waitFor(t, func() bool { return count(t, pool, `SELECT count(*) FROM orders`) == 1 })
+	testkit.WaitFor(t, 20*time.Second, func() bool { return count(t, pool, `SELECT count(*) FROM orders`) == 1 })
 	if err := srv.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -206,19 +207,6 @@ func TestGracefulShutdownFinishesInFlightRequests(t *testing.T) {
 	}
 	if code := srv.cmd.ProcessState.ExitCode(); code != 0 {
 		t.Fatalf("exit code %d, want 0", code)
-	}
-}
-
-// waitFor polls cond until it holds (bounded); it is a condition wait, not
-// a timing assumption.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 20s")
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -299,7 +287,7 @@ func TestEveryVariableIsDocumented(t *testing.T) {
 	}
 	// Names are read as getenv("NAME") or listed as {"NAME", &cfg..., default}.
 	re := regexp.MustCompile(`(?:getenv\("|\{")([A-Z][A-Z0-9_]+)"`)
-	table := payments.Configuration()
+	table := apispec.Configuration()
 	var names []string
 	for _, m := range re.FindAllStringSubmatch(string(src), -1) {
 		names = append(names, m[1])

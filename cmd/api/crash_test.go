@@ -6,12 +6,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"sync"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/idemref/payments/internal/testdb"
+	"github.com/idemref/payments/internal/testkit"
 )
 
 // T1: the server commits the order and its recorded response, then dies
@@ -97,7 +97,7 @@ func TestConcurrentDuplicatesAcrossProcesses(t *testing.T) {
 
 	t.Run("OneKeyExecutesOnce", func(t *testing.T) {
 		body := `{"reference":"same-key","customer_id":"cus_2","amount":500,"currency":"USD"}`
-		results := fire(t, requests, func(i int) (response, error) {
+		results := testkit.Fire(t, requests, func(i int) (response, error) {
 			return postOrder(servers[i%len(servers)].base, apiKey, "shared-key", body)
 		})
 
@@ -137,7 +137,7 @@ func TestConcurrentDuplicatesAcrossProcesses(t *testing.T) {
 	// backstop (N1) leaves one order; the others are told which one.
 	t.Run("ManyKeysOneReferenceBackstop", func(t *testing.T) {
 		body := `{"reference":"same-ref","customer_id":"cus_3","amount":700,"currency":"USD"}`
-		results := fire(t, requests, func(i int) (response, error) {
+		results := testkit.Fire(t, requests, func(i int) (response, error) {
 			return postOrder(servers[i%len(servers)].base, apiKey, fmt.Sprintf("key-%d", i), body)
 		})
 		var created, conflicts int
@@ -177,30 +177,6 @@ func TestConcurrentDuplicatesAcrossProcesses(t *testing.T) {
 			t.Errorf("completed key rows = %d, want %d", n, requests)
 		}
 	})
-}
-
-// fire sends n requests at once (released together) and returns every
-// response; a transport error fails the test.
-func fire(t *testing.T, n int, send func(i int) (response, error)) []response {
-	t.Helper()
-	results := make([]response, n)
-	errs := make([]error, n)
-	start := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() {
-			<-start
-			results[i], errs[i] = send(i)
-		})
-	}
-	close(start)
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("request %d: %v", i, err)
-		}
-	}
-	return results
 }
 
 func problemCode(t *testing.T, body []byte) string {

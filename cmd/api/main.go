@@ -32,7 +32,7 @@ import (
 	"strconv"
 	"syscall"
 
-	payments "github.com/idemref/payments"
+	"github.com/idemref/payments"
 )
 
 const usage = `usage:
@@ -86,7 +86,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return errUsage
 	}
 	if wantsHelp(args) {
-		fmt.Fprint(stdout, usage, "\nConfiguration comes from the environment:\n\n", payments.Configuration())
+		fmt.Fprint(stdout, usage, "\nConfiguration comes from the environment:\n\n", apispec.Configuration())
 		return nil
 	}
 	switch cmd, rest := args[0], args[1:]; {

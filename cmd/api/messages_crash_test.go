@@ -10,10 +10,11 @@ import (
 	"time"
 
 	"github.com/idemref/payments/internal/broker"
+	"github.com/idemref/payments/internal/testkit"
 )
 
 // streamMessages is how many messages the test's events stream holds.
-func streamMessages(t *testing.T, e *paymentEnv) uint64 {
+func streamMessages(t *testing.T, e *bundle) uint64 {
 	t.Helper()
 	nc, js, err := broker.Connect(natsURLFor(t, e.url), "test")
 	if err != nil {
@@ -57,7 +58,7 @@ func metric(t *testing.T, p *serverProcess, sample string) float64 {
 
 // consumerAckFloor is the stream sequence up to which the orders consumer
 // has acknowledged every message.
-func consumerAckFloor(t *testing.T, e *paymentEnv) uint64 {
+func consumerAckFloor(t *testing.T, e *bundle) uint64 {
 	t.Helper()
 	nc, js, err := broker.Connect(natsURLFor(t, e.url), "test")
 	if err != nil {
@@ -85,7 +86,7 @@ const duplicatesSkipped = `consumer_duplicates_skipped_total{consumer="orders"}`
 // next process's consumer, whose inbox skips it: the order is paid once.
 func TestConsumerKilledAfterCommitBeforeAck(t *testing.T) {
 	t.Parallel()
-	e := newPaymentEnv(t)
+	e := setup(t)
 	doomed := e.start(t, "FAILPOINTS=consumer-after-commit=kill")
 	go func() { _, _ = e.pay(doomed.base, "pay-key") }() // answered or not: the process dies
 	if !doomed.killedBySIGKILL(t) {
@@ -102,7 +103,7 @@ func TestConsumerKilledAfterCommitBeforeAck(t *testing.T) {
 	api := e.start(t)
 	// The redelivery reaches the new process's consumer and is settled
 	// there (skipped, or applied again if the inbox failed).
-	waitFor(t, func() bool {
+	testkit.WaitFor(t, 20*time.Second, func() bool {
 		return metric(t, api, `consumer_redeliveries_total{consumer="orders"}`) >= 1 &&
 			metric(t, api, duplicatesSkipped)+metric(t, api, `consumer_processed_total{consumer="orders"}`) >= 1
 	})
@@ -146,7 +147,7 @@ func TestRelayKilledAfterPublishBeforeMark(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			e := newPaymentEnv(t)
+			e := setup(t)
 			doomed := e.start(t, append(tc.env, "FAILPOINTS=relay-after-publish=kill")...)
 			go func() { _, _ = e.pay(doomed.base, "pay-key") }()
 			if !doomed.killedBySIGKILL(t) {
@@ -160,7 +161,7 @@ func TestRelayKilledAfterPublishBeforeMark(t *testing.T) {
 			}
 
 			api := e.start(t, tc.env...)
-			waitFor(t, func() bool {
+			testkit.WaitFor(t, 20*time.Second, func() bool {
 				return count(t, e.pool, `SELECT count(*) FROM outbox WHERE published_at IS NOT NULL AND publish_attempts = 2`) == 1
 			})
 			if n := streamMessages(t, e); n != tc.streamMsgs {
@@ -173,7 +174,7 @@ func TestRelayKilledAfterPublishBeforeMark(t *testing.T) {
 			if tc.streamMsgs == 2 {
 				// Both copies were delivered (the first maybe to the dead
 				// process): wait until the stream's last message is acked.
-				waitFor(t, func() bool { return consumerAckFloor(t, e) == 2 })
+				testkit.WaitFor(t, 20*time.Second, func() bool { return consumerAckFloor(t, e) == 2 })
 			}
 			if final := e.payUntilDone(t, api.base, "pay-key"); final.status != http.StatusCreated {
 				t.Fatalf("final answer %d: %s", final.status, final.body)

@@ -16,12 +16,13 @@ import (
 
 	"github.com/idemref/payments/internal/processorsim"
 	"github.com/idemref/payments/internal/testdb"
+	"github.com/idemref/payments/internal/testkit"
 )
 
-// paymentEnv is one database, one tenant with one unpaid order, and a
+// bundle is one database, one tenant with one unpaid order, and a
 // processor simulator that lives in the test process: it survives every
 // API process the test kills, as a real processor would.
-type paymentEnv struct {
+type bundle struct {
 	pool    *pgxpool.Pool
 	url     string
 	apiKey  string
@@ -37,10 +38,10 @@ type paymentEnv struct {
 
 const orderAmount = 4200
 
-func newPaymentEnv(t *testing.T) *paymentEnv {
+func setup(t *testing.T) *bundle {
 	t.Helper()
 	pool, url := testdb.NewPool(t)
-	e := &paymentEnv{pool: pool, url: url, apiKey: runTenantCreate(t, url, "payer"), sim: processorsim.New(processorsim.Config{})}
+	e := &bundle{pool: pool, url: url, apiKey: runTenantCreate(t, url, "payer"), sim: processorsim.New(processorsim.Config{})}
 	e.chargeArrived, e.chargeRelease = make(chan struct{}), make(chan struct{})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPost && r.URL.Path == processorsim.PathCharges && e.chargeArmed.CompareAndSwap(true, false) {
@@ -75,7 +76,7 @@ func newPaymentEnv(t *testing.T) *paymentEnv {
 // start runs an API process for this environment. Leases and the settle
 // window are short so takeovers and resends happen within the test; the
 // completer is off unless asked for.
-func (e *paymentEnv) start(t *testing.T, env ...string) *serverProcess {
+func (e *bundle) start(t *testing.T, env ...string) *serverProcess {
 	base := []string{"PROCESSOR_URL=" + e.simURL, "PROCESSOR_TIMEOUT=500ms", "PAYMENT_LEASE=1500ms",
 		"PROCESSOR_SETTLE_WINDOW=1s", "COMPLETER_INTERVAL=0",
 		// Redeliveries and relay takeovers within the test's time.
@@ -83,18 +84,18 @@ func (e *paymentEnv) start(t *testing.T, env ...string) *serverProcess {
 	return startServer(t, e.url, append(base, env...)...)
 }
 
-func (e *paymentEnv) payBody() string {
+func (e *bundle) payBody() string {
 	return fmt.Sprintf(`{"order_id":%q,"amount":%d,"currency":"EUR","payment_method":"pm_card_visa"}`, e.orderID, orderAmount)
 }
 
-func (e *paymentEnv) pay(base, key string) (response, error) {
+func (e *bundle) pay(base, key string) (response, error) {
 	return post(base, e.apiKey, "/v1/payments", key, e.payBody())
 }
 
 // payUntilDone retries like a well-behaved client: on 409 in progress, or
 // 503 while the charge's outcome is not known yet, it waits and tries again
 // with the same key.
-func (e *paymentEnv) payUntilDone(t *testing.T, base, key string) response {
+func (e *bundle) payUntilDone(t *testing.T, base, key string) response {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -117,7 +118,7 @@ func (e *paymentEnv) payUntilDone(t *testing.T, base, key string) response {
 
 // succeededCharges counts the charges the processor made and did not
 // refund in full: the money actually taken.
-func (e *paymentEnv) netCharges() int {
+func (e *bundle) netCharges() int {
 	n := 0
 	for _, ch := range e.sim.Charges() {
 		if ch.Status == "succeeded" && ch.RefundedAmount < ch.Amount {
@@ -129,7 +130,7 @@ func (e *paymentEnv) netCharges() int {
 
 // assertPaidOnce checks the side effects of one payment: one charge at the
 // processor, one succeeded payment row, the order paid once.
-func (e *paymentEnv) assertPaidOnce(t *testing.T) {
+func (e *bundle) assertPaidOnce(t *testing.T) {
 	t.Helper()
 	if n := len(e.sim.Charges()); n != 1 {
 		t.Errorf("charges at the processor = %d, want 1", n)
@@ -142,7 +143,7 @@ func (e *paymentEnv) assertPaidOnce(t *testing.T) {
 	}
 	// The order follows the payment.succeeded event through the relay and
 	// the orders consumer: eventually, and once.
-	waitFor(t, func() bool {
+	testkit.WaitFor(t, 20*time.Second, func() bool {
 		return count(t, e.pool, `SELECT count(*) FROM processed_messages WHERE consumer = 'orders'`) == 1
 	})
 	if paid := count(t, e.pool, `SELECT amount_paid FROM orders WHERE id = $1`, e.orderID); paid != orderAmount {
@@ -169,7 +170,7 @@ func TestPaymentSurvivesCrashBetweenSteps(t *testing.T) {
 		for _, finisher := range []string{"ClientRetry", "Completer"} {
 			t.Run(w.name+"/"+finisher, func(t *testing.T) {
 				t.Parallel()
-				e := newPaymentEnv(t)
+				e := setup(t)
 				crash(t, e, w.failpoint)
 				if n := len(e.sim.Charges()); n != w.chargesBefore {
 					t.Fatalf("charges when the process died = %d, want %d", n, w.chargesBefore)
@@ -185,7 +186,7 @@ func TestPaymentSurvivesCrashBetweenSteps(t *testing.T) {
 					final = e.payUntilDone(t, api.base, "pay-key")
 				case "Completer":
 					api := e.start(t, "COMPLETER_INTERVAL=100ms")
-					waitFor(t, func() bool {
+					testkit.WaitFor(t, 20*time.Second, func() bool {
 						return count(t, e.pool, `SELECT count(*) FROM idempotency_keys WHERE endpoint = 'POST /v1/payments' AND state = 'completed'`) == 1
 					})
 					// The client comes back late and gets what the completer recorded.
@@ -209,7 +210,7 @@ func TestPaymentSurvivesCrashBetweenSteps(t *testing.T) {
 // crash sends the payment to an API process and kills it at the window:
 // through a failpoint, or (failpoint "") by SIGKILL while the charge call
 // is held at the processor, which executes it after the API died.
-func crash(t *testing.T, e *paymentEnv, failpoint string) {
+func crash(t *testing.T, e *bundle, failpoint string) {
 	t.Helper()
 	if failpoint != "" {
 		api := e.start(t, "FAILPOINTS="+failpoint+"=kill")
@@ -232,16 +233,16 @@ func crash(t *testing.T, e *paymentEnv, failpoint string) {
 		t.Fatalf("server exit: %v", api.cmd.ProcessState)
 	}
 	close(e.chargeRelease)
-	waitFor(t, func() bool { return len(e.sim.Charges()) == 1 })
+	testkit.WaitFor(t, 20*time.Second, func() bool { return len(e.sim.Charges()) == 1 })
 }
 
 // T2 for payments: 50 identical payment requests under one key, in
 // parallel over three API processes: one charge.
 func TestConcurrentPaymentsAcrossProcesses(t *testing.T) {
 	t.Parallel()
-	e := newPaymentEnv(t)
+	e := setup(t)
 	apis := []*serverProcess{e.start(t), e.start(t), e.start(t)}
-	results := fire(t, 50, func(i int) (response, error) { return e.pay(apis[i%3].base, "same-pay-key") })
+	results := testkit.Fire(t, 50, func(i int) (response, error) { return e.pay(apis[i%3].base, "same-pay-key") })
 	var fresh int
 	for _, r := range results {
 		switch {
@@ -267,7 +268,7 @@ func TestConcurrentPaymentsAcrossProcesses(t *testing.T) {
 	}
 }
 
-func chargeCalls(e *paymentEnv) int {
+func chargeCalls(e *bundle) int {
 	n := 0
 	for _, c := range e.sim.Calls() {
 		if c.Method == http.MethodPost && c.Path == processorsim.PathCharges {
@@ -285,7 +286,7 @@ func chargeCalls(e *paymentEnv) int {
 // twice and the recorded response is B's.
 func TestStalledAttemptCannotOverwriteTakeover(t *testing.T) {
 	t.Parallel()
-	e := newPaymentEnv(t)
+	e := setup(t)
 	stalled := e.start(t, "FAILPOINTS=payment-after-charge=sleep:4s")
 	fresh := e.start(t)
 
@@ -297,8 +298,8 @@ func TestStalledAttemptCannotOverwriteTakeover(t *testing.T) {
 		}
 		first <- res
 	}()
-	waitFor(t, func() bool { return len(e.sim.Charges()) == 1 })
-	waitFor(t, func() bool {
+	testkit.WaitFor(t, 20*time.Second, func() bool { return len(e.sim.Charges()) == 1 })
+	testkit.WaitFor(t, 20*time.Second, func() bool {
 		return count(t, e.pool, `SELECT count(*) FROM idempotency_keys WHERE idem_key = 'fenced-key' AND locked_until < now()`) == 1
 	})
 
@@ -334,7 +335,7 @@ func TestStalledAttemptCannotOverwriteTakeover(t *testing.T) {
 // server: it finishes a payment abandoned after transaction 1.
 func TestStandaloneCompleterFinishesAbandonedPayment(t *testing.T) {
 	t.Parallel()
-	e := newPaymentEnv(t)
+	e := setup(t)
 	crash(t, e, "payment-after-create")
 
 	cmd := exec.Command(apiBinary(t), "completer")
@@ -347,7 +348,7 @@ func TestStandaloneCompleterFinishesAbandonedPayment(t *testing.T) {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	})
-	waitFor(t, func() bool {
+	testkit.WaitFor(t, 20*time.Second, func() bool {
 		return count(t, e.pool, `SELECT count(*) FROM idempotency_keys WHERE endpoint = 'POST /v1/payments' AND state = 'completed'`) == 1
 	})
 	// The completer wrote the payment's event to the outbox; the order

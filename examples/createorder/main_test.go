@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	payments "github.com/idemref/payments"
+	"github.com/idemref/payments"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/tenants"
@@ -27,7 +27,7 @@ func TestCreateOrderTwiceIsOneOrder(t *testing.T) {
 	}
 	srv := httptest.NewServer(httpapi.NewHandler(httpapi.Config{
 		Pool: pool, Idem: idem.NewStore(pool, idem.Config{}), Logger: slog.New(slog.DiscardHandler),
-		RequestTimeout: 10 * time.Second, OpenAPI: payments.OpenAPI,
+		RequestTimeout: 10 * time.Second, OpenAPI: apispec.OpenAPI,
 	}))
 	t.Cleanup(srv.Close)
 	env := map[string]string{"API": srv.URL, "API_KEY": key}

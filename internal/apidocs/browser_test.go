@@ -15,7 +15,7 @@ import (
 
 	"github.com/getkin/kin-openapi/openapi3"
 
-	payments "github.com/idemref/payments"
+	"github.com/idemref/payments"
 	"github.com/idemref/payments/internal/apidocs"
 	httpapi "github.com/idemref/payments/internal/http"
 )
@@ -48,7 +48,7 @@ func chromium(t *testing.T) string {
 func TestDocsPageRendersInBrowser(t *testing.T) {
 	t.Parallel()
 	browser := chromium(t)
-	srv := httptest.NewServer(httpapi.NewHandler(httpapi.Config{Logger: slog.New(slog.DiscardHandler), OpenAPI: payments.OpenAPI}))
+	srv := httptest.NewServer(httpapi.NewHandler(httpapi.Config{Logger: slog.New(slog.DiscardHandler), OpenAPI: apispec.OpenAPI}))
 	t.Cleanup(srv.Close)
 
 	shot := os.Getenv(screenshotEnv)
@@ -89,7 +89,7 @@ func TestDocsPageRendersInBrowser(t *testing.T) {
 		t.Errorf("the page logged:\n%s", strings.Join(logged, "\n"))
 	}
 
-	doc, err := openapi3.NewLoader().LoadFromData(payments.OpenAPI)
+	doc, err := openapi3.NewLoader().LoadFromData(apispec.OpenAPI)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,7 +117,7 @@ func TestDocsPageRendersInBrowser(t *testing.T) {
 // offline, and the bundle no longer names another origin.
 func TestDocsAreServedOffline(t *testing.T) {
 	t.Parallel()
-	srv := httptest.NewServer(httpapi.NewHandler(httpapi.Config{Logger: slog.New(slog.DiscardHandler), OpenAPI: payments.OpenAPI}))
+	srv := httptest.NewServer(httpapi.NewHandler(httpapi.Config{Logger: slog.New(slog.DiscardHandler), OpenAPI: apispec.OpenAPI}))
 	t.Cleanup(srv.Close)
 	for _, tc := range []struct{ path, contentType string }{
 		{"/docs", "text/html; charset=utf-8"},

@@ -17,15 +17,15 @@ import (
 
 func TestMain(m *testing.M) { testdb.Main(m) }
 
-// pipelined is a one-connection pool through a counting proxy, with a
+// bundle is a one-connection pool through a counting proxy, with a
 // table to write to, warmed so every statement below is prepared.
-type pipelined struct {
+type bundle struct {
 	pool   *pgxpool.Pool // through the proxy
 	direct *pgxpool.Pool // for assertions
 	wire   *pgwire.Proxy
 }
 
-func setup(t *testing.T) pipelined {
+func setup(t *testing.T) *bundle {
 	t.Helper()
 	direct, dbURL := testdb.NewPool(t)
 	if _, err := direct.Exec(t.Context(), `CREATE TABLE things (id int PRIMARY KEY, note text NOT NULL)`); err != nil {
@@ -53,7 +53,7 @@ func setup(t *testing.T) pipelined {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	p := pipelined{pool: pool, direct: direct, wire: wire}
+	p := &bundle{pool: pool, direct: direct, wire: wire}
 	// Warm up: prepare every statement the tests send, then forget the row.
 	must(t, db.WithTx(t.Context(), pool, func(ctx context.Context, tx pgx.Tx) error {
 		if _, err := db.Deferred(tx).Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, "1000ms"); err != nil {
@@ -103,7 +103,7 @@ func must(t *testing.T, err error) {
 	}
 }
 
-func (p pipelined) notes(t *testing.T) []string {
+func (p *bundle) notes(t *testing.T) []string {
 	t.Helper()
 	rows, err := p.direct.Query(t.Context(), `SELECT note FROM things ORDER BY id`)
 	must(t, err)
@@ -114,7 +114,7 @@ func (p pipelined) notes(t *testing.T) []string {
 
 // idle checks that the pool's connection came back outside any
 // transaction: the next transaction does not inherit an aborted one.
-func (p pipelined) idle(t *testing.T) {
+func (p *bundle) idle(t *testing.T) {
 	t.Helper()
 	c, err := p.pool.Acquire(t.Context())
 	must(t, err)
@@ -126,7 +126,7 @@ func (p pipelined) idle(t *testing.T) {
 	must(t, c.QueryRow(t.Context(), `SELECT 1`).Scan(&n))
 }
 
-func (p pipelined) roundTrips(t *testing.T, fn func(ctx context.Context, tx pgx.Tx) error) (int64, error) {
+func (p *bundle) roundTrips(t *testing.T, fn func(ctx context.Context, tx pgx.Tx) error) (int64, error) {
 	t.Helper()
 	var txErr error
 	got, err := p.wire.Measure(t.Context(), func() error {

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	payments "github.com/idemref/payments"
+	"github.com/idemref/payments"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
 )
@@ -53,7 +53,7 @@ func TestAccessLog(t *testing.T) {
 		Idem:           idem.NewStore(e.pool, idem.Config{}),
 		Logger:         slog.New(slog.NewJSONHandler(&buf, nil)),
 		RequestTimeout: 10 * time.Second,
-		OpenAPI:        payments.OpenAPI,
+		OpenAPI:        apispec.OpenAPI,
 	})
 	srv := httptest.NewServer(h)
 	defer srv.Close()

@@ -37,7 +37,7 @@ func decodeCustomer(t *testing.T, res response) customer {
 	return c
 }
 
-func (e *env) countCustomers(t *testing.T) int {
+func (e *bundle) countCustomers(t *testing.T) int {
 	t.Helper()
 	return e.count(t, "SELECT count(*) FROM customers")
 }

@@ -25,7 +25,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/uuid"
 
-	payments "github.com/idemref/payments"
+	"github.com/idemref/payments"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/processorsim"
@@ -38,7 +38,7 @@ const specServer = "http://localhost:8080"
 
 func loadSpec(t *testing.T) *openapi3.T {
 	t.Helper()
-	doc, err := openapi3.NewLoader().LoadFromData(payments.OpenAPI)
+	doc, err := openapi3.NewLoader().LoadFromData(apispec.OpenAPI)
 	if err != nil {
 		t.Fatalf("load openapi.yaml: %v", err)
 	}
@@ -61,7 +61,7 @@ func TestContractRoutesMatchSpec(t *testing.T) {
 	}
 	sort.Strings(documented)
 
-	h := httpapi.NewHandler(httpapi.Config{Logger: slog.New(slog.DiscardHandler), OpenAPI: payments.OpenAPI})
+	h := httpapi.NewHandler(httpapi.Config{Logger: slog.New(slog.DiscardHandler), OpenAPI: apispec.OpenAPI})
 	routes, ok := h.(chi.Routes)
 	if !ok {
 		t.Fatalf("NewHandler returned %T, not a chi.Routes", h)

@@ -16,7 +16,7 @@ import (
 
 // ageKey moves the key's horizons (E3) into the past: the result's TTL,
 // and with keyGone the key's retention too.
-func (e *env) ageKey(t *testing.T, tenantID uuid.UUID, endpoint, key string, keyGone bool) {
+func (e *bundle) ageKey(t *testing.T, tenantID uuid.UUID, endpoint, key string, keyGone bool) {
 	t.Helper()
 	if _, err := e.pool.Exec(context.Background(), `UPDATE idempotency_keys SET
 		    expires_at = now() - interval '1 second',

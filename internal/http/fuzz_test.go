@@ -11,10 +11,10 @@ import (
 	"testing"
 	"time"
 
-	payments "github.com/idemref/payments"
+	"github.com/idemref/payments"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
-	paymentsvc "github.com/idemref/payments/internal/payments"
+	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
 	"github.com/idemref/payments/internal/processorsim"
 	"github.com/idemref/payments/internal/tenants"
@@ -140,15 +140,15 @@ func fuzzServer(tb testing.TB) (http.Handler, string, string) {
 	sim := processorsim.New(processorsim.Config{Logger: logger})
 	simSrv := httptest.NewServer(sim.Handler())
 	tb.Cleanup(simSrv.Close)
-	svc := paymentsvc.NewService(pool, store, processor.NewClient(simSrv.URL, processorTimeout), httpapi.Renderer{}, logger,
-		paymentsvc.Config{SettleWindow: settleWindow})
+	svc := payments.NewService(pool, store, processor.NewClient(simSrv.URL, processorTimeout), httpapi.Renderer{}, logger,
+		payments.Config{SettleWindow: settleWindow})
 	handler := httpapi.NewHandler(httpapi.Config{
 		Pool:           pool,
 		Idem:           store,
 		Payments:       svc,
 		Logger:         logger,
 		RequestTimeout: 10 * time.Second,
-		OpenAPI:        payments.OpenAPI,
+		OpenAPI:        apispec.OpenAPI,
 	})
 
 	// A paid order, so refunds have something to refund.

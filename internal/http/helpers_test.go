@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -19,18 +18,18 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	payments "github.com/idemref/payments"
+	"github.com/idemref/payments"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
-	paymentsvc "github.com/idemref/payments/internal/payments"
+	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/pgwire"
 	"github.com/idemref/payments/internal/processor"
 	"github.com/idemref/payments/internal/processorsim"
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/testdb"
+	"github.com/idemref/payments/internal/testkit"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
@@ -48,9 +47,9 @@ type tenant struct {
 	Key string // API key, sent as Authorization: Bearer <Key>
 }
 
-// env is one test's world: its own migrated database, a server over it and
+// bundle is one test's world: its own migrated database, a server over it and
 // two tenants.
-type env struct {
+type bundle struct {
 	pool  *pgxpool.Pool // direct to the database: assertions and fixtures
 	dbURL string
 	srv   *httptest.Server
@@ -64,7 +63,7 @@ type env struct {
 	// sim is the payment processor the server calls when setup was given
 	// withProcessor, and payments the service that calls it; nil otherwise.
 	sim      *processorsim.Simulator
-	payments *paymentsvc.Service
+	payments *payments.Service
 	// wire counts the server's round trips to PostgreSQL when setup was
 	// given withWireCounter; nil otherwise.
 	wire *pgwire.Proxy
@@ -135,14 +134,14 @@ const (
 	lateDelay = time.Second
 )
 
-func setup(t *testing.T, opts ...setupOption) *env {
+func setup(t *testing.T, opts ...setupOption) *bundle {
 	t.Helper()
 	o := setupOptions{settleWindow: settleWindow}
 	for _, opt := range opts {
 		opt(&o)
 	}
 	pool, dbURL := testdb.NewPool(t)
-	e := &env{pool: pool, dbURL: dbURL}
+	e := &bundle{pool: pool, dbURL: dbURL}
 
 	serverPool := pool
 	if o.proxy {
@@ -211,15 +210,15 @@ func setup(t *testing.T, opts ...setupOption) *env {
 		t.Fatal(err)
 	}
 
-	logger := testLogger(t)
+	logger := testkit.Logger(t) // before the servers, so its cleanup runs after their Close
 	store := idem.NewStore(serverPool, idem.Config{LockTimeout: lockTimeout, Lease: paymentLease})
 	if o.processor {
 		e.sim = processorsim.New(processorsim.Config{Logger: logger.With(slog.String("component", "processorsim"))})
 		simSrv := httptest.NewServer(e.sim.Handler())
 		t.Cleanup(simSrv.Close) // runs after the API server's Close: no call is cut short
-		e.payments = paymentsvc.NewService(serverPool, store,
+		e.payments = payments.NewService(serverPool, store,
 			processor.NewClient(simSrv.URL, processorTimeout), httpapi.Renderer{}, logger,
-			paymentsvc.Config{SettleWindow: o.settleWindow})
+			payments.Config{SettleWindow: o.settleWindow})
 	}
 	e.handler = httpapi.NewHandler(httpapi.Config{
 		Pool:           serverPool,
@@ -227,7 +226,7 @@ func setup(t *testing.T, opts ...setupOption) *env {
 		Payments:       e.payments,
 		Logger:         logger,
 		RequestTimeout: 10 * time.Second,
-		OpenAPI:        payments.OpenAPI,
+		OpenAPI:        apispec.OpenAPI,
 		RateLimit:      o.rateLimit,
 		AuthCacheTTL:   authCacheTTL,
 		WebhookSecrets: []string{webhookSecret},
@@ -244,35 +243,6 @@ func setup(t *testing.T, opts ...setupOption) *env {
 	e.client = e.srv.Client()
 	e.client.Timeout = 10 * time.Second
 	return e
-}
-
-// testLogger sends the server's log to t.Log, so it shows with the failing
-// test (and with -v).
-func testLogger(t *testing.T) *slog.Logger {
-	w := &testLogWriter{t: t}
-	t.Cleanup(w.stop) // registered before the server's Close, so it runs after it
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-type testLogWriter struct {
-	mu   sync.Mutex
-	t    *testing.T
-	done bool
-}
-
-func (w *testLogWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.done {
-		w.t.Log(strings.TrimSuffix(string(p), "\n"))
-	}
-	return len(p), nil
-}
-
-func (w *testLogWriter) stop() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.done = true
 }
 
 // response is a response as the client saw it.
@@ -315,7 +285,7 @@ func withAuthorization(v string) reqOption {
 }
 
 // do sends one request. apiKey "" sends no Authorization header.
-func (e *env) do(t *testing.T, method, path, apiKey string, body []byte, opts ...reqOption) response {
+func (e *bundle) do(t *testing.T, method, path, apiKey string, body []byte, opts ...reqOption) response {
 	t.Helper()
 	res, err := e.send(t.Context(), method, path, apiKey, body, opts...)
 	if err != nil {
@@ -326,7 +296,7 @@ func (e *env) do(t *testing.T, method, path, apiKey string, body []byte, opts ..
 
 // send is do for other goroutines than the test's: it reports failures
 // instead of ending the test.
-func (e *env) send(ctx context.Context, method, path, apiKey string, body []byte, opts ...reqOption) (response, error) {
+func (e *bundle) send(ctx context.Context, method, path, apiKey string, body []byte, opts ...reqOption) (response, error) {
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
@@ -357,7 +327,7 @@ func (e *env) send(ctx context.Context, method, path, apiKey string, body []byte
 }
 
 // post creates an order. idemKey "" sends no Idempotency-Key header.
-func (e *env) post(t *testing.T, apiKey, idemKey, body string, opts ...reqOption) response {
+func (e *bundle) post(t *testing.T, apiKey, idemKey, body string, opts ...reqOption) response {
 	t.Helper()
 	if idemKey != "" {
 		opts = append([]reqOption{withHeader(idem.HeaderName, idemKey)}, opts...)
@@ -365,7 +335,7 @@ func (e *env) post(t *testing.T, apiKey, idemKey, body string, opts ...reqOption
 	return e.do(t, http.MethodPost, "/v1/orders", apiKey, []byte(body), opts...)
 }
 
-func (e *env) get(t *testing.T, apiKey, path string) response {
+func (e *bundle) get(t *testing.T, apiKey, path string) response {
 	t.Helper()
 	return e.do(t, http.MethodGet, path, apiKey, nil)
 }
@@ -494,17 +464,17 @@ func wantReplay(t *testing.T, first, replay response) {
 
 // --- Reading the side effects directly ---
 
-func (e *env) countOrders(t *testing.T) int {
+func (e *bundle) countOrders(t *testing.T) int {
 	t.Helper()
 	return e.count(t, "SELECT count(*) FROM orders")
 }
 
-func (e *env) countKeys(t *testing.T) int {
+func (e *bundle) countKeys(t *testing.T) int {
 	t.Helper()
 	return e.count(t, "SELECT count(*) FROM idempotency_keys")
 }
 
-func (e *env) count(t *testing.T, sql string, args ...any) int {
+func (e *bundle) count(t *testing.T, sql string, args ...any) int {
 	t.Helper()
 	var n int
 	if err := e.pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
@@ -514,7 +484,7 @@ func (e *env) count(t *testing.T, sql string, args ...any) int {
 }
 
 // wantRows checks the number of rows in orders and idempotency_keys.
-func (e *env) wantRows(t *testing.T, orders, keys int) {
+func (e *bundle) wantRows(t *testing.T, orders, keys int) {
 	t.Helper()
 	if got := e.countOrders(t); got != orders {
 		t.Errorf("orders rows = %d, want %d", got, orders)
@@ -532,26 +502,14 @@ type keyRow struct {
 
 // keyRecord reads the (tenant, POST /v1/orders, key) row; ok is false when
 // there is none.
-func (e *env) keyRecord(t *testing.T, tenantID uuid.UUID, key string) (row keyRow, ok bool) {
+func (e *bundle) keyRecord(t *testing.T, tenantID uuid.UUID, key string) (row keyRow, ok bool) {
 	t.Helper()
-	var status *int32
-	err := e.pool.QueryRow(context.Background(),
-		`SELECT state, response_status FROM idempotency_keys WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3`,
-		tenantID, endpointOrders, key).Scan(&row.State, &status)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return keyRow{}, false
-	}
-	if err != nil {
-		t.Fatalf("read idempotency key row: %v", err)
-	}
-	if status != nil {
-		row.Status = int(*status)
-	}
-	return row, true
+	k, ok := testkit.ReadKeyRow(t, e.pool, tenantID, endpointOrders, key)
+	return keyRow{State: k.State, Status: k.ResponseStatus}, ok
 }
 
 // wantKeyRecord checks that the key's row is completed with status.
-func (e *env) wantKeyRecord(t *testing.T, tenantID uuid.UUID, key string, status int) {
+func (e *bundle) wantKeyRecord(t *testing.T, tenantID uuid.UUID, key string, status int) {
 	t.Helper()
 	row, ok := e.keyRecord(t, tenantID, key)
 	if !ok {
@@ -562,7 +520,7 @@ func (e *env) wantKeyRecord(t *testing.T, tenantID uuid.UUID, key string, status
 	}
 }
 
-func (e *env) countOrdersWithReference(t *testing.T, tenantID uuid.UUID, ref string) int {
+func (e *bundle) countOrdersWithReference(t *testing.T, tenantID uuid.UUID, ref string) int {
 	t.Helper()
 	return e.count(t, "SELECT count(*) FROM orders WHERE tenant_id = $1 AND reference = $2", tenantID, ref)
 }

@@ -462,7 +462,7 @@ func (tt hostileCase) check(t *testing.T, res response) {
 
 // publicTables lists the tables of the public schema, so a new table is
 // counted without anyone remembering to add it here.
-func (e *env) publicTables(t *testing.T) []string {
+func (e *bundle) publicTables(t *testing.T) []string {
 	t.Helper()
 	rows, err := e.pool.Query(context.Background(),
 		`SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -481,7 +481,7 @@ func (e *env) publicTables(t *testing.T) []string {
 }
 
 // rowCounts counts the rows of every table named.
-func (e *env) rowCounts(t *testing.T, tables []string) map[string]int {
+func (e *bundle) rowCounts(t *testing.T, tables []string) map[string]int {
 	t.Helper()
 	counts := make(map[string]int, len(tables))
 	for _, name := range tables {

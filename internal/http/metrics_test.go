@@ -20,7 +20,7 @@ var sampleLine = regexp.MustCompile(`^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? (\S+)$
 
 // scrape reads /metrics and returns every sample by its name and labels as
 // exposed, e.g. `idempotency_requests_total{endpoint="POST /v1/orders",outcome="executed"}`.
-func (e *env) scrape(t *testing.T) map[string]float64 {
+func (e *bundle) scrape(t *testing.T) map[string]float64 {
 	t.Helper()
 	res := e.get(t, "", "/metrics")
 	wantStatus(t, res, http.StatusOK)

@@ -13,7 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/uuid"
 
-	payments "github.com/idemref/payments"
+	"github.com/idemref/payments"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/tenants"
@@ -128,7 +128,7 @@ type orderList struct {
 	NextCursor *string `json:"next_cursor"`
 }
 
-func (e *env) list(t *testing.T, apiKey, query string) orderList {
+func (e *bundle) list(t *testing.T, apiKey, query string) orderList {
 	t.Helper()
 	res := e.get(t, apiKey, "/v1/orders"+query)
 	wantStatus(t, res, http.StatusOK)
@@ -269,8 +269,8 @@ func TestSystemEndpoints(t *testing.T) {
 		if ct := res.header.Get("Content-Type"); ct != "application/yaml" {
 			t.Errorf("Content-Type = %q, want application/yaml", ct)
 		}
-		if string(res.body) != string(payments.OpenAPI) {
-			t.Error("the served document differs from payments.OpenAPI")
+		if string(res.body) != string(apispec.OpenAPI) {
+			t.Error("the served document differs from apispec.OpenAPI")
 		}
 	})
 

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,9 +17,10 @@ import (
 
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
-	paymentsvc "github.com/idemref/payments/internal/payments"
+	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
 	"github.com/idemref/payments/internal/processorsim"
+	"github.com/idemref/payments/internal/testkit"
 )
 
 // Payments and refunds through the HTTP API, against a processor simulator
@@ -57,7 +57,7 @@ func payBody(orderID, method string) string {
 func refundBody(amount int64) string { return fmt.Sprintf(`{"amount":%d}`, amount) }
 
 // pay sends POST /v1/payments. idemKey "" sends no Idempotency-Key header.
-func (e *env) pay(t *testing.T, apiKey, idemKey, body string, opts ...reqOption) response {
+func (e *bundle) pay(t *testing.T, apiKey, idemKey, body string, opts ...reqOption) response {
 	t.Helper()
 	if idemKey != "" {
 		opts = append([]reqOption{withHeader(idem.HeaderName, idemKey)}, opts...)
@@ -66,7 +66,7 @@ func (e *env) pay(t *testing.T, apiKey, idemKey, body string, opts ...reqOption)
 }
 
 // refund sends POST /v1/payments/{paymentID}/refunds.
-func (e *env) refund(t *testing.T, apiKey, idemKey, paymentID, body string, opts ...reqOption) response {
+func (e *bundle) refund(t *testing.T, apiKey, idemKey, paymentID, body string, opts ...reqOption) response {
 	t.Helper()
 	if idemKey != "" {
 		opts = append([]reqOption{withHeader(idem.HeaderName, idemKey)}, opts...)
@@ -75,7 +75,7 @@ func (e *env) refund(t *testing.T, apiKey, idemKey, paymentID, body string, opts
 }
 
 // newOrder creates an order of orderAmount EUR for tn.
-func (e *env) newOrder(t *testing.T, tn tenant, ref string) order {
+func (e *bundle) newOrder(t *testing.T, tn tenant, ref string) order {
 	t.Helper()
 	res := e.post(t, tn.Key, "order-"+ref, orderBody(ref))
 	wantStatus(t, res, http.StatusCreated)
@@ -84,7 +84,7 @@ func (e *env) newOrder(t *testing.T, tn tenant, ref string) order {
 
 // paidOrder creates an order for tn and pays it in full under the key
 // "pay-"+ref.
-func (e *env) paidOrder(t *testing.T, tn tenant, ref string) (order, payment) {
+func (e *bundle) paidOrder(t *testing.T, tn tenant, ref string) (order, payment) {
 	t.Helper()
 	o := e.newOrder(t, tn, ref)
 	res := e.pay(t, tn.Key, "pay-"+ref, payBody(o.ID, cardVisa))
@@ -191,7 +191,7 @@ type paymentRow struct {
 }
 
 // paymentRows returns the payments of an order, oldest first.
-func (e *env) paymentRows(t *testing.T, orderID string) []paymentRow {
+func (e *bundle) paymentRows(t *testing.T, orderID string) []paymentRow {
 	t.Helper()
 	rows, err := e.pool.Query(context.Background(),
 		`SELECT id::text, status, amount, currency, payment_method, charge_key, coalesce(charge_id, ''),
@@ -208,7 +208,7 @@ func (e *env) paymentRows(t *testing.T, orderID string) []paymentRow {
 }
 
 // onePayment returns the order's only payment row.
-func (e *env) onePayment(t *testing.T, orderID string) paymentRow {
+func (e *bundle) onePayment(t *testing.T, orderID string) paymentRow {
 	t.Helper()
 	rows := e.paymentRows(t, orderID)
 	if len(rows) != 1 {
@@ -227,7 +227,7 @@ type refundRow struct {
 }
 
 // refundRows returns the refunds of a payment, oldest first.
-func (e *env) refundRows(t *testing.T, paymentID string) []refundRow {
+func (e *bundle) refundRows(t *testing.T, paymentID string) []refundRow {
 	t.Helper()
 	rows, err := e.pool.Query(context.Background(),
 		`SELECT id::text, amount, status, refund_key, coalesce(processor_refund_id, '')
@@ -252,7 +252,7 @@ type orderEvents struct {
 	Amount    int64
 }
 
-func (e *env) orderEvents(t *testing.T, orderID string) orderEvents {
+func (e *bundle) orderEvents(t *testing.T, orderID string) orderEvents {
 	t.Helper()
 	var o orderEvents
 	if err := e.pool.QueryRow(context.Background(),
@@ -277,22 +277,21 @@ type keyState struct {
 
 // keyState reads the (tenant, endpoint, key) row; it fails the test when
 // there is none.
-func (e *env) keyState(t *testing.T, tenantID uuid.UUID, endpoint, key string) keyState {
+func (e *bundle) keyState(t *testing.T, tenantID uuid.UUID, endpoint, key string) keyState {
 	t.Helper()
-	var k keyState
-	err := e.pool.QueryRow(context.Background(),
-		`SELECT state, coalesce(response_status, 0), coalesce(recovery_point, ''),
-		        coalesce(locked_until > now(), false), coalesce(resource_id::text, '')
-		 FROM idempotency_keys WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3`,
-		tenantID, endpoint, key).Scan(&k.State, &k.Status, &k.RecoveryPoint, &k.LeaseHeld, &k.ResourceID)
-	if err != nil {
-		t.Fatalf("read idempotency key %q of %s: %v", key, endpoint, err)
+	k, ok := testkit.ReadKeyRow(t, e.pool, tenantID, endpoint, key)
+	if !ok {
+		t.Fatalf("no idempotency key %q of %s", key, endpoint)
 	}
-	return k
+	st := keyState{State: k.State, Status: k.ResponseStatus, RecoveryPoint: k.RecoveryPoint, LeaseHeld: k.Lock == "live"}
+	if k.ResourceID != uuid.Nil {
+		st.ResourceID = k.ResourceID.String()
+	}
+	return st
 }
 
 // wantKeyState compares the key's row with want.
-func (e *env) wantKeyState(t *testing.T, tenantID uuid.UUID, endpoint, key string, want keyState) {
+func (e *bundle) wantKeyState(t *testing.T, tenantID uuid.UUID, endpoint, key string, want keyState) {
 	t.Helper()
 	if diff := cmp.Diff(want, e.keyState(t, tenantID, endpoint, key)); diff != "" {
 		t.Errorf("idempotency_keys row for %q on %s (-want +got):\n%s", key, endpoint, diff)
@@ -304,12 +303,12 @@ func completed(status int, resourceID string) keyState {
 	return keyState{State: "completed", Status: status, RecoveryPoint: "finished", ResourceID: resourceID}
 }
 
-func (e *env) countKeysOf(t *testing.T, endpoint string) int {
+func (e *bundle) countKeysOf(t *testing.T, endpoint string) int {
 	t.Helper()
 	return e.count(t, "SELECT count(*) FROM idempotency_keys WHERE endpoint = $1", endpoint)
 }
 
-func (e *env) leaseGeneration(t *testing.T, tenantID uuid.UUID, endpoint, key string) int64 {
+func (e *bundle) leaseGeneration(t *testing.T, tenantID uuid.UUID, endpoint, key string) int64 {
 	t.Helper()
 	var gen int64
 	if err := e.pool.QueryRow(context.Background(),
@@ -321,7 +320,7 @@ func (e *env) leaseGeneration(t *testing.T, tenantID uuid.UUID, endpoint, key st
 }
 
 // setLease moves the key's lease to end at now() + d (d < 0: in the past).
-func (e *env) setLease(t *testing.T, tenantID uuid.UUID, endpoint, key string, d time.Duration) {
+func (e *bundle) setLease(t *testing.T, tenantID uuid.UUID, endpoint, key string, d time.Duration) {
 	t.Helper()
 	if _, err := e.pool.Exec(context.Background(),
 		`UPDATE idempotency_keys SET locked_until = now() + make_interval(secs => $4)
@@ -335,7 +334,7 @@ func (e *env) setLease(t *testing.T, tenantID uuid.UUID, endpoint, key string, d
 // refund pass now, as if its last processor call had been sent a window
 // ago, and ends the lease a key holds between two lookups: what waiting
 // would do, without the wait.
-func (e *env) passSettleWindow(t *testing.T, tenantID uuid.UUID, endpoint, key string) {
+func (e *bundle) passSettleWindow(t *testing.T, tenantID uuid.UUID, endpoint, key string) {
 	t.Helper()
 	ctx := context.Background()
 	for _, sql := range []string{
@@ -359,7 +358,7 @@ func (e *env) passSettleWindow(t *testing.T, tenantID uuid.UUID, endpoint, key s
 // netCharged is the money the processor moved for an order: its succeeded
 // charges less what was refunded of them, read from the simulator's own
 // records (the metadata the API puts on every charge names the order).
-func (e *env) netCharged(orderID string) int64 {
+func (e *bundle) netCharged(orderID string) int64 {
 	var net int64
 	for _, ch := range e.sim.Charges() {
 		if ch.Metadata["order_id"] == orderID && ch.Status == processor.StatusSucceeded {
@@ -379,7 +378,7 @@ type call struct {
 	Replayed bool
 }
 
-func (e *env) processorCalls() []call {
+func (e *bundle) processorCalls() []call {
 	var out []call
 	for _, c := range e.sim.Calls() {
 		out = append(out, call{c.Method, c.Path, c.IdempotencyKey, c.Fault, c.Executed, c.Replayed})
@@ -401,14 +400,14 @@ func refundCall(key string, fault processorsim.FaultKind, executed bool) call {
 }
 
 // wantCalls compares every call the simulator recorded with want.
-func (e *env) wantCalls(t *testing.T, want ...call) {
+func (e *bundle) wantCalls(t *testing.T, want ...call) {
 	t.Helper()
 	if diff := cmp.Diff(want, e.processorCalls()); diff != "" {
 		t.Errorf("processor calls (-want +got):\n%s", diff)
 	}
 }
 
-func (e *env) chargesUnder(key string) []processor.Charge {
+func (e *bundle) chargesUnder(key string) []processor.Charge {
 	var out []processor.Charge
 	for _, ch := range e.sim.Charges() {
 		if ch.IdempotencyKey == key {
@@ -418,7 +417,7 @@ func (e *env) chargesUnder(key string) []processor.Charge {
 	return out
 }
 
-func (e *env) refundsUnder(key string) []processor.Refund {
+func (e *bundle) refundsUnder(key string) []processor.Refund {
 	var out []processor.Refund
 	for _, re := range e.sim.Refunds() {
 		if re.IdempotencyKey == key {
@@ -429,7 +428,7 @@ func (e *env) refundsUnder(key string) []processor.Refund {
 }
 
 // oneCharge returns the simulator's only charge under key.
-func (e *env) oneCharge(t *testing.T, key string) processor.Charge {
+func (e *bundle) oneCharge(t *testing.T, key string) processor.Charge {
 	t.Helper()
 	charges := e.chargesUnder(key)
 	if len(charges) != 1 {
@@ -1307,7 +1306,7 @@ func TestCompleterFinishesAnAbandonedPayment(t *testing.T) {
 	row := e.onePayment(t, o.ID)
 	e.passSettleWindow(t, e.a.ID, endpointPayments, key)
 
-	if n := paymentsvc.NewCompleter(e.payments, time.Hour).RunOnce(t.Context()); n != 1 {
+	if n := payments.NewCompleter(e.payments, time.Hour).RunOnce(t.Context()); n != 1 {
 		t.Fatalf("the completer took over %d keys, want 1", n)
 	}
 	e.wantKeyState(t, e.a.ID, endpointPayments, key, completed(http.StatusCreated, row.ID))
@@ -1350,7 +1349,7 @@ func TestPayConcurrentDuplicates(t *testing.T) {
 		o := e.newOrder(t, e.a, "inv-1")
 		const key = "concurrent-key"
 		body := []byte(payBody(o.ID, cardVisa))
-		results := fire(t, n, func(int) (response, error) {
+		results := testkit.Fire(t, n, func(int) (response, error) {
 			return e.send(t.Context(), http.MethodPost, "/v1/payments", e.a.Key, body, withHeader(idem.HeaderName, key))
 		})
 		fresh := 0
@@ -1388,7 +1387,7 @@ func TestPayConcurrentDuplicates(t *testing.T) {
 	t.Run("NewKeyPerRequest", func(t *testing.T) {
 		o := e.newOrder(t, e.a, "inv-2")
 		body := []byte(payBody(o.ID, cardVisa))
-		results := fire(t, n, func(i int) (response, error) {
+		results := testkit.Fire(t, n, func(i int) (response, error) {
 			return e.send(t.Context(), http.MethodPost, "/v1/payments", e.a.Key, body, withHeader(idem.HeaderName, fmt.Sprintf("new-key-%d", i)))
 		})
 		var created []payment
@@ -1420,30 +1419,6 @@ func TestPayConcurrentDuplicates(t *testing.T) {
 			t.Errorf("order row (-want +got):\n%s", diff)
 		}
 	})
-}
-
-// fire sends n requests at once (released together) and returns every
-// response; a transport error fails the test.
-func fire(t *testing.T, n int, send func(i int) (response, error)) []response {
-	t.Helper()
-	results := make([]response, n)
-	errs := make([]error, n)
-	start := make(chan struct{})
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() {
-			<-start
-			results[i], errs[i] = send(i)
-		})
-	}
-	close(start)
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("request %d: %v", i, err)
-		}
-	}
-	return results
 }
 
 // H: one tenant's payments are invisible to another; unknown and malformed

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	payments "github.com/idemref/payments"
+	"github.com/idemref/payments"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/tenants"
@@ -58,7 +58,7 @@ func BenchmarkQuietTenantUnderFlood(b *testing.B) {
 			}
 			srv := httptest.NewServer(httpapi.NewHandler(httpapi.Config{
 				Pool: pool, Idem: idem.NewStore(pool, idem.Config{}), Logger: slog.New(slog.DiscardHandler),
-				RequestTimeout: 10 * time.Second, OpenAPI: payments.OpenAPI, RateLimit: tt.limit, AuthCacheTTL: 10 * time.Second,
+				RequestTimeout: 10 * time.Second, OpenAPI: apispec.OpenAPI, RateLimit: tt.limit, AuthCacheTTL: 10 * time.Second,
 			}))
 			b.Cleanup(srv.Close)
 			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128}}

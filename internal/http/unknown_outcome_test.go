@@ -13,7 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	httpapi "github.com/idemref/payments/internal/http"
-	paymentsvc "github.com/idemref/payments/internal/payments"
+	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
 	"github.com/idemref/payments/internal/processorsim"
 )
@@ -66,7 +66,7 @@ func retryUntilFinal(t *testing.T, send func() response) (response, []string) {
 
 // waitIdle waits until no call is held at the processor: every late call
 // has landed.
-func (e *env) waitIdle(t *testing.T) {
+func (e *bundle) waitIdle(t *testing.T) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
@@ -78,7 +78,7 @@ func (e *env) waitIdle(t *testing.T) {
 // sweepUntil runs the reconciliation sweep until done holds, as the
 // completer would on its ticks; the sweep is due only once the last call
 // can no longer land, so this waits for that in real time.
-func (e *env) sweepUntil(t *testing.T, what string, done func() bool) {
+func (e *bundle) sweepUntil(t *testing.T, what string, done func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for !done() {
@@ -93,7 +93,7 @@ func (e *env) sweepUntil(t *testing.T, what string, done func() bool) {
 }
 
 // postedCalls returns the POSTs to path the processor received, in order.
-func (e *env) postedCalls(path string) []processorsim.Call {
+func (e *bundle) postedCalls(path string) []processorsim.Call {
 	var out []processorsim.Call
 	for _, c := range e.sim.Calls() {
 		if c.Method == http.MethodPost && c.Path == path {
@@ -103,7 +103,7 @@ func (e *env) postedCalls(path string) []processorsim.Call {
 	return out
 }
 
-func (e *env) compensationsOf(t *testing.T, paymentID string) []compensation {
+func (e *bundle) compensationsOf(t *testing.T, paymentID string) []compensation {
 	t.Helper()
 	return decodePayment(t, e.get(t, e.a.Key, "/v1/payments/"+paymentID)).Compensations
 }
@@ -216,7 +216,7 @@ func TestLateChargeAnsweredInProgress(t *testing.T) {
 	}
 }
 
-func answered409(e *env) bool {
+func answered409(e *bundle) bool {
 	for _, c := range e.postedCalls(processorsim.PathCharges) {
 		if c.Status == http.StatusConflict && !c.Executed {
 			return true
@@ -324,7 +324,7 @@ func TestLateChargeWithCompleterOnly(t *testing.T) {
 
 			ctx, stop := context.WithCancel(t.Context())
 			var wg sync.WaitGroup
-			wg.Go(func() { paymentsvc.NewCompleter(e.payments, 50*time.Millisecond).Run(ctx) })
+			wg.Go(func() { payments.NewCompleter(e.payments, 50*time.Millisecond).Run(ctx) })
 			t.Cleanup(func() { stop(); wg.Wait() })
 
 			deadline := time.Now().Add(20 * time.Second)
@@ -358,7 +358,7 @@ func TestLateChargeWithCompleterOnly(t *testing.T) {
 
 // replayOf sends the request again, expects the replay of what the
 // completer recorded, and returns the payment.
-func (e *env) replayOf(t *testing.T, key, body string) payment {
+func (e *bundle) replayOf(t *testing.T, key, body string) payment {
 	t.Helper()
 	res := e.pay(t, e.a.Key, key, body)
 	wantStatus(t, res, http.StatusCreated)

@@ -17,7 +17,7 @@ import (
 const webhookPath = "/v1/webhooks/processor"
 
 // sendWebhook posts body with the signature header sig ("" sends none).
-func (e *env) sendWebhook(t *testing.T, body []byte, sig string) response {
+func (e *bundle) sendWebhook(t *testing.T, body []byte, sig string) response {
 	t.Helper()
 	var opts []reqOption
 	if sig != "" {
@@ -42,7 +42,7 @@ func chargeEvent(t *testing.T, ch processor.Charge) []byte {
 // lostCharge pays o with the charge's response lost: the charge exists at
 // the processor, the payment stays at charge_sent (503 outcome unknown).
 // It returns the charge.
-func (e *env) lostCharge(t *testing.T, o order, key string) processor.Charge {
+func (e *bundle) lostCharge(t *testing.T, o order, key string) processor.Charge {
 	t.Helper()
 	e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: processorsim.FaultLostResponse})
 	res := e.pay(t, e.a.Key, key, payBody(o.ID, cardVisa))
@@ -59,7 +59,7 @@ func (e *env) lostCharge(t *testing.T, o order, key string) processor.Charge {
 	return found[0]
 }
 
-func (e *env) paymentStatusOfOrder(t *testing.T, orderID string) (status, chargeID string) {
+func (e *bundle) paymentStatusOfOrder(t *testing.T, orderID string) (status, chargeID string) {
 	t.Helper()
 	var ch *string
 	if err := e.pool.QueryRow(context.Background(),

@@ -10,7 +10,7 @@ import (
 
 // age moves the key's horizons: resultGone puts expires_at in the past,
 // keyGone retain_until too (the CHECK wants retain_until >= expires_at).
-func (h *harness) age(t *testing.T, c Claim, resultGone, keyGone bool) {
+func (h *bundle) age(t *testing.T, c Claim, resultGone, keyGone bool) {
 	t.Helper()
 	sql := `UPDATE idempotency_keys SET
 	            expires_at = CASE WHEN $4 THEN now() - interval '1 second' ELSE expires_at END,
@@ -22,7 +22,7 @@ func (h *harness) age(t *testing.T, c Claim, resultGone, keyGone bool) {
 }
 
 // prune does what the reaper does to a completed key past its TTL.
-func (h *harness) prune(t *testing.T, c Claim) {
+func (h *bundle) prune(t *testing.T, c Claim) {
 	t.Helper()
 	if _, err := h.pool.Exec(t.Context(), `UPDATE idempotency_keys SET state = 'expired', response_headers = NULL, response_body = NULL
 		WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3`, c.TenantID, c.Endpoint, c.Key); err != nil {
@@ -43,7 +43,7 @@ func TestExecuteAcrossTheTwoHorizons(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			h := newHarness(t)
+			h := setup(t)
 			store := NewStore(h.pool, Config{})
 			c := h.claim(t, "key-1", `{"amount":100}`)
 			want := created(`{"id":"t_1"}`)
@@ -96,7 +96,7 @@ func TestExecuteAcrossTheTwoHorizons(t *testing.T) {
 // E3: a key still in progress is never claimed over, however old.
 func TestExecuteNeverClaimsOverAnInProgressKey(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
+	h := setup(t)
 	store := NewStore(h.pool, Config{LockTimeout: 200e6})
 	c := h.claim(t, "stuck", `{"amount":100}`)
 	if _, err := h.pool.Exec(t.Context(), `INSERT INTO idempotency_keys

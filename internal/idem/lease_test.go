@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,10 +16,12 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemref/payments/internal/testkit"
 )
 
 // Multi-step keys (S1, S3): Begin, Phase, Release, TakeOverExpired and
-// DeriveKey, against a real database. The phases write to the harness's
+// DeriveKey, against a real database. The phases write to the bundle's
 // scratch table, standing in for a payment row, so every test can check
 // which writes committed.
 
@@ -35,8 +36,8 @@ const (
 
 // Recovery points of the pretend multi-step endpoint.
 const (
-	pointCreated = "thing_created"
-	pointSent    = "thing_sent"
+	recoveryThingCreated = "thing_created"
+	recoveryThingSent    = "thing_sent"
 )
 
 // otherEndpoint is a second multi-step endpoint.
@@ -44,12 +45,12 @@ const otherEndpoint = "POST /v1/things/{id}/parts"
 
 // leaseStores returns two stores over h.pool that differ only in the lease
 // they take: short's expire during the test, long's never do.
-func (h *harness) leaseStores() (short, long *Store) {
+func (h *bundle) leaseStores() (short, long *Store) {
 	return NewStore(h.pool, Config{Lease: shortLease}), NewStore(h.pool, Config{Lease: longLease})
 }
 
 // claimAt is h.claim on another endpoint.
-func (h *harness) claimAt(t *testing.T, endpoint, key, body string) Claim {
+func (h *bundle) claimAt(t *testing.T, endpoint, key, body string) Claim {
 	t.Helper()
 	fp, err := Fingerprint(endpoint, nil, json.RawMessage(body))
 	if err != nil {
@@ -69,35 +70,19 @@ type leaseRow struct {
 	Lock string
 }
 
-// querier reads one row: the pool, or a transaction that must see its own
-// uncommitted writes.
-type querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-// leaseRowOf reads c's key row through q; ok is false when there is none.
-func leaseRowOf(t *testing.T, q querier, c Claim) (row leaseRow, ok bool) {
+// leaseRowOf reads c's key row through q (the pool, or a transaction that
+// must see its own uncommitted writes); ok is false when there is none.
+func leaseRowOf(t *testing.T, q testkit.Querier, c Claim) (row leaseRow, ok bool) {
 	t.Helper()
-	err := q.QueryRow(context.Background(), `
-		SELECT state, coalesce(recovery_point, ''), lease_generation,
-		       coalesce(resource_id, '00000000-0000-0000-0000-000000000000'::uuid),
-		       CASE WHEN locked_until IS NULL THEN 'none'
-		            WHEN locked_until > now() THEN 'live'
-		            ELSE 'expired' END
-		FROM idempotency_keys WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3`,
-		c.TenantID, c.Endpoint, c.Key,
-	).Scan(&row.State, &row.RecoveryPoint, &row.Generation, &row.ResourceID, &row.Lock)
-	if errors.Is(err, pgx.ErrNoRows) {
+	k, ok := testkit.ReadKeyRow(t, q, c.TenantID, c.Endpoint, c.Key)
+	if !ok {
 		return leaseRow{}, false
 	}
-	if err != nil {
-		t.Fatalf("read key row of %q: %v", c.Key, err)
-	}
-	return row, true
+	return leaseRow{State: k.State, RecoveryPoint: k.RecoveryPoint, Generation: k.Generation, ResourceID: k.ResourceID, Lock: k.Lock}, true
 }
 
 // wantLeaseRow checks c's key row.
-func (h *harness) wantLeaseRow(t *testing.T, c Claim, want leaseRow) {
+func (h *bundle) wantLeaseRow(t *testing.T, c Claim, want leaseRow) {
 	t.Helper()
 	got, ok := leaseRowOf(t, h.pool, c)
 	if !ok {
@@ -110,21 +95,13 @@ func (h *harness) wantLeaseRow(t *testing.T, c Claim, want leaseRow) {
 
 // snapshot returns c's whole key row as JSON, timestamps included, to
 // check that something changed nothing at all.
-func (h *harness) snapshot(t *testing.T, c Claim) string {
+func (h *bundle) snapshot(t *testing.T, c Claim) string {
 	t.Helper()
-	var s string
-	err := h.pool.QueryRow(t.Context(), `
-		SELECT row_to_json(k)::text FROM idempotency_keys k
-		WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3`,
-		c.TenantID, c.Endpoint, c.Key).Scan(&s)
-	if err != nil {
-		t.Fatalf("snapshot key row of %q: %v", c.Key, err)
-	}
-	return s
+	return testkit.KeyRowJSON(t, h.pool, c.TenantID, c.Endpoint, c.Key)
 }
 
 // waitLeaseExpired waits until the lease on each claim's key has expired.
-func (h *harness) waitLeaseExpired(t *testing.T, ctx context.Context, claims ...Claim) {
+func (h *bundle) waitLeaseExpired(t *testing.T, ctx context.Context, claims ...Claim) {
 	t.Helper()
 	for _, c := range claims {
 		waitUntil(t, ctx, h.pool, `
@@ -158,7 +135,7 @@ func phase(calls *atomic.Int32, tenant uuid.UUID, v string, step Step) func(cont
 
 // mustBegin begins c with a first phase that writes v to scratch and
 // advances to point with resource, and returns the lease.
-func (h *harness) mustBegin(t *testing.T, store *Store, c Claim, v, point string, resource uuid.UUID) Lease {
+func (h *bundle) mustBegin(t *testing.T, store *Store, c Claim, v, point string, resource uuid.UUID) Lease {
 	t.Helper()
 	var calls atomic.Int32
 	b, err := store.Begin(t.Context(), c, firstPhase(&calls, h.tenant, v, Step{RecoveryPoint: point, ResourceID: resource}))
@@ -171,7 +148,7 @@ func (h *harness) mustBegin(t *testing.T, store *Store, c Claim, v, point string
 	return b.Lease
 }
 
-func (h *harness) wantScratch(t *testing.T, vs ...string) {
+func (h *bundle) wantScratch(t *testing.T, vs ...string) {
 	t.Helper()
 	want := []scratchRow{}
 	for _, v := range vs {
@@ -189,7 +166,7 @@ func (h *harness) wantScratch(t *testing.T, vs ...string) {
 
 func TestBeginRunsFirstPhaseInClaimTransaction(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
+	h := setup(t)
 	_, store := h.leaseStores()
 	c := h.claim(t, "key-1", `{"amount":100}`)
 	resource := uuid.New()
@@ -204,7 +181,7 @@ func TestBeginRunsFirstPhaseInClaimTransaction(t *testing.T) {
 		}
 		inside, insideOK = leaseRowOf(t, tx, c)
 		_, visibleOutside = leaseRowOf(t, h.pool, c)
-		return Step{RecoveryPoint: pointCreated, ResourceID: resource}, insertScratch(ctx, tx, h.tenant, "created")
+		return Step{RecoveryPoint: recoveryThingCreated, ResourceID: resource}, insertScratch(ctx, tx, h.tenant, "created")
 	})
 	if err != nil {
 		t.Fatalf("Begin: %v", err)
@@ -227,18 +204,18 @@ func TestBeginRunsFirstPhaseInClaimTransaction(t *testing.T) {
 	})
 
 	t.Run("ClaimAndFirstPhaseCommitTogether", func(t *testing.T) {
-		want := Begun{Lease: Lease{Claim: c, Generation: 1, RecoveryPoint: pointCreated, ResourceID: resource}}
+		want := Begun{Lease: Lease{Claim: c, Generation: 1, RecoveryPoint: recoveryThingCreated, ResourceID: resource}}
 		if diff := cmp.Diff(want, b, ignoreExpires); diff != "" {
 			t.Errorf("Begin (-want +got):\n%s", diff)
 		}
-		h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: pointCreated, Generation: 1, ResourceID: resource, Lock: "live"})
+		h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: recoveryThingCreated, Generation: 1, ResourceID: resource, Lock: "live"})
 		h.wantScratch(t, "created")
 	})
 }
 
 func TestBeginFirstPhaseDeterministicFailure(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
+	h := setup(t)
 	_, store := h.leaseStores()
 	c := h.claim(t, "key-1", `{"amount":100}`)
 	want := problem(http.StatusUnprocessableEntity, "insufficient_funds")
@@ -262,7 +239,7 @@ func TestBeginFirstPhaseDeterministicFailure(t *testing.T) {
 		checkCompleted(t, h.onlyKeyRow(t), c, want)
 	})
 	t.Run("LaterBeginReplays", func(t *testing.T) {
-		b, err := store.Begin(t.Context(), c, firstPhase(&calls, h.tenant, "retry", Step{RecoveryPoint: pointCreated}))
+		b, err := store.Begin(t.Context(), c, firstPhase(&calls, h.tenant, "retry", Step{RecoveryPoint: recoveryThingCreated}))
 		if err != nil {
 			t.Fatalf("Begin: %v", err)
 		}
@@ -279,7 +256,7 @@ func TestBeginFirstPhaseDeterministicFailure(t *testing.T) {
 
 func TestBeginFirstPhaseErrorLeavesNothing(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
+	h := setup(t)
 	_, store := h.leaseStores()
 	c := h.claim(t, "key-1", `{}`)
 	errBoom := errors.New("boom")
@@ -290,7 +267,7 @@ func TestBeginFirstPhaseErrorLeavesNothing(t *testing.T) {
 		if err := insertScratch(ctx, tx, h.tenant, "failed"); err != nil {
 			return Step{}, err
 		}
-		return Step{RecoveryPoint: pointCreated}, errBoom
+		return Step{RecoveryPoint: recoveryThingCreated}, errBoom
 	})
 	if !errors.Is(err, errBoom) {
 		t.Fatalf("Begin = %+v, %v; want it to wrap %v", b, err, errBoom)
@@ -301,7 +278,7 @@ func TestBeginFirstPhaseErrorLeavesNothing(t *testing.T) {
 	h.wantScratch(t)
 
 	t.Run("RetryClaimsAfresh", func(t *testing.T) {
-		l := h.mustBegin(t, store, c, "retry", pointCreated, uuid.Nil)
+		l := h.mustBegin(t, store, c, "retry", recoveryThingCreated, uuid.Nil)
 		if l.Generation != 1 || l.Resumed {
 			t.Errorf("retry lease = %+v; want generation 1, not resumed", l)
 		}
@@ -314,14 +291,14 @@ func TestBeginOnExistingKey(t *testing.T) {
 
 	t.Run("LiveLeaseIsKeyInUse", func(t *testing.T) {
 		t.Parallel()
-		h := newHarness(t)
+		h := setup(t)
 		_, long := h.leaseStores()
 		c := h.claim(t, "key-1", `{"amount":100}`)
-		h.mustBegin(t, long, c, "first", pointCreated, uuid.Nil)
+		h.mustBegin(t, long, c, "first", recoveryThingCreated, uuid.Nil)
 		before := h.snapshot(t, c)
 		var calls atomic.Int32
 
-		b, err := long.Begin(t.Context(), c, firstPhase(&calls, h.tenant, "second", Step{RecoveryPoint: pointCreated}))
+		b, err := long.Begin(t.Context(), c, firstPhase(&calls, h.tenant, "second", Step{RecoveryPoint: recoveryThingCreated}))
 		if !errors.Is(err, ErrKeyInUse) {
 			t.Fatalf("Begin under a live lease = %+v, %v; want ErrKeyInUse", b, err)
 		}
@@ -343,14 +320,14 @@ func TestBeginOnExistingKey(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			h := newHarness(t)
+			h := setup(t)
 			short, long := h.leaseStores()
 			c := h.claim(t, "key-1", `{"amount":100}`)
 			holder := long
 			if tt.expire {
 				holder = short
 			}
-			h.mustBegin(t, holder, c, "first", pointCreated, uuid.Nil)
+			h.mustBegin(t, holder, c, "first", recoveryThingCreated, uuid.Nil)
 			if tt.expire {
 				h.waitLeaseExpired(t, deadline(t), c)
 			}
@@ -358,7 +335,7 @@ func TestBeginOnExistingKey(t *testing.T) {
 			var calls atomic.Int32
 
 			other := h.claim(t, "key-1", `{"amount":999}`)
-			b, err := long.Begin(t.Context(), other, firstPhase(&calls, h.tenant, "other", Step{RecoveryPoint: pointCreated}))
+			b, err := long.Begin(t.Context(), other, firstPhase(&calls, h.tenant, "other", Step{RecoveryPoint: recoveryThingCreated}))
 			if !errors.Is(err, ErrKeyReused) {
 				t.Fatalf("Begin with another fingerprint = %+v, %v; want ErrKeyReused", b, err)
 			}
@@ -375,47 +352,47 @@ func TestBeginOnExistingKey(t *testing.T) {
 
 	t.Run("SameFingerprintAfterExpiryTakesOver", func(t *testing.T) {
 		t.Parallel()
-		h := newHarness(t)
+		h := setup(t)
 		short, long := h.leaseStores()
 		c := h.claim(t, "key-1", `{"amount":100}`)
 		resource := uuid.New()
-		h.mustBegin(t, short, c, "first", pointCreated, resource)
+		h.mustBegin(t, short, c, "first", recoveryThingCreated, resource)
 		h.waitLeaseExpired(t, deadline(t), c)
 		var calls atomic.Int32
 
-		b, err := long.Begin(t.Context(), c, firstPhase(&calls, h.tenant, "second", Step{RecoveryPoint: pointCreated}))
+		b, err := long.Begin(t.Context(), c, firstPhase(&calls, h.tenant, "second", Step{RecoveryPoint: recoveryThingCreated}))
 		if err != nil {
 			t.Fatalf("Begin after the lease expired: %v", err)
 		}
-		want := Begun{Lease: Lease{Claim: c, Generation: 2, RecoveryPoint: pointCreated, ResourceID: resource, Resumed: true}}
+		want := Begun{Lease: Lease{Claim: c, Generation: 2, RecoveryPoint: recoveryThingCreated, ResourceID: resource, Resumed: true}}
 		if diff := cmp.Diff(want, b, ignoreExpires); diff != "" {
 			t.Errorf("takeover (-want +got):\n%s", diff)
 		}
 		if got := calls.Load(); got != 0 {
 			t.Errorf("first phase ran %d times on a takeover, want 0", got)
 		}
-		h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: pointCreated, Generation: 2, ResourceID: resource, Lock: "live"})
+		h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: recoveryThingCreated, Generation: 2, ResourceID: resource, Lock: "live"})
 		h.wantScratch(t, "first")
 
 		t.Run("TakenOverLeaseIsLive", func(t *testing.T) {
-			b, err := long.Begin(t.Context(), c, firstPhase(&calls, h.tenant, "third", Step{RecoveryPoint: pointCreated}))
+			b, err := long.Begin(t.Context(), c, firstPhase(&calls, h.tenant, "third", Step{RecoveryPoint: recoveryThingCreated}))
 			if !errors.Is(err, ErrKeyInUse) {
 				t.Fatalf("Begin under the new lease = %+v, %v; want ErrKeyInUse", b, err)
 			}
-			h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: pointCreated, Generation: 2, ResourceID: resource, Lock: "live"})
+			h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: recoveryThingCreated, Generation: 2, ResourceID: resource, Lock: "live"})
 		})
 	})
 }
 
 func TestPhaseFencesOffTakenOverAttempt(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
+	h := setup(t)
 	short, long := h.leaseStores()
 	c := h.claim(t, "key-1", `{"amount":100}`)
 	resource := uuid.New()
 
 	// Attempt A holds generation 1 and stalls until its lease expires.
-	a := h.mustBegin(t, short, c, "a: created", pointCreated, resource)
+	a := h.mustBegin(t, short, c, "a: created", recoveryThingCreated, resource)
 	h.waitLeaseExpired(t, deadline(t), c)
 
 	// Attempt B (a retry with the same request) takes over.
@@ -433,30 +410,30 @@ func TestPhaseFencesOffTakenOverAttempt(t *testing.T) {
 
 	var aCalls, bCalls atomic.Int32
 	t.Run("StaleAttemptGetsLeaseLost", func(t *testing.T) {
-		res, err := short.Phase(t.Context(), &a, phase(&aCalls, h.tenant, "a: sent", Step{RecoveryPoint: pointSent}))
+		res, err := short.Phase(t.Context(), &a, phase(&aCalls, h.tenant, "a: sent", Step{RecoveryPoint: recoveryThingSent}))
 		if !errors.Is(err, ErrLeaseLost) {
 			t.Fatalf("stale Phase = %+v, %v; want ErrLeaseLost", res, err)
 		}
 		if got := aCalls.Load(); got != 0 {
 			t.Errorf("the stale attempt's phase ran %d times, want 0", got)
 		}
-		if a.RecoveryPoint != pointCreated {
-			t.Errorf("stale lease's recovery point = %q, want %q", a.RecoveryPoint, pointCreated)
+		if a.RecoveryPoint != recoveryThingCreated {
+			t.Errorf("stale lease's recovery point = %q, want %q", a.RecoveryPoint, recoveryThingCreated)
 		}
 		h.wantScratch(t, "a: created")
-		h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: pointCreated, Generation: 2, ResourceID: resource, Lock: "live"})
+		h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: recoveryThingCreated, Generation: 2, ResourceID: resource, Lock: "live"})
 	})
 
 	t.Run("AttemptThatTookOverAdvances", func(t *testing.T) {
-		res, err := long.Phase(t.Context(), &b, phase(&bCalls, h.tenant, "b: sent", Step{RecoveryPoint: pointSent}))
+		res, err := long.Phase(t.Context(), &b, phase(&bCalls, h.tenant, "b: sent", Step{RecoveryPoint: recoveryThingSent}))
 		if err != nil || res != nil {
 			t.Fatalf("Phase = %+v, %v; want an advance", res, err)
 		}
-		if b.RecoveryPoint != pointSent {
-			t.Errorf("lease recovery point = %q, want %q", b.RecoveryPoint, pointSent)
+		if b.RecoveryPoint != recoveryThingSent {
+			t.Errorf("lease recovery point = %q, want %q", b.RecoveryPoint, recoveryThingSent)
 		}
 		h.wantScratch(t, "a: created", "b: sent")
-		h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: pointSent, Generation: 2, ResourceID: resource, Lock: "live"})
+		h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: recoveryThingSent, Generation: 2, ResourceID: resource, Lock: "live"})
 	})
 
 	want := created(`{"id":"t_1"}`)
@@ -493,7 +470,7 @@ func TestPhaseFencesOffTakenOverAttempt(t *testing.T) {
 
 	t.Run("LaterBeginReplays", func(t *testing.T) {
 		var calls atomic.Int32
-		got, err := long.Begin(t.Context(), c, firstPhase(&calls, h.tenant, "retry", Step{RecoveryPoint: pointCreated}))
+		got, err := long.Begin(t.Context(), c, firstPhase(&calls, h.tenant, "retry", Step{RecoveryPoint: recoveryThingCreated}))
 		if err != nil {
 			t.Fatalf("Begin: %v", err)
 		}
@@ -512,7 +489,7 @@ func TestPhaseFencesOffTakenOverAttempt(t *testing.T) {
 // never overtaken halfway.
 func TestPhaseInFlightHoldsOffTakeover(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
+	h := setup(t)
 	short, long := h.leaseStores()
 	// The retry waits on the phase's row lock for as long as the test
 	// lets it, so it reaches the lease check instead of timing out.
@@ -520,7 +497,7 @@ func TestPhaseInFlightHoldsOffTakeover(t *testing.T) {
 	c := h.claim(t, "key-1", `{}`)
 	bound := deadline(t)
 
-	a := h.mustBegin(t, short, c, "created", pointCreated, uuid.Nil)
+	a := h.mustBegin(t, short, c, "created", recoveryThingCreated, uuid.Nil)
 	h.waitLeaseExpired(t, bound, c)
 
 	var retryCalls atomic.Int32
@@ -532,11 +509,11 @@ func TestPhaseInFlightHoldsOffTakeover(t *testing.T) {
 		// The lease has expired, but this phase holds the row: a retry
 		// arriving now must wait for it.
 		go func() {
-			_, err := patient.Begin(bound, c, firstPhase(&retryCalls, h.tenant, "retry", Step{RecoveryPoint: pointCreated}))
+			_, err := patient.Begin(bound, c, firstPhase(&retryCalls, h.tenant, "retry", Step{RecoveryPoint: recoveryThingCreated}))
 			retried <- err
 		}()
 		waitUntil(t, bound, h.pool, lockWaitersAtLeast, 1)
-		return Step{RecoveryPoint: pointSent}, nil
+		return Step{RecoveryPoint: recoveryThingSent}, nil
 	})
 	if err != nil || res != nil {
 		t.Fatalf("Phase = %+v, %v; want an advance", res, err)
@@ -547,17 +524,17 @@ func TestPhaseInFlightHoldsOffTakeover(t *testing.T) {
 	if retryCalls.Load() != 0 {
 		t.Error("the retry's first phase ran")
 	}
-	h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: pointSent, Generation: 1, Lock: "live"})
+	h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: recoveryThingSent, Generation: 1, Lock: "live"})
 	h.wantScratch(t, "created", "sent")
 }
 
 func TestPhaseErrorRollsBack(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
+	h := setup(t)
 	_, store := h.leaseStores()
 	c := h.claim(t, "key-1", `{}`)
 	resource := uuid.New()
-	l := h.mustBegin(t, store, c, "created", pointCreated, resource)
+	l := h.mustBegin(t, store, c, "created", recoveryThingCreated, resource)
 	before := h.snapshot(t, c)
 	errBoom := errors.New("boom")
 	var calls atomic.Int32
@@ -567,7 +544,7 @@ func TestPhaseErrorRollsBack(t *testing.T) {
 		if err := insertScratch(ctx, tx, h.tenant, "failed"); err != nil {
 			return Step{}, err
 		}
-		return Step{RecoveryPoint: pointSent}, errBoom
+		return Step{RecoveryPoint: recoveryThingSent}, errBoom
 	})
 	if !errors.Is(err, errBoom) || res != nil {
 		t.Fatalf("Phase = %+v, %v; want it to wrap %v", res, err, errBoom)
@@ -579,42 +556,42 @@ func TestPhaseErrorRollsBack(t *testing.T) {
 	if diff := cmp.Diff(before, h.snapshot(t, c), ignoreExpires); diff != "" {
 		t.Errorf("the key row changed (-before +after):\n%s", diff)
 	}
-	if l.RecoveryPoint != pointCreated {
-		t.Errorf("lease recovery point = %q, want %q", l.RecoveryPoint, pointCreated)
+	if l.RecoveryPoint != recoveryThingCreated {
+		t.Errorf("lease recovery point = %q, want %q", l.RecoveryPoint, recoveryThingCreated)
 	}
 
 	t.Run("LeaseStillUsable", func(t *testing.T) {
-		if _, err := store.Phase(t.Context(), &l, phase(&calls, h.tenant, "sent", Step{RecoveryPoint: pointSent})); err != nil {
+		if _, err := store.Phase(t.Context(), &l, phase(&calls, h.tenant, "sent", Step{RecoveryPoint: recoveryThingSent})); err != nil {
 			t.Fatalf("Phase after a failed one: %v", err)
 		}
 		h.wantScratch(t, "created", "sent")
-		h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: pointSent, Generation: 1, ResourceID: resource, Lock: "live"})
+		h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: recoveryThingSent, Generation: 1, ResourceID: resource, Lock: "live"})
 	})
 }
 
 func TestRelease(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
+	h := setup(t)
 	_, store := h.leaseStores()
 	c := h.claim(t, "key-1", `{}`)
 	resource := uuid.New()
-	first := h.mustBegin(t, store, c, "created", pointCreated, resource)
+	first := h.mustBegin(t, store, c, "created", recoveryThingCreated, resource)
 
 	if err := store.Release(t.Context(), first, 0); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 	t.Run("EndsTheLeaseKeepsThePoint", func(t *testing.T) {
-		h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: pointCreated, Generation: 1, ResourceID: resource, Lock: "expired"})
+		h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: recoveryThingCreated, Generation: 1, ResourceID: resource, Lock: "expired"})
 	})
 
 	var second Lease
 	t.Run("ImmediateRetryTakesOver", func(t *testing.T) {
 		var calls atomic.Int32
-		b, err := store.Begin(t.Context(), c, firstPhase(&calls, h.tenant, "retry", Step{RecoveryPoint: pointCreated}))
+		b, err := store.Begin(t.Context(), c, firstPhase(&calls, h.tenant, "retry", Step{RecoveryPoint: recoveryThingCreated}))
 		if err != nil {
 			t.Fatalf("Begin after Release: %v", err)
 		}
-		want := Begun{Lease: Lease{Claim: c, Generation: 2, RecoveryPoint: pointCreated, ResourceID: resource, Resumed: true}}
+		want := Begun{Lease: Lease{Claim: c, Generation: 2, RecoveryPoint: recoveryThingCreated, ResourceID: resource, Resumed: true}}
 		if diff := cmp.Diff(want, b, ignoreExpires); diff != "" {
 			t.Errorf("takeover (-want +got):\n%s", diff)
 		}
@@ -622,7 +599,7 @@ func TestRelease(t *testing.T) {
 			t.Error("first phase ran on a takeover")
 		}
 		second = b.Lease
-		h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: pointCreated, Generation: 2, ResourceID: resource, Lock: "live"})
+		h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: recoveryThingCreated, Generation: 2, ResourceID: resource, Lock: "live"})
 	})
 
 	t.Run("StaleGenerationChangesNothing", func(t *testing.T) {
@@ -661,18 +638,18 @@ func TestTakeOverExpired(t *testing.T) {
 
 	t.Run("OnlyExpiredMultiStepKeysOfTheGivenEndpoints", func(t *testing.T) {
 		t.Parallel()
-		h := newHarness(t)
+		h := setup(t)
 		short, long := h.leaseStores()
 		bound := deadline(t)
 
 		expiredA := h.claim(t, "expired-a", `{}`)
 		expiredB := h.claimAt(t, otherEndpoint, "expired-b", `{}`)
 		resourceA, resourceB := uuid.New(), uuid.New()
-		h.mustBegin(t, short, expiredA, "a", pointCreated, resourceA)
-		h.mustBegin(t, short, expiredB, "b", pointSent, resourceB)
+		h.mustBegin(t, short, expiredA, "a", recoveryThingCreated, resourceA)
+		h.mustBegin(t, short, expiredB, "b", recoveryThingSent, resourceB)
 
 		live := h.claim(t, "live", `{}`)
-		h.mustBegin(t, long, live, "live", pointCreated, uuid.New())
+		h.mustBegin(t, long, live, "live", recoveryThingCreated, uuid.New())
 
 		completed := h.claim(t, "completed", `{}`)
 		res := created(`{}`)
@@ -682,7 +659,7 @@ func TestTakeOverExpired(t *testing.T) {
 		}
 
 		elsewhere := h.claimAt(t, "POST /v1/elsewhere", "elsewhere", `{}`)
-		h.mustBegin(t, short, elsewhere, "elsewhere", pointCreated, uuid.New())
+		h.mustBegin(t, short, elsewhere, "elsewhere", recoveryThingCreated, uuid.New())
 
 		// A one-transaction key left in progress, even with a stale
 		// locked_until, is not the completer's: it has no recovery point.
@@ -708,14 +685,14 @@ func TestTakeOverExpired(t *testing.T) {
 		slices.SortFunc(leases, func(a, b Lease) int { return strings.Compare(a.Key, b.Key) })
 		scope := func(c Claim) Claim { return Claim{TenantID: c.TenantID, Endpoint: c.Endpoint, Key: c.Key} }
 		want := []Lease{
-			{Claim: scope(expiredA), Generation: 2, RecoveryPoint: pointCreated, ResourceID: resourceA, Resumed: true},
-			{Claim: scope(expiredB), Generation: 2, RecoveryPoint: pointSent, ResourceID: resourceB, Resumed: true},
+			{Claim: scope(expiredA), Generation: 2, RecoveryPoint: recoveryThingCreated, ResourceID: resourceA, Resumed: true},
+			{Claim: scope(expiredB), Generation: 2, RecoveryPoint: recoveryThingSent, ResourceID: resourceB, Resumed: true},
 		}
 		if diff := cmp.Diff(want, leases, ignoreExpires); diff != "" {
 			t.Errorf("TakeOverExpired (-want +got):\n%s", diff)
 		}
-		h.wantLeaseRow(t, expiredA, leaseRow{State: "in_progress", RecoveryPoint: pointCreated, Generation: 2, ResourceID: resourceA, Lock: "live"})
-		h.wantLeaseRow(t, expiredB, leaseRow{State: "in_progress", RecoveryPoint: pointSent, Generation: 2, ResourceID: resourceB, Lock: "live"})
+		h.wantLeaseRow(t, expiredA, leaseRow{State: "in_progress", RecoveryPoint: recoveryThingCreated, Generation: 2, ResourceID: resourceA, Lock: "live"})
+		h.wantLeaseRow(t, expiredB, leaseRow{State: "in_progress", RecoveryPoint: recoveryThingSent, Generation: 2, ResourceID: resourceB, Lock: "live"})
 		for _, c := range untouched {
 			if diff := cmp.Diff(before[c.Key], h.snapshot(t, c), ignoreExpires); diff != "" {
 				t.Errorf("TakeOverExpired changed key %q (-before +after):\n%s", c.Key, diff)
@@ -727,13 +704,13 @@ func TestTakeOverExpired(t *testing.T) {
 			if err != nil || len(leases) != 0 {
 				t.Errorf("second TakeOverExpired = %+v, %v; want nothing", leases, err)
 			}
-			h.wantLeaseRow(t, expiredA, leaseRow{State: "in_progress", RecoveryPoint: pointCreated, Generation: 2, ResourceID: resourceA, Lock: "live"})
+			h.wantLeaseRow(t, expiredA, leaseRow{State: "in_progress", RecoveryPoint: recoveryThingCreated, Generation: 2, ResourceID: resourceA, Lock: "live"})
 		})
 
 		t.Run("TakenOverLeaseFencesTheOldAttempt", func(t *testing.T) {
-			l := Lease{Claim: expiredA, Generation: 1, RecoveryPoint: pointCreated, ResourceID: resourceA}
+			l := Lease{Claim: expiredA, Generation: 1, RecoveryPoint: recoveryThingCreated, ResourceID: resourceA}
 			var calls atomic.Int32
-			if _, err := short.Phase(bound, &l, phase(&calls, h.tenant, "stale", Step{RecoveryPoint: pointSent})); !errors.Is(err, ErrLeaseLost) {
+			if _, err := short.Phase(bound, &l, phase(&calls, h.tenant, "stale", Step{RecoveryPoint: recoveryThingSent})); !errors.Is(err, ErrLeaseLost) {
 				t.Errorf("Phase of the old attempt: %v; want ErrLeaseLost", err)
 			}
 			if calls.Load() != 0 {
@@ -744,13 +721,13 @@ func TestTakeOverExpired(t *testing.T) {
 
 	t.Run("RespectsMax", func(t *testing.T) {
 		t.Parallel()
-		h := newHarness(t)
+		h := setup(t)
 		short, long := h.leaseStores()
 		bound := deadline(t)
 		var claims []Claim
 		for i := range 5 {
 			c := h.claim(t, fmt.Sprintf("key-%d", i), `{}`)
-			h.mustBegin(t, short, c, c.Key, pointCreated, uuid.Nil)
+			h.mustBegin(t, short, c, c.Key, recoveryThingCreated, uuid.Nil)
 			claims = append(claims, c)
 		}
 		h.waitLeaseExpired(t, bound, claims...)
@@ -772,18 +749,18 @@ func TestTakeOverExpired(t *testing.T) {
 			}
 		}
 		for _, c := range claims {
-			h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: pointCreated, Generation: 2, Lock: "live"})
+			h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: recoveryThingCreated, Generation: 2, Lock: "live"})
 		}
 	})
 
 	t.Run("SkipsKeysAnotherCompleterHolds", func(t *testing.T) {
 		t.Parallel()
-		h := newHarness(t)
+		h := setup(t)
 		short, long := h.leaseStores()
 		bound := deadline(t)
 		held, free := h.claim(t, "held", `{}`), h.claim(t, "free", `{}`)
-		h.mustBegin(t, short, held, "held", pointCreated, uuid.Nil)
-		h.mustBegin(t, short, free, "free", pointCreated, uuid.Nil)
+		h.mustBegin(t, short, held, "held", recoveryThingCreated, uuid.Nil)
+		h.mustBegin(t, short, free, "free", recoveryThingCreated, uuid.Nil)
 		h.waitLeaseExpired(t, bound, held, free)
 
 		// Another completer is in the middle of taking "held" over.
@@ -834,50 +811,38 @@ func TestTakeOverExpired(t *testing.T) {
 		if got.err != nil {
 			t.Fatalf("TakeOverExpired: %v", got.err)
 		}
-		want := []Lease{{Claim: Claim{TenantID: h.tenant, Endpoint: testEndpoint, Key: free.Key}, Generation: 2, RecoveryPoint: pointCreated, Resumed: true}}
+		want := []Lease{{Claim: Claim{TenantID: h.tenant, Endpoint: testEndpoint, Key: free.Key}, Generation: 2, RecoveryPoint: recoveryThingCreated, Resumed: true}}
 		if diff := cmp.Diff(want, got.leases, ignoreExpires); diff != "" {
 			t.Errorf("TakeOverExpired (-want +got):\n%s", diff)
 		}
 		if err := tx.Rollback(bound); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
 			t.Fatal(err)
 		}
-		h.wantLeaseRow(t, held, leaseRow{State: "in_progress", RecoveryPoint: pointCreated, Generation: 1, Lock: "expired"})
+		h.wantLeaseRow(t, held, leaseRow{State: "in_progress", RecoveryPoint: recoveryThingCreated, Generation: 1, Lock: "expired"})
 	})
 
 	t.Run("ConcurrentCallsShareTheWork", func(t *testing.T) {
 		t.Parallel()
-		h := newHarness(t)
+		h := setup(t)
 		short, _ := h.leaseStores()
 		bound := deadline(t)
 		const keys, perCall = 40, 25 // neither call alone can take them all
 		var claims []Claim
 		for i := range keys {
 			c := h.claim(t, fmt.Sprintf("key-%02d", i), `{}`)
-			h.mustBegin(t, short, c, c.Key, pointCreated, uuid.Nil)
+			h.mustBegin(t, short, c, c.Key, recoveryThingCreated, uuid.Nil)
 			claims = append(claims, c)
 		}
 		h.waitLeaseExpired(t, bound, claims...)
 
-		start := make(chan struct{})
-		results := make([][]Lease, 2)
-		errs := make([]error, 2)
-		var wg sync.WaitGroup
-		for i := range 2 {
-			// Two completers, each with a store of its own.
-			store := NewStore(h.pool, Config{Lease: longLease})
-			wg.Go(func() {
-				<-start
-				results[i], errs[i] = store.TakeOverExpired(bound, endpoints, perCall)
-			})
-		}
-		close(start)
-		wg.Wait()
+		// Two completers, each with a store of its own.
+		stores := []*Store{NewStore(h.pool, Config{Lease: longLease}), NewStore(h.pool, Config{Lease: longLease})}
+		results := testkit.Fire(t, len(stores), func(i int) ([]Lease, error) {
+			return stores[i].TakeOverExpired(bound, endpoints, perCall)
+		})
 
 		taken := map[string]int{}
 		for i := range 2 {
-			if errs[i] != nil {
-				t.Fatalf("TakeOverExpired %d: %v", i, errs[i])
-			}
 			for _, l := range results[i] {
 				taken[l.Key]++
 				if l.Generation != 2 {
@@ -894,7 +859,7 @@ func TestTakeOverExpired(t *testing.T) {
 			t.Errorf("the two calls took %d distinct keys (%d and %d), want all %d", len(taken), len(results[0]), len(results[1]), keys)
 		}
 		for _, c := range claims {
-			h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: pointCreated, Generation: 2, Lock: "live"})
+			h.wantLeaseRow(t, c, leaseRow{State: "in_progress", RecoveryPoint: recoveryThingCreated, Generation: 2, Lock: "live"})
 		}
 	})
 }

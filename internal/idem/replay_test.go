@@ -14,7 +14,7 @@ import (
 // timeout, answer ErrKeyInUse.
 func TestReplayTakesNoRowLock(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
+	h := setup(t)
 	store := NewStore(h.pool, Config{LockTimeout: 200 * time.Millisecond})
 	c := h.claim(t, "replay-lock", `{"amount":100}`)
 	want := created(`{"id":"t_1"}`)

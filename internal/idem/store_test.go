@@ -23,16 +23,16 @@ import (
 
 const testEndpoint = "POST /v1/things"
 
-// harness is one fresh database with a tenant and two scratch tables that
+// bundle is one fresh database with a tenant and two scratch tables that
 // stand in for business tables: scratch receives the side effects, and
 // scratch_unique holds the row 'taken' so that inserting it again fails.
-type harness struct {
+type bundle struct {
 	pool   *pgxpool.Pool
 	url    string
 	tenant uuid.UUID
 }
 
-func newHarness(t *testing.T) *harness {
+func setup(t *testing.T) *bundle {
 	t.Helper()
 	pool, url := testdb.NewPool(t)
 	ctx := t.Context()
@@ -45,12 +45,12 @@ func newHarness(t *testing.T) *harness {
 			t.Fatalf("%s: %v", sql, err)
 		}
 	}
-	h := &harness{pool: pool, url: url}
+	h := &bundle{pool: pool, url: url}
 	h.tenant = h.newTenant(t)
 	return h
 }
 
-func (h *harness) newTenant(t *testing.T) uuid.UUID {
+func (h *bundle) newTenant(t *testing.T) uuid.UUID {
 	t.Helper()
 	id, _, err := tenants.Create(t.Context(), h.pool, "tenant "+uuid.NewString())
 	if err != nil {
@@ -60,8 +60,8 @@ func (h *harness) newTenant(t *testing.T) uuid.UUID {
 }
 
 // claim returns the claim for key with the fingerprint of body on
-// testEndpoint under the harness's tenant.
-func (h *harness) claim(t *testing.T, key, body string) Claim {
+// testEndpoint under the bundle's tenant.
+func (h *bundle) claim(t *testing.T, key, body string) Claim {
 	t.Helper()
 	fp, err := Fingerprint(testEndpoint, nil, json.RawMessage(body))
 	if err != nil {
@@ -75,7 +75,7 @@ type scratchRow struct {
 	V        string
 }
 
-func (h *harness) scratch(t *testing.T) []scratchRow {
+func (h *bundle) scratch(t *testing.T) []scratchRow {
 	t.Helper()
 	rows, err := h.pool.Query(t.Context(), `SELECT tenant_id, v FROM scratch ORDER BY v, tenant_id`)
 	if err != nil {
@@ -103,7 +103,7 @@ type keyRow struct {
 	ExpiresAt          time.Time
 }
 
-func (h *harness) keyRows(t *testing.T) []keyRow {
+func (h *bundle) keyRows(t *testing.T) []keyRow {
 	t.Helper()
 	rows, err := h.pool.Query(t.Context(), `
 		SELECT tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, state,
@@ -121,7 +121,7 @@ func (h *harness) keyRows(t *testing.T) []keyRow {
 
 // onlyKeyRow returns the one row of idempotency_keys and fails the test
 // when there is not exactly one.
-func (h *harness) onlyKeyRow(t *testing.T) keyRow {
+func (h *bundle) onlyKeyRow(t *testing.T) keyRow {
 	t.Helper()
 	rows := h.keyRows(t)
 	if len(rows) != 1 {
@@ -269,7 +269,7 @@ func deadline(t *testing.T) context.Context {
 
 func TestExecuteRunsOnceThenReplays(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
+	h := setup(t)
 	store := NewStore(h.pool, Config{})
 	c := h.claim(t, "key-1", `{"amount":100}`)
 	// Not canonical JSON on purpose: the body must come back byte for byte.
@@ -325,7 +325,7 @@ func TestExecuteRunsOnceThenReplays(t *testing.T) {
 
 func TestExecuteRecordsOnlyRecordedHeaders(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
+	h := setup(t)
 	store := NewStore(h.pool, Config{})
 	c := h.claim(t, "key-1", `{}`)
 	kept := http.Header{
@@ -359,7 +359,7 @@ func TestExecuteRecordsOnlyRecordedHeaders(t *testing.T) {
 
 func TestExecuteRecordsEmptyBody(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
+	h := setup(t)
 	store := NewStore(h.pool, Config{})
 	c := h.claim(t, "key-1", `{}`)
 	var calls atomic.Int32
@@ -389,7 +389,7 @@ func TestExecuteRecordsEmptyBody(t *testing.T) {
 
 func TestExecuteDifferentFingerprintIsKeyReused(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
+	h := setup(t)
 	store := NewStore(h.pool, Config{})
 	first := h.claim(t, "key-1", `{"amount":100}`)
 	want := created(`{"amount":100}`)
@@ -426,13 +426,13 @@ func TestExecuteScopesKeysByTenantAndEndpoint(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
 		name  string
-		scope func(h *harness, t *testing.T, c Claim) Claim
+		scope func(h *bundle, t *testing.T, c Claim) Claim
 	}{
-		{name: "OtherTenant", scope: func(h *harness, t *testing.T, c Claim) Claim {
+		{name: "OtherTenant", scope: func(h *bundle, t *testing.T, c Claim) Claim {
 			c.TenantID = h.newTenant(t)
 			return c
 		}},
-		{name: "OtherEndpoint", scope: func(h *harness, t *testing.T, c Claim) Claim {
+		{name: "OtherEndpoint", scope: func(h *bundle, t *testing.T, c Claim) Claim {
 			c.Endpoint = "POST /v1/other-things"
 			return c
 		}},
@@ -440,7 +440,7 @@ func TestExecuteScopesKeysByTenantAndEndpoint(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			h := newHarness(t)
+			h := setup(t)
 			store := NewStore(h.pool, Config{})
 			// The same key and even the same fingerprint bytes: only the
 			// scope differs.
@@ -526,7 +526,7 @@ func TestExecuteRecordsDeterministicFailure(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			h := newHarness(t)
+			h := setup(t)
 			store := NewStore(h.pool, Config{})
 			c := h.claim(t, "key-1", `{}`)
 			var calls atomic.Int32
@@ -586,7 +586,7 @@ func TestExecuteErrorRecordsNothing(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			h := newHarness(t)
+			h := setup(t)
 			store := NewStore(h.pool, Config{})
 			c := h.claim(t, "key-1", `{}`)
 			var calls atomic.Int32
@@ -637,7 +637,7 @@ func TestExecuteErrorRecordsNothing(t *testing.T) {
 
 func TestExecuteCancelledMidStatementIsUnavailable(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
+	h := setup(t)
 	store := NewStore(h.pool, Config{})
 	c := h.claim(t, "key-1", `{}`)
 	var calls atomic.Int32
@@ -746,7 +746,7 @@ func TestExecuteDuplicateBehindUncommittedClaim(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			h := newHarness(t)
+			h := setup(t)
 			ctx := deadline(t)
 			store := NewStore(h.pool, Config{LockTimeout: 200 * time.Millisecond})
 			c := h.claim(t, "key-1", `{}`)
@@ -837,7 +837,7 @@ func TestExecuteDuplicateWaitsForFirstAttempt(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			h := newHarness(t)
+			h := setup(t)
 			ctx := deadline(t)
 			store := NewStore(h.pool, Config{LockTimeout: 10 * time.Minute})
 			c := h.claim(t, "key-1", `{}`)
@@ -923,7 +923,7 @@ func TestExecuteDuplicateWaitsForFirstAttempt(t *testing.T) {
 func TestExecuteConcurrentDuplicatesExecuteOnce(t *testing.T) {
 	t.Parallel()
 	const n = 8
-	h := newHarness(t)
+	h := setup(t)
 	ctx := deadline(t)
 	cfg, err := pgxpool.ParseConfig(h.url)
 	if err != nil {
@@ -1010,7 +1010,7 @@ func TestExecuteConcurrentDuplicatesExecuteOnce(t *testing.T) {
 
 func TestExecuteCommittedInProgressIsKeyInUse(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
+	h := setup(t)
 	store := NewStore(h.pool, Config{LockTimeout: 200 * time.Millisecond})
 	c := h.claim(t, "key-1", `{}`)
 	if _, err := h.pool.Exec(t.Context(), `
@@ -1039,7 +1039,7 @@ func TestExecuteCommittedInProgressIsKeyInUse(t *testing.T) {
 
 func TestExecuteTrustsRecordOfOtherFingerprintVersion(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
+	h := setup(t)
 	store := NewStore(h.pool, Config{})
 	c := h.claim(t, "key-1", `{}`)
 	want := created(`{"id":"made under the old algorithm"}`)
@@ -1082,7 +1082,7 @@ func TestExecuteSetsExpiresAt(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			h := newHarness(t)
+			h := setup(t)
 			store := NewStore(h.pool, Config{TTL: tt.ttl})
 			c := h.claim(t, "key-1", `{}`)
 			var calls atomic.Int32
@@ -1109,7 +1109,7 @@ func TestExecuteBoundsLockWait(t *testing.T) {
 		{name: "Configured", lockTimeout: 250 * time.Millisecond, want: "250ms"},
 		{name: "Default", lockTimeout: 0, want: "2s"},
 	}
-	h := newHarness(t)
+	h := setup(t)
 	// One connection, so a setting that outlived its transaction would be
 	// seen by the next statement.
 	cfg, err := pgxpool.ParseConfig(h.url)
@@ -1154,7 +1154,7 @@ func TestExecuteBoundsLockWait(t *testing.T) {
 // nothing of the panicking attempt is left.
 func TestExecutePanicRollsBackAndReleasesTheKey(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
+	h := setup(t)
 	store := NewStore(h.pool, Config{LockTimeout: 300 * time.Millisecond})
 	c := h.claim(t, "key-panic", `{"amount":100}`)
 	var calls atomic.Int32

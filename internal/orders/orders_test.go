@@ -28,10 +28,10 @@ type bundle struct {
 
 // setup returns a transaction rolled back when the test ends, with a fresh
 // tenant in it.
-func setup(t *testing.T) bundle {
+func setup(t *testing.T) *bundle {
 	t.Helper()
 	tx := testdb.Tx(t)
-	return bundle{tx: tx, tenantID: newTenant(t, tx)}
+	return &bundle{tx: tx, tenantID: newTenant(t, tx)}
 }
 
 func newTenant(t *testing.T, tx pgx.Tx) uuid.UUID {

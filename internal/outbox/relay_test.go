@@ -14,11 +14,12 @@ import (
 	"github.com/idemref/payments/internal/outbox"
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/testdb"
+	"github.com/idemref/payments/internal/testkit"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
 
-type fixture struct {
+type bundle struct {
 	pool   *pgxpool.Pool
 	js     jetstream.JetStream
 	tenant uuid.UUID
@@ -26,7 +27,7 @@ type fixture struct {
 
 // setup gives a test its own database and its own embedded JetStream with
 // the streams created.
-func setup(t *testing.T) fixture {
+func setup(t *testing.T) *bundle {
 	t.Helper()
 	pool, _ := testdb.NewPool(t)
 	ns, err := broker.StartEmbedded(t.TempDir())
@@ -46,12 +47,12 @@ func setup(t *testing.T) fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return fixture{pool: pool, js: js, tenant: tenant}
+	return &bundle{pool: pool, js: js, tenant: tenant}
 }
 
 // streamIDs returns the Nats-Msg-Id of every message on the events
 // stream, in stream order.
-func (f fixture) streamIDs(t *testing.T) []string {
+func (f *bundle) streamIDs(t *testing.T) []string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
@@ -75,7 +76,7 @@ func (f fixture) streamIDs(t *testing.T) []string {
 }
 
 // write commits one event in its own transaction and returns its id.
-func (f fixture) write(t *testing.T) uuid.UUID {
+func (f *bundle) write(t *testing.T) uuid.UUID {
 	t.Helper()
 	tx, err := f.pool.Begin(t.Context())
 	if err != nil {
@@ -127,7 +128,7 @@ func TestRelayWaitsForTransactionsInFlight(t *testing.T) {
 	// Transaction ids are cluster-wide: a transaction of another test may
 	// hold the guard back a moment longer, never past its own end.
 	published := 0
-	waitFor(t, func() bool {
+	testkit.WaitFor(t, 10*time.Second, func() bool {
 		n, err := relay.RelayOnce(t.Context())
 		if err != nil {
 			t.Fatal(err)
@@ -167,21 +168,10 @@ func TestRelayWakesOnNotify(t *testing.T) {
 	// the stream the relay waits for a notification, and only the NOTIFY
 	// of the second row's commit can wake it within the minute.
 	first := f.write(t)
-	waitFor(t, func() bool { return len(f.streamIDs(t)) == 1 })
+	testkit.WaitFor(t, 10*time.Second, func() bool { return len(f.streamIDs(t)) == 1 })
 	second := f.write(t)
-	waitFor(t, func() bool { return len(f.streamIDs(t)) == 2 })
+	testkit.WaitFor(t, 10*time.Second, func() bool { return len(f.streamIDs(t)) == 2 })
 	if ids := f.streamIDs(t); ids[0] != first.String() || ids[1] != second.String() {
 		t.Errorf("stream = %v, want [%s %s]", ids, first, second)
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 10s")
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -17,11 +17,11 @@ import (
 // Recovery points of a payment (S1), between idem.RecoveryStarted and
 // idem.RecoveryFinished.
 const (
-	// pointPaymentCreated: transaction 1 committed the payment row.
-	pointPaymentCreated = "payment_created"
-	// pointChargeSent: a charge call may have reached the processor. A
+	// recoveryPaymentCreated: transaction 1 committed the payment row.
+	recoveryPaymentCreated = "payment_created"
+	// recoveryChargeSent: a charge call may have reached the processor. A
 	// resumed attempt looks it up before charging again.
-	pointChargeSent = "charge_sent"
+	recoveryChargeSent = "charge_sent"
 )
 
 // stepCharge names the charge's derived key (S2).

@@ -39,7 +39,7 @@ var chargeFaults = []processorsim.FaultKind{
 
 func TestCompleterFinishesAbandonedPayments(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t, shortLease, shortTimeout)
+	w := setup(t, shortLease, shortTimeout)
 	bound := deadline(t)
 
 	// Thirty clients each send a payment, get a 503 because the charge
@@ -120,7 +120,7 @@ func TestCompleterLeavesLiveAndCompletedKeysAlone(t *testing.T) {
 	// A lease that outlives the test: the in-flight payment's lease is
 	// live however slow the machine is. The processor timeout stays
 	// below it, as it must.
-	w := newWorld(t, time.Hour, 30*time.Second)
+	w := setup(t, time.Hour, 30*time.Second)
 	bound := deadline(t)
 	completer := payments.NewCompleter(w.process(t), time.Hour)
 
@@ -206,7 +206,7 @@ func TestCompleterWhileProcessorFails(t *testing.T) {
 
 	t.Run("ProcessorDown", func(t *testing.T) {
 		t.Parallel()
-		w := newWorld(t, shortLease, shortTimeout)
+		w := setup(t, shortLease, shortTimeout)
 		bound := deadline(t)
 		completer := payments.NewCompleter(w.svc, time.Hour)
 		p := w.newPayment(t, "pay-1", 2500)
@@ -249,7 +249,7 @@ func TestCompleterWhileProcessorFails(t *testing.T) {
 
 	t.Run("ChargeFaults", func(t *testing.T) {
 		t.Parallel()
-		w := newWorld(t, shortLease, shortTimeout)
+		w := setup(t, shortLease, shortTimeout)
 		bound := deadline(t)
 		completer := payments.NewCompleter(w.svc, time.Hour)
 		p := w.newPayment(t, "pay-1", 2500)

@@ -17,10 +17,13 @@
 // the window and refunds a charge that landed late beside the recorded one
 // (S4).
 //
-// Files: flow.go drives the state machine; charge.go and refund.go are
-// their steps; create.go is their first transaction; unsettled.go the
-// settle-window rule both share; sweep.go the reconciliation sweep;
-// completer.go the background worker.
+// Files: payments.go holds what payments and refunds share (the endpoints,
+// the errors, the Service); payment.go the payment, its stored states and
+// its reads; refund.go the refund, its stored states, its reads and its
+// steps; charge.go the payment's steps; flow.go drives the state machine;
+// create.go is its first transaction; unsettled.go the settle-window rule
+// both share; sweep.go the reconciliation sweep; completer.go the
+// background worker.
 //
 // The natural-key backstop (N1) is a partial unique index: at most one
 // payment per order that has not been declined or failed.

@@ -26,7 +26,7 @@ import (
 // A retry of an unfinished payment takes the lease over and resumes from
 // the recovery point (resume); so does the completer.
 func (s *Service) Pay(ctx context.Context, c idem.Claim, in PayInput) (res idem.Response, replayed bool, err error) {
-	return s.run(ctx, c, pointPaymentCreated, func(ctx context.Context, tx pgx.Tx) (uuid.UUID, error) {
+	return s.run(ctx, c, recoveryPaymentCreated, func(ctx context.Context, tx pgx.Tx) (uuid.UUID, error) {
 		p, err := createPayment(ctx, tx, c, in)
 		return p.ID, err
 	})
@@ -35,7 +35,7 @@ func (s *Service) Pay(ctx context.Context, c idem.Claim, in PayInput) (res idem.
 // Refund runs POST /v1/payments/{id}/refunds under claim c, through the
 // same machinery with its own derived key.
 func (s *Service) Refund(ctx context.Context, c idem.Claim, paymentID uuid.UUID, amount int64) (res idem.Response, replayed bool, err error) {
-	return s.run(ctx, c, pointRefundCreated, func(ctx context.Context, tx pgx.Tx) (uuid.UUID, error) {
+	return s.run(ctx, c, recoveryRefundCreated, func(ctx context.Context, tx pgx.Tx) (uuid.UUID, error) {
 		r, err := createRefund(ctx, tx, c, paymentID, amount)
 		return r.ID, err
 	})
@@ -92,17 +92,17 @@ func (s *Service) resume(ctx context.Context, l *idem.Lease) (_ idem.Response, e
 	fresh := false
 	for {
 		switch l.RecoveryPoint {
-		case pointPaymentCreated:
+		case recoveryPaymentCreated:
 			if _, err := s.store.Phase(ctx, l, func(ctx context.Context, tx pgx.Tx) (idem.Step, error) {
 				p, err := markChargeSent(ctx, tx, l)
 				marked = &p
-				return idem.Step{RecoveryPoint: pointChargeSent}, err
+				return idem.Step{RecoveryPoint: recoveryChargeSent}, err
 			}); err != nil {
 				return idem.Response{}, err
 			}
 			failpoint.Inject("payment-after-charge-sent")
 
-		case pointChargeSent:
+		case recoveryChargeSent:
 			outcome, err := s.charge(ctx, l, marked)
 			if err != nil {
 				return idem.Response{}, err
@@ -116,15 +116,15 @@ func (s *Service) resume(ctx context.Context, l *idem.Lease) (_ idem.Response, e
 			}
 			return *res, nil
 
-		case pointRefundCreated:
+		case recoveryRefundCreated:
 			if _, err := s.store.Phase(ctx, l, func(ctx context.Context, tx pgx.Tx) (idem.Step, error) {
-				return idem.Step{RecoveryPoint: pointRefundSent}, markRefundSent(ctx, tx, l)
+				return idem.Step{RecoveryPoint: recoveryRefundSent}, markRefundSent(ctx, tx, l)
 			}); err != nil {
 				return idem.Response{}, err
 			}
 			fresh = true
 
-		case pointRefundSent:
+		case recoveryRefundSent:
 			outcome, err := s.sendRefund(ctx, l, fresh)
 			if err != nil {
 				return idem.Response{}, err

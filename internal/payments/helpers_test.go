@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -26,12 +25,13 @@ import (
 	"github.com/idemref/payments/internal/processorsim"
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/testdb"
+	"github.com/idemref/payments/internal/testkit"
 )
 
-// world is one test's payments service: a database of its own, a tenant,
+// bundle is one test's payments service: a database of its own, a tenant,
 // and a processor simulator in this process, called over real HTTP as
 // cmd/api calls it.
-type world struct {
+type bundle struct {
 	pool   *pgxpool.Pool // direct to the database: fixtures and assertions
 	dbURL  string
 	tenant uuid.UUID
@@ -50,10 +50,10 @@ type world struct {
 	svc *payments.Service
 }
 
-func newWorld(t *testing.T, lease, timeout time.Duration) *world {
+func setup(t *testing.T, lease, timeout time.Duration) *bundle {
 	t.Helper()
 	pool, dbURL := testdb.NewPool(t)
-	w := &world{pool: pool, dbURL: dbURL, lease: lease, timeout: timeout, settle: 3 * timeout, log: testLogger(t)}
+	w := &bundle{pool: pool, dbURL: dbURL, lease: lease, timeout: timeout, settle: 3 * timeout, log: testkit.Logger(t)}
 	var err error
 	w.tenant, _, err = tenants.Create(t.Context(), pool, "tenant "+uuid.NewString())
 	if err != nil {
@@ -69,7 +69,7 @@ func newWorld(t *testing.T, lease, timeout time.Duration) *world {
 }
 
 // service wires a Service over pool as cmd/api does.
-func (w *world) service(pool *pgxpool.Pool) *payments.Service {
+func (w *bundle) service(pool *pgxpool.Pool) *payments.Service {
 	store := idem.NewStore(pool, idem.Config{Lease: w.lease})
 	return payments.NewService(pool, store, processor.NewClient(w.procURL, w.timeout), httpapi.Renderer{}, w.log,
 		payments.Config{SettleWindow: w.settle})
@@ -77,7 +77,7 @@ func (w *world) service(pool *pgxpool.Pool) *payments.Service {
 
 // process returns the Service of another API process on the same
 // database and processor: its own pool, key store and processor client.
-func (w *world) process(t *testing.T) *payments.Service {
+func (w *bundle) process(t *testing.T) *payments.Service {
 	t.Helper()
 	pool, err := pgxpool.New(t.Context(), w.dbURL)
 	if err != nil {
@@ -108,7 +108,7 @@ func (g *processorGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // newOrder creates an order of amount EUR cents.
-func (w *world) newOrder(t *testing.T, ref string, amount int64) orders.Order {
+func (w *bundle) newOrder(t *testing.T, ref string, amount int64) orders.Order {
 	t.Helper()
 	o, err := orders.Create(t.Context(), w.pool, w.tenant, orders.CreateInput{
 		Reference: ref, CustomerID: "cus_1", Amount: amount, Currency: "EUR",
@@ -129,7 +129,7 @@ type payment struct {
 
 // newPayment creates an order and the request that pays it in full with a
 // card that succeeds, under key.
-func (w *world) newPayment(t *testing.T, key string, amount int64) payment {
+func (w *bundle) newPayment(t *testing.T, key string, amount int64) payment {
 	t.Helper()
 	o := w.newOrder(t, "order-"+key, amount)
 	in := payments.PayInput{OrderID: o.ID, Amount: o.Amount, Currency: o.Currency, PaymentMethod: processorsim.PaymentMethodVisa}
@@ -148,7 +148,7 @@ func (p payment) chargeKey() string {
 // abandon runs p's Pay with fault queued for its charge call, so it stops
 // at charge_sent with its key released, as a client that gave up after a
 // 503 leaves it.
-func (w *world) abandon(t *testing.T, ctx context.Context, p payment, fault processorsim.FaultKind) {
+func (w *bundle) abandon(t *testing.T, ctx context.Context, p payment, fault processorsim.FaultKind) {
 	t.Helper()
 	w.sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: fault})
 	res, replayed, err := w.svc.Pay(ctx, p.claim, p.in)
@@ -163,7 +163,7 @@ func (w *world) abandon(t *testing.T, ctx context.Context, p payment, fault proc
 // passSettleWindow makes the settle window (S6) of p's charge pass now, as
 // if its last call had been sent a window ago, and ends the lease a key
 // holds between two lookups: what waiting would do, without the wait.
-func (w *world) passSettleWindow(t *testing.T, p payment) {
+func (w *bundle) passSettleWindow(t *testing.T, p payment) {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := w.pool.Exec(ctx, `UPDATE payments SET charge_sent_at = charge_sent_at - make_interval(secs => $3)
@@ -188,23 +188,16 @@ type keyRow struct {
 	Lock string
 }
 
-func (w *world) key(t *testing.T, c idem.Claim) keyRow {
+func (w *bundle) key(t *testing.T, c idem.Claim) keyRow {
 	t.Helper()
-	var row keyRow
-	err := w.pool.QueryRow(context.Background(), `
-		SELECT state, coalesce(recovery_point, ''), lease_generation,
-		       CASE WHEN locked_until IS NULL THEN 'none'
-		            WHEN locked_until > now() THEN 'live'
-		            ELSE 'expired' END
-		FROM idempotency_keys WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3`,
-		c.TenantID, c.Endpoint, c.Key).Scan(&row.State, &row.RecoveryPoint, &row.Generation, &row.Lock)
-	if err != nil {
-		t.Fatalf("read key row %q: %v", c.Key, err)
+	k, ok := testkit.ReadKeyRow(t, w.pool, c.TenantID, c.Endpoint, c.Key)
+	if !ok {
+		t.Fatalf("no key row for %q", c.Key)
 	}
-	return row
+	return keyRow{State: k.State, RecoveryPoint: k.RecoveryPoint, Generation: k.Generation, Lock: k.Lock}
 }
 
-func (w *world) wantKey(t *testing.T, c idem.Claim, want keyRow) {
+func (w *bundle) wantKey(t *testing.T, c idem.Claim, want keyRow) {
 	t.Helper()
 	if diff := cmp.Diff(want, w.key(t, c)); diff != "" {
 		t.Errorf("key row %q (-want +got):\n%s", c.Key, diff)
@@ -213,7 +206,7 @@ func (w *world) wantKey(t *testing.T, c idem.Claim, want keyRow) {
 
 // recorded returns the response recorded on c's completed key row, and the
 // resource the key names.
-func (w *world) recorded(t *testing.T, c idem.Claim) (idem.Response, uuid.UUID) {
+func (w *bundle) recorded(t *testing.T, c idem.Claim) (idem.Response, uuid.UUID) {
 	t.Helper()
 	var status *int32
 	var headers []byte
@@ -238,7 +231,7 @@ func (w *world) recorded(t *testing.T, c idem.Claim) (idem.Response, uuid.UUID) 
 
 // waitLeaseExpired waits until the lease on c's key has expired (or was
 // released), so a completer may take it.
-func (w *world) waitLeaseExpired(t *testing.T, ctx context.Context, c idem.Claim) {
+func (w *bundle) waitLeaseExpired(t *testing.T, ctx context.Context, c idem.Claim) {
 	t.Helper()
 	waitFor(t, ctx, w.pool, `
 		SELECT coalesce(locked_until < now(), false) FROM idempotency_keys
@@ -247,16 +240,9 @@ func (w *world) waitLeaseExpired(t *testing.T, ctx context.Context, c idem.Claim
 
 // snapshot returns c's whole key row as JSON, to check that something
 // changed nothing at all.
-func (w *world) snapshot(t *testing.T, c idem.Claim) string {
+func (w *bundle) snapshot(t *testing.T, c idem.Claim) string {
 	t.Helper()
-	var s string
-	err := w.pool.QueryRow(context.Background(), `
-		SELECT row_to_json(k)::text FROM idempotency_keys k
-		WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3`, c.TenantID, c.Endpoint, c.Key).Scan(&s)
-	if err != nil {
-		t.Fatalf("snapshot key row %q: %v", c.Key, err)
-	}
-	return s
+	return testkit.KeyRowJSON(t, w.pool, c.TenantID, c.Endpoint, c.Key)
 }
 
 // paymentRow is a payments row; NULLs read as "".
@@ -269,7 +255,7 @@ type paymentRow struct {
 }
 
 // paymentRows returns the payments of p's order.
-func (w *world) paymentRows(t *testing.T, p payment) []paymentRow {
+func (w *bundle) paymentRows(t *testing.T, p payment) []paymentRow {
 	t.Helper()
 	rows, err := w.pool.Query(context.Background(), `
 		SELECT id, status, amount, charge_key, coalesce(charge_id, '')
@@ -285,7 +271,7 @@ func (w *world) paymentRows(t *testing.T, p payment) []paymentRow {
 }
 
 // onePayment returns the only payment of p's order.
-func (w *world) onePayment(t *testing.T, p payment) paymentRow {
+func (w *bundle) onePayment(t *testing.T, p payment) paymentRow {
 	t.Helper()
 	rows := w.paymentRows(t, p)
 	if len(rows) != 1 {
@@ -294,7 +280,7 @@ func (w *world) onePayment(t *testing.T, p payment) paymentRow {
 	return rows[0]
 }
 
-func (w *world) wantPaymentStatus(t *testing.T, p payment, status string) {
+func (w *bundle) wantPaymentStatus(t *testing.T, p payment, status string) {
 	t.Helper()
 	if got := w.onePayment(t, p); got.Status != status {
 		t.Errorf("payment of %s is %q, want %q", p.order.Reference, got.Status, status)
@@ -310,7 +296,7 @@ type orderEvents struct {
 	Amount    int64
 }
 
-func (w *world) orderOf(t *testing.T, p payment) orderEvents {
+func (w *bundle) orderOf(t *testing.T, p payment) orderEvents {
 	t.Helper()
 	var o orderEvents
 	err := w.pool.QueryRow(context.Background(),
@@ -327,7 +313,7 @@ func (w *world) orderOf(t *testing.T, p payment) orderEvents {
 // --- The processor's side ---
 
 // chargesWithKey returns the charges the simulator created under key.
-func (w *world) chargesWithKey(key string) []processor.Charge {
+func (w *bundle) chargesWithKey(key string) []processor.Charge {
 	var out []processor.Charge
 	for _, ch := range w.sim.Charges() {
 		if ch.IdempotencyKey == key {
@@ -338,7 +324,7 @@ func (w *world) chargesWithKey(key string) []processor.Charge {
 }
 
 // chargeCalls returns the POST /v1/charges calls that carried key.
-func (w *world) chargeCalls(key string) []processorsim.Call {
+func (w *bundle) chargeCalls(key string) []processorsim.Call {
 	var out []processorsim.Call
 	for _, c := range w.sim.Calls() {
 		if c.Method == http.MethodPost && c.Path == processorsim.PathCharges && c.IdempotencyKey == key {
@@ -352,7 +338,7 @@ func (w *world) chargeCalls(key string) []processorsim.Call {
 // one succeeded charge at the processor under p's derived key, the payment
 // succeeded with that charge, the order paid once, and the key completed
 // with a 201 that names the payment. It returns the recorded response.
-func (w *world) wantPaid(t *testing.T, p payment) idem.Response {
+func (w *bundle) wantPaid(t *testing.T, p payment) idem.Response {
 	t.Helper()
 	pay := w.onePayment(t, p)
 	if pay.ChargeKey != p.chargeKey() {
@@ -440,33 +426,4 @@ func eventually(t *testing.T, ctx context.Context, what string, cond func() bool
 		case <-tick.C:
 		}
 	}
-}
-
-// testLogger sends the service's log to t.Log, so it shows with a failing
-// test (and with -v), and drops whatever comes after the test ended.
-func testLogger(t *testing.T) *slog.Logger {
-	w := &testLogWriter{t: t}
-	t.Cleanup(w.stop)
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-type testLogWriter struct {
-	mu   sync.Mutex
-	t    *testing.T
-	done bool
-}
-
-func (w *testLogWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.done {
-		w.t.Log(strings.TrimSuffix(string(p), "\n"))
-	}
-	return len(p), nil
-}
-
-func (w *testLogWriter) stop() {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.done = true
 }

@@ -13,7 +13,7 @@ import (
 // second), and the completer still finishes it with one charge.
 func TestReaperLeavesAPaymentInFlightAlone(t *testing.T) {
 	t.Parallel()
-	w := newWorld(t, shortLease, shortTimeout)
+	w := setup(t, shortLease, shortTimeout)
 	bound := deadline(t)
 	p := w.newPayment(t, "pay-reaped", 2500)
 	w.abandon(t, bound, p, processorsim.FaultServerError)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemref/payments/internal/db/dbsqlc"
@@ -15,12 +16,45 @@ import (
 	"github.com/idemref/payments/internal/processor"
 )
 
+// Refund statuses, as stored.
+const (
+	RefundStatusCreated   = "created"
+	RefundStatusSent      = "refund_sent"
+	RefundStatusSucceeded = "succeeded"
+	RefundStatusFailed    = "failed"
+)
+
+// Refund is a refund of part or all of a payment.
+type Refund struct {
+	ID        uuid.UUID
+	PaymentID uuid.UUID
+	Amount    int64
+	Status    string
+	CreatedAt time.Time
+}
+
+// GetRefund returns one refund of one of the tenant's payments.
+func (s *Service) GetRefund(ctx context.Context, tenantID, paymentID, refundID uuid.UUID) (Refund, error) {
+	row, err := dbsqlc.New(s.pool).RefundGet(ctx, dbsqlc.RefundGetParams{TenantID: tenantID, ID: refundID})
+	if errors.Is(err, pgx.ErrNoRows) || (err == nil && row.PaymentID != paymentID) {
+		return Refund{}, ErrRefundNotFound
+	}
+	if err != nil {
+		return Refund{}, err
+	}
+	return refundFrom(row), nil
+}
+
+func refundFrom(row dbsqlc.Refund) Refund {
+	return Refund{ID: row.ID, PaymentID: row.PaymentID, Amount: row.Amount, Status: row.Status, CreatedAt: row.CreatedAt}
+}
+
 // Recovery points of a refund (S1).
 const (
-	// pointRefundCreated: the refund row is committed.
-	pointRefundCreated = "refund_created"
-	// pointRefundSent: a refund call may have reached the processor.
-	pointRefundSent = "refund_sent"
+	// recoveryRefundCreated: the refund row is committed.
+	recoveryRefundCreated = "refund_created"
+	// recoveryRefundSent: a refund call may have reached the processor.
+	recoveryRefundSent = "refund_sent"
 )
 
 // stepRefund names the refund's derived key (S2).

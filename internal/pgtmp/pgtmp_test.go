@@ -2,7 +2,6 @@ package pgtmp_test
 
 import (
 	"context"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -13,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemref/payments/internal/pgtmp"
+	"github.com/idemref/payments/internal/testkit"
 )
 
 // dataDir returns a not yet existing data directory inside t.TempDir.
@@ -35,7 +35,7 @@ func TestStartStopRestart(t *testing.T) {
 	opts := pgtmp.Options{
 		Dir:    dataDir(t),
 		Fast:   true,
-		Logger: slog.New(slog.NewTextHandler(t.Output(), nil)),
+		Logger: testkit.Logger(t),
 	}
 
 	c, err := pgtmp.Start(ctx, opts)

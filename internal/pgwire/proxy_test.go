@@ -22,7 +22,7 @@ type bundle struct {
 	url   string // the test database, through the proxy
 }
 
-func setup(t *testing.T) bundle {
+func setup(t *testing.T) *bundle {
 	t.Helper()
 	_, dbURL := testdb.NewPool(t)
 	cfg, err := pgx.ParseConfig(dbURL)
@@ -38,7 +38,7 @@ func setup(t *testing.T) bundle {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return bundle{proxy: p, url: u}
+	return &bundle{proxy: p, url: u}
 }
 
 func connect(t *testing.T, url string) *pgx.Conn {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemref/payments/internal/reaper"
 	"github.com/idemref/payments/internal/testdb"
+	"github.com/idemref/payments/internal/testkit"
 )
 
 // BenchmarkReaperUnderLoad measures what the reaper working off a large
@@ -39,7 +40,7 @@ func BenchmarkReaperUnderLoad(b *testing.B) {
 		rounds  = 5
 		window  = 6 * time.Second // each half of a round
 	)
-	cfg := reaper.Config{Logger: testLogger()}
+	cfg := reaper.Config{Logger: testkit.Logger(b)}
 	if v, err := strconv.Atoi(os.Getenv("REAPER_BENCH_BATCH")); err == nil {
 		cfg.Batch = v
 	}

@@ -3,7 +3,6 @@ package reaper_test
 import (
 	"context"
 	"encoding/json"
-	"log/slog"
 	"os"
 	"regexp"
 	"strings"
@@ -18,6 +17,7 @@ import (
 	"github.com/idemref/payments/internal/reaper"
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/testdb"
+	"github.com/idemref/payments/internal/testkit"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
@@ -85,7 +85,7 @@ func TestRunOnce(t *testing.T) {
 		before[tt.name], _ = readKey(t, pool, tenant, tt.name)
 	}
 
-	res, err := reaper.New(pool, reaper.Config{Logger: testLogger()}).RunOnce(t.Context())
+	res, err := reaper.New(pool, reaper.Config{Logger: testkit.Logger(t)}).RunOnce(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +150,7 @@ func TestConcurrentReapers(t *testing.T) {
 		}
 		t.Cleanup(p.Close)
 		// Small batches, so the two interleave many times.
-		r := reaper.New(p, reaper.Config{Batch: 500, Logger: testLogger()})
+		r := reaper.New(p, reaper.Config{Batch: 500, Logger: testkit.Logger(t)})
 		wg.Go(func() { results[i], errs[i] = r.RunOnce(t.Context()) })
 	}
 	wg.Wait()
@@ -339,8 +339,4 @@ func readKey(t *testing.T, pool *pgxpool.Pool, tenant uuid.UUID, name string) (r
 		t.Fatal(err)
 	}
 	return r, found
-}
-
-func testLogger() *slog.Logger {
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 }

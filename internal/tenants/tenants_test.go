@@ -31,7 +31,7 @@ type bundle struct {
 
 // setup creates a tenant with a key inside a transaction rolled back when
 // the test ends.
-func setup(t *testing.T) bundle {
+func setup(t *testing.T) *bundle {
 	t.Helper()
 	tx := testdb.Tx(t)
 	// Names are unique, and parallel tests share the database: each its own.
@@ -40,7 +40,7 @@ func setup(t *testing.T) bundle {
 	if err != nil {
 		t.Fatalf("Create: %v", err)
 	}
-	return bundle{name: name, tx: tx, tenantID: id, key: key}
+	return &bundle{name: name, tx: tx, tenantID: id, key: key}
 }
 
 func TestCreate(t *testing.T) {

@@ -1,0 +1,19 @@
+package testkit
+
+import (
+	"testing"
+	"time"
+)
+
+// WaitFor polls cond every 10ms until it holds, and fails the test if it
+// does not within the given time.
+func WaitFor(t testing.TB, within time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %s", within)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
