@@ -6,6 +6,11 @@
 // claim, the business write and the recorded response commit in one
 // transaction, and retries of the same request are answered by replaying the
 // recorded response byte for byte. Start reading at internal/idem/doc.go.
+//
+// The package's name is not the last element of its import path (the
+// module's), so importers name it explicitly, as goimports writes it:
+//
+//	import apispec "github.com/idemref/payments"
 package apispec
 
 import (

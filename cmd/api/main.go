@@ -32,7 +32,7 @@ import (
 	"strconv"
 	"syscall"
 
-	"github.com/idemref/payments"
+	apispec "github.com/idemref/payments"
 )
 
 const usage = `usage:

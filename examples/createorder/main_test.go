@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemref/payments"
+	apispec "github.com/idemref/payments"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/tenants"

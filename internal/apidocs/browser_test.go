@@ -15,7 +15,7 @@ import (
 
 	"github.com/getkin/kin-openapi/openapi3"
 
-	"github.com/idemref/payments"
+	apispec "github.com/idemref/payments"
 	"github.com/idemref/payments/internal/apidocs"
 	httpapi "github.com/idemref/payments/internal/http"
 )

@@ -21,7 +21,7 @@ import (
 // the counts are read.
 func TestRecordIsHeapOnly(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
+	h := setup(t)
 	pool, err := pgxpool.New(t.Context(), h.url)
 	if err != nil {
 		t.Fatal(err)
