@@ -1,0 +1,56 @@
+package apispec
+
+import (
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// TestLayoutNamesEveryPackage: the README's Layout block has a line for
+// every directory holding Go code, and names no directory that is gone, so
+// a reader can find each package from the README.
+func TestLayoutNamesEveryPackage(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, ok := strings.Cut(string(readme), "## Layout\n\n```\n")
+	if !ok {
+		t.Fatal("README.md has no Layout block")
+	}
+	block, _, _ := strings.Cut(after, "```")
+	listed := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^([a-z][a-z0-9/]*)/ `).FindAllStringSubmatch(block, -1) {
+		listed[m[1]] = true
+	}
+
+	packages := map[string]bool{}
+	err = filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && path != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || d.Name() == "bin") {
+			return filepath.SkipDir
+		}
+		if !d.IsDir() && strings.HasSuffix(path, ".go") && filepath.Dir(path) != "." {
+			packages[filepath.ToSlash(filepath.Dir(path))] = true
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for dir := range packages {
+		if !listed[dir] {
+			t.Errorf("the README's Layout has no line for %s/", dir)
+		}
+	}
+	for dir := range listed {
+		if _, err := os.Stat(dir); err != nil {
+			t.Errorf("the README's Layout names %s/, which does not exist", dir)
+		}
+	}
+}
