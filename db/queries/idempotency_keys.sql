@@ -32,7 +32,7 @@ WITH inserted AS (
     UPDATE idempotency_keys
     SET fingerprint = @fingerprint, fingerprint_version = @fingerprint_version,
         state = 'in_progress', response_status = NULL, response_headers = NULL, response_body = NULL,
-        resource_id = NULL, resource_location = NULL, created_at = now(), completed_at = NULL, pruned_at = NULL,
+        resource_id = NULL, resource_location = NULL, created_at = now(), completed_at = NULL,
         expires_at = @expires_at, retain_until = @retain_until,
         recovery_point = CASE WHEN sqlc.narg('lease_seconds')::float8 IS NOT NULL THEN 'started' END,
         locked_until = now() + make_interval(0, 0, 0, 0, 0, 0, sqlc.narg('lease_seconds')::float8),

@@ -21,18 +21,15 @@ SELECT set_config('statement_timeout', @timeout::text, true);
 
 -- name: ReaperPruneBatch :execrows
 -- Completed keys past expires_at become tombstones: the response bytes go
--- (E2), the outcome stays, and pruned_at takes the row out of
--- idempotency_keys_expires_at_idx (WHERE pruned_at IS NULL), along which the
--- batch walks, oldest first.
+-- (E2), the outcome stays. Oldest first, along idempotency_keys_expires_at_idx.
 UPDATE idempotency_keys k
-SET state = 'expired', response_headers = NULL, response_body = NULL, pruned_at = now()
+SET state = 'expired', response_headers = NULL, response_body = NULL
 WHERE (k.tenant_id, k.endpoint, k.idem_key) IN (
     SELECT x.tenant_id, x.endpoint, x.idem_key
     FROM unnest(ARRAY(
         SELECT ROW(b.tenant_id, b.endpoint, b.idem_key)
         FROM idempotency_keys b
-        WHERE b.pruned_at IS NULL
-          AND b.expires_at <= now()
+        WHERE b.expires_at <= now()
           AND b.state = 'completed'
           AND (b.locked_until IS NULL OR b.locked_until <= now())
         ORDER BY b.expires_at

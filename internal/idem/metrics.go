@@ -97,22 +97,21 @@ func observeLockWait(endpoint string, start time.Time) {
 
 // keyStatsQuery reads the gauges of KeyStatsCollector in one statement,
 // each part along an index: the unfinished multi-step keys along
-// idempotency_keys_expired_lease_idx (a partial index of the keys holding
-// a lease, which only they do: one-transaction keys are never committed in
-// progress), the oldest unpruned completed expires_at along
-// idempotency_keys_expires_at_idx and the oldest retain_until along
-// idempotency_keys_retain_until_idx. Each part repeats its index's
-// predicate so the planner can use it. Ages are on the database clock.
+// idempotency_keys_expired_lease_idx (a partial index holding only them:
+// one-transaction keys are never committed in progress), the oldest
+// completed expires_at along idempotency_keys_expires_at_idx and the
+// oldest retain_until along idempotency_keys_retain_until_idx. Ages are on
+// the database clock.
 const keyStatsQuery = `
 SELECT
     (SELECT count(*) FROM idempotency_keys
-      WHERE locked_until IS NOT NULL AND state = 'in_progress' AND recovery_point IS NOT NULL),
+      WHERE state = 'in_progress' AND recovery_point IS NOT NULL),
     (SELECT count(*) FROM idempotency_keys
-      WHERE locked_until <= now() AND state = 'in_progress' AND recovery_point IS NOT NULL),
+      WHERE state = 'in_progress' AND recovery_point IS NOT NULL AND locked_until <= now()),
     COALESCE((SELECT extract(epoch FROM now() - min(created_at))::float8 FROM idempotency_keys
-      WHERE locked_until IS NOT NULL AND state = 'in_progress' AND recovery_point IS NOT NULL), 0),
+      WHERE state = 'in_progress' AND recovery_point IS NOT NULL), 0),
     COALESCE((SELECT greatest(extract(epoch FROM now() - min(expires_at)), 0)::float8 FROM idempotency_keys
-      WHERE pruned_at IS NULL AND state = 'completed'), 0),
+      WHERE state = 'completed'), 0),
     COALESCE((SELECT greatest(extract(epoch FROM now() - min(retain_until)), 0)::float8 FROM idempotency_keys
       WHERE state <> 'in_progress'), 0)`
 

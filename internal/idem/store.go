@@ -199,9 +199,7 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Cont
 		// this transaction inserted (or claimed over) and holds locked, so
 		// it cannot miss. COMMIT travels with it; an error from it still
 		// aborts the transaction, and the COMMIT then rolls everything
-		// back. It changes no column any index names, so PostgreSQL writes
-		// it as a HOT update, without new index entries (migration 000012,
-		// TestRecordIsHeapOnly).
+		// back.
 		db.CommitAfterNext(tx)
 		expires, err := q.IdemKeyComplete(ctx, dbsqlc.IdemKeyCompleteParams{
 			TenantID:         c.TenantID,

@@ -64,7 +64,7 @@ WITH inserted AS (
     UPDATE idempotency_keys
     SET fingerprint = $4, fingerprint_version = $5,
         state = 'in_progress', response_status = NULL, response_headers = NULL, response_body = NULL,
-        resource_id = NULL, resource_location = NULL, created_at = now(), completed_at = NULL, pruned_at = NULL,
+        resource_id = NULL, resource_location = NULL, created_at = now(), completed_at = NULL,
         expires_at = $6, retain_until = $7,
         recovery_point = CASE WHEN $8::float8 IS NOT NULL THEN 'started' END,
         locked_until = now() + make_interval(0, 0, 0, 0, 0, 0, $8::float8),
@@ -209,7 +209,7 @@ func (q *Queries) IdemKeyCompleteLease(ctx context.Context, arg IdemKeyCompleteL
 }
 
 const idemKeyGet = `-- name: IdemKeyGet :one
-SELECT idempotency_keys.tenant_id, idempotency_keys.endpoint, idempotency_keys.idem_key, idempotency_keys.fingerprint, idempotency_keys.fingerprint_version, idempotency_keys.state, idempotency_keys.response_status, idempotency_keys.response_headers, idempotency_keys.response_body, idempotency_keys.created_at, idempotency_keys.completed_at, idempotency_keys.expires_at, idempotency_keys.recovery_point, idempotency_keys.locked_until, idempotency_keys.lease_generation, idempotency_keys.resource_id, idempotency_keys.retain_until, idempotency_keys.resource_location, idempotency_keys.pruned_at,
+SELECT idempotency_keys.tenant_id, idempotency_keys.endpoint, idempotency_keys.idem_key, idempotency_keys.fingerprint, idempotency_keys.fingerprint_version, idempotency_keys.state, idempotency_keys.response_status, idempotency_keys.response_headers, idempotency_keys.response_body, idempotency_keys.created_at, idempotency_keys.completed_at, idempotency_keys.expires_at, idempotency_keys.recovery_point, idempotency_keys.locked_until, idempotency_keys.lease_generation, idempotency_keys.resource_id, idempotency_keys.retain_until, idempotency_keys.resource_location,
        (state = 'expired' OR (state = 'completed' AND expires_at <= now()))::boolean AS result_expired
 FROM idempotency_keys
 WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
@@ -250,14 +250,13 @@ func (q *Queries) IdemKeyGet(ctx context.Context, arg IdemKeyGetParams) (IdemKey
 		&i.IdempotencyKey.ResourceID,
 		&i.IdempotencyKey.RetainUntil,
 		&i.IdempotencyKey.ResourceLocation,
-		&i.IdempotencyKey.PrunedAt,
 		&i.ResultExpired,
 	)
 	return i, err
 }
 
 const idemKeyGetForUpdate = `-- name: IdemKeyGetForUpdate :one
-SELECT idempotency_keys.tenant_id, idempotency_keys.endpoint, idempotency_keys.idem_key, idempotency_keys.fingerprint, idempotency_keys.fingerprint_version, idempotency_keys.state, idempotency_keys.response_status, idempotency_keys.response_headers, idempotency_keys.response_body, idempotency_keys.created_at, idempotency_keys.completed_at, idempotency_keys.expires_at, idempotency_keys.recovery_point, idempotency_keys.locked_until, idempotency_keys.lease_generation, idempotency_keys.resource_id, idempotency_keys.retain_until, idempotency_keys.resource_location, idempotency_keys.pruned_at,
+SELECT idempotency_keys.tenant_id, idempotency_keys.endpoint, idempotency_keys.idem_key, idempotency_keys.fingerprint, idempotency_keys.fingerprint_version, idempotency_keys.state, idempotency_keys.response_status, idempotency_keys.response_headers, idempotency_keys.response_body, idempotency_keys.created_at, idempotency_keys.completed_at, idempotency_keys.expires_at, idempotency_keys.recovery_point, idempotency_keys.locked_until, idempotency_keys.lease_generation, idempotency_keys.resource_id, idempotency_keys.retain_until, idempotency_keys.resource_location,
        coalesce(locked_until <= now(), true)::boolean AS lease_expired,
        (state = 'expired' OR (state = 'completed' AND expires_at <= now()))::boolean AS result_expired
 FROM idempotency_keys
@@ -303,7 +302,6 @@ func (q *Queries) IdemKeyGetForUpdate(ctx context.Context, arg IdemKeyGetForUpda
 		&i.IdempotencyKey.ResourceID,
 		&i.IdempotencyKey.RetainUntil,
 		&i.IdempotencyKey.ResourceLocation,
-		&i.IdempotencyKey.PrunedAt,
 		&i.LeaseExpired,
 		&i.ResultExpired,
 	)

@@ -47,7 +47,6 @@ type IdempotencyKey struct {
 	ResourceID         *uuid.UUID
 	RetainUntil        time.Time
 	ResourceLocation   *string
-	PrunedAt           *time.Time
 }
 
 type Order struct {

@@ -39,14 +39,13 @@ func (q *Queries) ReaperDeleteBatch(ctx context.Context, batchSize int32) (int64
 
 const reaperPruneBatch = `-- name: ReaperPruneBatch :execrows
 UPDATE idempotency_keys k
-SET state = 'expired', response_headers = NULL, response_body = NULL, pruned_at = now()
+SET state = 'expired', response_headers = NULL, response_body = NULL
 WHERE (k.tenant_id, k.endpoint, k.idem_key) IN (
     SELECT x.tenant_id, x.endpoint, x.idem_key
     FROM unnest(ARRAY(
         SELECT ROW(b.tenant_id, b.endpoint, b.idem_key)
         FROM idempotency_keys b
-        WHERE b.pruned_at IS NULL
-          AND b.expires_at <= now()
+        WHERE b.expires_at <= now()
           AND b.state = 'completed'
           AND (b.locked_until IS NULL OR b.locked_until <= now())
         ORDER BY b.expires_at
@@ -57,9 +56,7 @@ WHERE (k.tenant_id, k.endpoint, k.idem_key) IN (
 `
 
 // Completed keys past expires_at become tombstones: the response bytes go
-// (E2), the outcome stays, and pruned_at takes the row out of
-// idempotency_keys_expires_at_idx (WHERE pruned_at IS NULL), along which the
-// batch walks, oldest first.
+// (E2), the outcome stays. Oldest first, along idempotency_keys_expires_at_idx.
 func (q *Queries) ReaperPruneBatch(ctx context.Context, batchSize int32) (int64, error) {
 	result, err := q.db.Exec(ctx, reaperPruneBatch, batchSize)
 	if err != nil {
