@@ -1,6 +1,8 @@
 package apispec
 
 import (
+	"go/parser"
+	"go/token"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -52,5 +54,36 @@ func TestLayoutNamesEveryPackage(t *testing.T) {
 		if _, err := os.Stat(dir); err != nil {
 			t.Errorf("the README's Layout names %s/, which does not exist", dir)
 		}
+	}
+}
+
+// TestOnlyTestsImportTestkit: internal/testkit is for tests; a production
+// file that imported it would ship test helpers in the binary.
+func TestOnlyTestsImportTestkit(t *testing.T) {
+	const testkit = `"github.com/idemref/payments/internal/testkit"`
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && strings.HasPrefix(d.Name(), ".") && path != "." {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") ||
+			strings.HasPrefix(filepath.ToSlash(path), "internal/testkit/") {
+			return nil
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.ImportsOnly)
+		if err != nil {
+			return err
+		}
+		for _, imp := range f.Imports {
+			if imp.Path.Value == testkit {
+				t.Errorf("%s imports internal/testkit; only tests may", path)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
