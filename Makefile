@@ -6,7 +6,7 @@ OAPI := $(GO) run github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen@v2.8.
 BIN  := bin
 
 .DEFAULT_GOAL := help
-.PHONY: help run reset test bench loadtest loadtest-smoke fuzz fuzz-ci generate verify lint build migrate-new
+.PHONY: help run reset test bench loadtest loadtest-smoke loadtest-pgbench fuzz fuzz-ci generate verify lint build migrate-new
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -31,6 +31,9 @@ loadtest: ## Load benchmark: real server, durable PostgreSQL, vegeta at c=32; pr
 
 loadtest-smoke: ## The load benchmark's short mode (what CI runs): it must finish and print, speed is not judged
 	$(GO) run ./cmd/loadtest -short $(LOADTEST_FLAGS)
+
+loadtest-pgbench: ## What one create costs PostgreSQL (CPU per transaction), and each piece of the pattern, driven by pgbench
+	$(GO) run ./cmd/loadtest -pgbench $(LOADTEST_FLAGS)
 
 FUZZTIME ?= 30s
 fuzz: ## Fuzz the key parser, the canonicalizer, the strict decoder and the whole request path (FUZZTIME each)

@@ -87,3 +87,28 @@ func TestOnlyTestsImportTestkit(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestReadmeNamesEveryMakeTarget: the README's table of make targets has a
+// row for each target the Makefile documents (a "## " comment).
+func TestReadmeNamesEveryMakeTarget(t *testing.T) {
+	makefile, err := os.ReadFile("Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	targets := regexp.MustCompile(`(?m)^([a-z][a-z-]*):.*## `).FindAllStringSubmatch(string(makefile), -1)
+	if len(targets) == 0 {
+		t.Fatal("no documented targets in the Makefile")
+	}
+	for _, m := range targets {
+		if m[1] == "help" {
+			continue
+		}
+		if !regexp.MustCompile("(?m)^\\| `make " + regexp.QuoteMeta(m[1]) + "[ `]").Match(readme) {
+			t.Errorf("the README's table of make targets has no row for make %s", m[1])
+		}
+	}
+}

@@ -63,6 +63,7 @@ type options struct {
 	samples     int // single requests measured at the wire, per kind
 	short       bool
 	keep        bool // keep the temporary directories (logs, data)
+	pgbench     bool // measure PostgreSQL's CPU per create with pgbench instead (pgbench.go)
 }
 
 func parseOptions(args []string, getenv func(string) string) (options, error) {
@@ -77,6 +78,7 @@ func parseOptions(args []string, getenv func(string) string) (options, error) {
 	fs.IntVar(&o.samples, "samples", 7, "single requests measured at the wire, per kind")
 	fs.BoolVar(&o.short, "short", getenv("LOADTEST_SHORT") == "1", "smoke test: 2 rounds of 1s (also LOADTEST_SHORT=1)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the temporary directories (logs, database) and print where they are")
+	fs.BoolVar(&o.pgbench, "pgbench", false, "instead: PostgreSQL's CPU per transaction for the create's statements and variants without each piece, driven by pgbench")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -110,6 +112,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	o, err := parseOptions(args, getenv)
 	if err != nil {
 		return err
+	}
+	if o.pgbench {
+		return runPgbench(ctx, o, stdout)
 	}
 	env, err := start(ctx, o)
 	if env != nil {

@@ -2,6 +2,9 @@ package main
 
 import (
 	"net/http"
+	"os"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -107,5 +110,52 @@ func TestStatusTellsExecutionsFromReplays(t *testing.T) {
 				t.Errorf("accepted = %t, want %t", got, tt.ok)
 			}
 		})
+	}
+}
+
+// TestChildrenCPU: -pgbench reads the CPU of the postmaster's exited
+// children; here, of a child of the test that burns some.
+func TestChildrenCPU(t *testing.T) {
+	if ppid, err := parentPid(os.Getpid()); err != nil || ppid != os.Getppid() {
+		t.Fatalf("parentPid = %d, %v; want %d", ppid, err, os.Getppid())
+	}
+	before, err := childrenCPU(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := exec.Command("sh", "-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done").Run(); err != nil {
+		t.Fatal(err)
+	}
+	after, err := childrenCPU(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after <= before {
+		t.Errorf("children's CPU %.2f s after a busy child, %.2f s before", after, before)
+	}
+}
+
+// TestPgbenchVariantsDifferByOnePiece: each variant of the create leaves
+// out exactly what its name says, and keeps the create's round trips.
+func TestPgbenchVariantsDifferByOnePiece(t *testing.T) {
+	scripts := map[string]string{}
+	for _, v := range pgbenchVariants() {
+		scripts[v.name] = v.script
+	}
+	create := scripts["create"]
+	for _, want := range []string{"set_config('lock_timeout'", "reclaimed AS", "SAVEPOINT sp_1", "RELEASE SAVEPOINT sp_1", "INSERT INTO orders", "UPDATE idempotency_keys SET state = 'completed'"} {
+		if !strings.Contains(create, want) {
+			t.Errorf("the create script lacks %q", want)
+		}
+	}
+	for name, gone := range map[string]string{"no-lock-timeout": "set_config", "no-savepoint": "SAVEPOINT", "no-reclaim": "reclaimed AS"} {
+		if strings.Contains(scripts[name], gone) {
+			t.Errorf("%s still has %q", name, gone)
+		}
+	}
+	for name, s := range scripts {
+		if n, want := strings.Count(s, `\startpipeline`), map[bool]int{true: 1, false: 3}[name == "baseline"]; n != want {
+			t.Errorf("%s has %d round trips, want %d", name, n, want)
+		}
 	}
 }
