@@ -261,16 +261,11 @@ func runPgbench(ctx context.Context, o options, stdout io.Writer) error {
 
 // parentPid reads the parent of pid from /proc.
 func parentPid(pid int) (int, error) {
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	status, err := procStatus(pid)
 	if err != nil {
 		return 0, fmt.Errorf("-pgbench reads the postmaster's CPU from /proc (Linux, the server on this machine): %w", err)
 	}
-	for line := range strings.SplitSeq(string(status), "\n") {
-		if v, ok := strings.CutPrefix(line, "PPid:"); ok {
-			return strconv.Atoi(strings.TrimSpace(v))
-		}
-	}
-	return 0, fmt.Errorf("no PPid in /proc/%d/status", pid)
+	return strconv.Atoi(status["PPid"])
 }
 
 // childrenCPU is the user and system CPU, in seconds, of pid's children

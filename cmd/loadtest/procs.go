@@ -195,26 +195,37 @@ func (p *process) stop() {
 // memory reads the process's peak and current resident set size, in
 // bytes, from /proc (Linux only).
 func (p *process) memory() (peak, current int64, err error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	status, err := procStatus(p.cmd.Process.Pid)
 	if err != nil {
 		return 0, 0, err
 	}
-	for line := range strings.SplitSeq(string(b), "\n") {
-		name, value, ok := strings.Cut(line, ":")
-		if !ok || (name != "VmHWM" && name != "VmRSS") {
-			continue
-		}
-		kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(value), " kB"), 10, 64)
+	kb := func(name string) (int64, error) {
+		n, err := strconv.ParseInt(strings.TrimSuffix(status[name], " kB"), 10, 64)
 		if err != nil {
-			return 0, 0, fmt.Errorf("parse %s in /proc/%d/status: %w", name, p.cmd.Process.Pid, err)
+			return 0, fmt.Errorf("parse %s in /proc/%d/status: %w", name, p.cmd.Process.Pid, err)
 		}
-		if name == "VmHWM" {
-			peak = kb << 10
-		} else {
-			current = kb << 10
+		return n << 10, nil
+	}
+	if peak, err = kb("VmHWM"); err != nil {
+		return 0, 0, err
+	}
+	current, err = kb("VmRSS")
+	return peak, current, err
+}
+
+// procStatus reads /proc/PID/status (Linux only) as name: value.
+func procStatus(pid int) (map[string]string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return nil, err
+	}
+	fields := map[string]string{}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if name, value, ok := strings.Cut(line, ":"); ok {
+			fields[name] = strings.TrimSpace(value)
 		}
 	}
-	return peak, current, nil
+	return fields, nil
 }
 
 // createTenant runs `api tenant create NAME` and returns the API key it
