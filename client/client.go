@@ -190,15 +190,30 @@ var ErrKeyUnknown = errors.New("the server has no record of this Idempotency-Key
 
 // KeyStatus asks what became of key on endpoint (one of the Endpoint
 // constants): in progress or completed, the recorded status, the resource
-// it created, and until when its result is replayed.
+// it created, and until when its result is replayed. Pass key as the
+// operation sent it (an sf-string such as "\"q-1\"" names the key q-1,
+// as in the header); any key of visible ASCII characters is found.
 func (c *Client) KeyStatus(ctx context.Context, key, endpoint string) (api.IdempotencyKeyStatus, error) {
 	res, err := do[api.IdempotencyKeyStatus](c, ctx, "GET /v1/idempotency-keys/{key}", "", http.StatusOK, func(ctx context.Context) (*http.Response, error) {
-		return c.api.GetIdempotencyKey(ctx, key, &api.GetIdempotencyKeyParams{Endpoint: api.GetIdempotencyKeyParamsEndpoint(endpoint)})
+		return c.api.GetIdempotencyKey(ctx, pathKey(key), &api.GetIdempotencyKeyParams{Endpoint: api.GetIdempotencyKeyParamsEndpoint(endpoint)})
 	})
 	if HasCode(err, "not_found") {
 		return api.IdempotencyKeyStatus{}, ErrKeyUnknown
 	}
 	return res.Value, err
+}
+
+// pathKey is key as the {key} path segment carries it. The server reads
+// the segment, once percent-decoded, exactly like the Idempotency-Key
+// header (bare, or an sf-string in quotes), so the key goes as it went in
+// the header and the generated code percent-encodes it. The exceptions are
+// "." and "..": they stay unencoded and URL resolution removes them as dot
+// segments, so they go as the sf-string that names the same key.
+func pathKey(key string) string {
+	if key == "." || key == ".." {
+		return `"` + key + `"`
+	}
+	return key
 }
 
 // Resolve looks up what became of the operation behind an

@@ -35,17 +35,41 @@ type keyStatusJSON struct {
 	RetainUntil    string  `json:"retain_until"`
 }
 
+// keySegment returns the {key} path segment percent-decoded exactly once.
+//
+// chi matches routes against r.URL.RawPath when the request has one and
+// against the decoded r.URL.Path otherwise, and its URL parameters are cut
+// from whichever it matched. net/http sets RawPath only when the path as
+// sent is not the default encoding of the decoded path (a %2F, say), so
+// chi.URLParam is sometimes still encoded ("a%2Fb") and sometimes already
+// decoded ("50%off-1", sent as 50%25off-1). Decoding the second kind again
+// misreads every % in a key: an error (404) or a different key (%2525
+// would become %). So decode only what chi left encoded. A decoded Path
+// without RawPath cannot hold a slash from %2F, so the segment chi matched
+// is the whole key either way.
+func keySegment(r *http.Request) (string, bool) {
+	param := chi.URLParam(r, "key")
+	if r.URL.RawPath == "" {
+		return param, true
+	}
+	decoded, err := url.PathUnescape(param)
+	return decoded, err == nil
+}
+
 // getKeyStatus serves GET /v1/idempotency-keys/{key}?endpoint=... (E4):
 // what became of one of the tenant's keys, never the stored body. Another
 // tenant's key, and a key past its retention, are 404.
 func (a *api) getKeyStatus(w http.ResponseWriter, r *http.Request) {
-	raw := chi.URLParam(r, "key")
-	key, err := url.PathUnescape(raw)
-	if err != nil {
+	segment, ok := keySegment(r)
+	if !ok {
 		writeError(w, r, errRouteNotFound)
 		return
 	}
-	if _, err := idem.ParseKey([]string{key}); err != nil {
+	// The segment is read exactly like the header (K1): bare, or an
+	// sf-string in quotes. What is looked up is the parsed key, the string
+	// the claim stored: "q-1" names the key q-1, as in the header.
+	key, err := idem.ParseKey([]string{segment})
+	if err != nil {
 		writeError(w, r, err)
 		return
 	}
