@@ -39,6 +39,7 @@ func (e CompensationReason) Valid() bool {
 // Defines values for CompensationStatus.
 const (
 	CompensationStatusPending   CompensationStatus = "pending"
+	CompensationStatusRefused   CompensationStatus = "refused"
 	CompensationStatusSucceeded CompensationStatus = "succeeded"
 )
 
@@ -46,6 +47,8 @@ const (
 func (e CompensationStatus) Valid() bool {
 	switch e {
 	case CompensationStatusPending:
+		return true
+	case CompensationStatusRefused:
 		return true
 	case CompensationStatusSucceeded:
 		return true
@@ -282,14 +285,14 @@ type Compensation struct {
 	// RefundId The processor's refund id, once known.
 	RefundId *string `json:"refund_id"`
 
-	// Status `pending` until the processor confirmed the refund.
+	// Status `pending` until the processor confirmed the refund, then `succeeded`. `refused`: the processor answered the refund with a final error; the service alerts on it and tries again hourly.
 	Status CompensationStatus `json:"status"`
 }
 
 // CompensationReason defines model for Compensation.Reason.
 type CompensationReason string
 
-// CompensationStatus `pending` until the processor confirmed the refund.
+// CompensationStatus `pending` until the processor confirmed the refund, then `succeeded`. `refused`: the processor answered the refund with a final error; the service alerts on it and tries again hourly.
 type CompensationStatus string
 
 // CreateOrderRequest defines model for CreateOrderRequest.

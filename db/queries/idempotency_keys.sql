@@ -96,29 +96,44 @@ RETURNING lease_generation, recovery_point, resource_id;
 -- name: IdemKeyAdvance :execrows
 -- Commits a recovery point, fenced by the lease generation, and renews
 -- the lease for the next step.
+-- Guarded like every state change: from_point is the recovery point the
+-- attempt holds, so a step can only follow the one before it.
 UPDATE idempotency_keys
 SET recovery_point = @recovery_point,
     resource_id = coalesce(sqlc.narg('resource_id')::uuid, resource_id),
     locked_until = now() + make_interval(0, 0, 0, 0, 0, 0, @lease_seconds::float8)
 WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key
-  AND state = 'in_progress' AND lease_generation = @generation;
+  AND state = 'in_progress' AND lease_generation = @generation AND recovery_point = @from_point;
 
 -- name: IdemKeyCompleteLease :one
 -- The record step (L3) for a multi-step key, fenced like every step, and
 -- stamped like IdemKeyComplete. No row: the lease was lost.
-UPDATE idempotency_keys
+--
+-- The horizons are counted from the record, never shortened: a payment
+-- that finished (the completer, after an outage) later than the TTL or the
+-- retention set at its claim would otherwise be pruned and forgotten the
+-- moment it completes, and the client's retry would run it again (E3).
+UPDATE idempotency_keys k
 SET state = 'completed',
     recovery_point = 'finished',
     locked_until = NULL,
     response_status = @response_status,
     response_headers = @response_headers::jsonb || jsonb_build_object('Idempotency-Expires',
-        jsonb_build_array(to_char(expires_at AT TIME ZONE 'UTC', 'Dy, DD Mon YYYY HH24:MI:SS "GMT"'))),
+        jsonb_build_array(to_char(h.expires_at AT TIME ZONE 'UTC', 'Dy, DD Mon YYYY HH24:MI:SS "GMT"'))),
     response_body = @response_body,
     resource_location = sqlc.narg('resource_location'),
-    completed_at = now()
-WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key
-  AND state = 'in_progress' AND lease_generation = @generation
-RETURNING to_char(expires_at AT TIME ZONE 'UTC', 'Dy, DD Mon YYYY HH24:MI:SS "GMT"')::text AS result_expires;
+    completed_at = now(),
+    expires_at = h.expires_at,
+    retain_until = h.retain_until
+FROM (
+    SELECT greatest(expires_at, now() + make_interval(secs => @ttl_seconds::float8)) AS expires_at,
+           greatest(retain_until, now() + make_interval(secs => @retention_seconds::float8)) AS retain_until
+    FROM idempotency_keys
+    WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key
+) h
+WHERE k.tenant_id = @tenant_id AND k.endpoint = @endpoint AND k.idem_key = @idem_key
+  AND k.state = 'in_progress' AND k.lease_generation = @generation AND k.recovery_point = @from_point
+RETURNING to_char(h.expires_at AT TIME ZONE 'UTC', 'Dy, DD Mon YYYY HH24:MI:SS "GMT"')::text AS result_expires;
 
 -- name: IdemKeyRelease :execrows
 -- Gives the key back at its recovery point after a transient failure (O2):

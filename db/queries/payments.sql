@@ -1,9 +1,14 @@
 -- name: PaymentCreate :one
--- The natural-key backstop (N1): at most one live payment per order.
+-- Two backstops, either of which returns no row: at most one live payment
+-- per order (N1), and at most one payment per derived charge key (one
+-- execution of one request, whatever happened to its idempotency key).
 INSERT INTO payments (tenant_id, id, order_id, amount, currency, payment_method, charge_key)
 VALUES (@tenant_id, @id, @order_id, @amount, @currency, @payment_method, @charge_key)
-ON CONFLICT (tenant_id, order_id) WHERE status NOT IN ('declined', 'failed') DO NOTHING
+ON CONFLICT DO NOTHING
 RETURNING *;
+
+-- name: PaymentGetByChargeKey :one
+SELECT * FROM payments WHERE tenant_id = @tenant_id AND charge_key = @charge_key;
 
 -- name: PaymentGet :one
 SELECT * FROM payments WHERE tenant_id = @tenant_id AND id = @id;
@@ -26,24 +31,30 @@ WHERE tenant_id = @tenant_id AND order_id = @order_id AND status NOT IN ('declin
 
 -- name: PaymentMarkChargeSent :one
 -- Committed before every charge call: from here a call may be in flight,
--- and a crash cannot hide it from the attempt that resumes.
+-- and a crash cannot hide it from the attempt that resumes. Guarded: only
+-- an unsettled payment is marked. No row back: a webhook settled it
+-- meanwhile, and nothing may be sent (a mark would move it backwards).
 UPDATE payments
 SET status = 'charge_sent', charge_sent_at = now(), charge_calls = charge_calls + 1, updated_at = now()
-WHERE tenant_id = @tenant_id AND id = @id
+WHERE tenant_id = @tenant_id AND id = @id AND status IN ('created', 'charge_sent')
 RETURNING *;
 
 -- name: PaymentUnmarkChargeSent :exec
 -- The processor said the call did not execute (429, connection refused):
 -- it cannot land, so the settle window goes back to the call before it.
+-- Guarded: a payment settled meanwhile keeps its count of calls, which
+-- decides whether the sweep looks again.
 UPDATE payments
 SET charge_sent_at = sqlc.narg('previous_sent_at'), charge_calls = charge_calls - 1, updated_at = now()
-WHERE tenant_id = @tenant_id AND id = @id;
+WHERE tenant_id = @tenant_id AND id = @id AND status = 'charge_sent';
 
 -- name: PaymentFinish :one
 -- Records the final outcome. A payment whose charge was sent more than once
 -- may still see a late charge land beside the recorded one: the sweep
 -- looks again once the last call can no longer land. sweep_now: a double
--- charge was found already, so the sweep refunds it at once.
+-- charge was found already, so the sweep refunds it at once. Guarded: only
+-- a payment whose charge was sent settles, once; no row back means it was
+-- settled already.
 UPDATE payments
 SET status = @status,
     charge_id = coalesce(sqlc.narg('charge_id'), charge_id),
@@ -52,7 +63,7 @@ SET status = @status,
     sweep_at = CASE WHEN @sweep_now::boolean THEN now()
                     WHEN charge_calls > 1 THEN charge_sent_at + make_interval(secs => @sweep_delay_seconds::float8) END,
     updated_at = now()
-WHERE tenant_id = @tenant_id AND id = @id
+WHERE tenant_id = @tenant_id AND id = @id AND status = 'charge_sent'
 RETURNING *;
 
 -- name: PaymentAddRefunded :exec
@@ -94,10 +105,22 @@ INSERT INTO payment_compensations (tenant_id, payment_id, charge_id, amount, rea
 VALUES (@tenant_id, @payment_id, @charge_id, @amount, @reason, @refund_key)
 ON CONFLICT DO NOTHING;
 
--- name: CompensationSucceeded :exec
+-- name: CompensationSucceeded :execrows
+-- Guarded: a pending or refused compensation succeeds; one that succeeded
+-- already matches no row (a second sweep found it refunded).
 UPDATE payment_compensations
-SET status = 'succeeded', processor_refund_id = coalesce(sqlc.narg('processor_refund_id'), processor_refund_id), updated_at = now()
-WHERE tenant_id = @tenant_id AND payment_id = @payment_id AND charge_id = @charge_id;
+SET status = 'succeeded', processor_refund_id = coalesce(sqlc.narg('processor_refund_id'), processor_refund_id),
+    failure_message = NULL, updated_at = now()
+WHERE tenant_id = @tenant_id AND payment_id = @payment_id AND charge_id = @charge_id
+  AND status IN ('pending', 'refused');
+
+-- name: CompensationRefused :execrows
+-- The processor refused the compensating refund with a final error. The
+-- sweep tries again on a long backoff; a person is alerted meanwhile.
+UPDATE payment_compensations
+SET status = 'refused', failure_message = @failure_message, updated_at = now()
+WHERE tenant_id = @tenant_id AND payment_id = @payment_id AND charge_id = @charge_id
+  AND status IN ('pending', 'refused');
 
 -- name: CompensationsForPayment :many
 SELECT * FROM payment_compensations
@@ -121,7 +144,8 @@ WHERE tenant_id = @tenant_id AND payment_id = ANY(@payment_ids::uuid[])
 ORDER BY payment_id, created_at, charge_id;
 
 -- name: PaymentGetByChargeKeyForUpdate :one
--- A processor webhook names the charge's idempotency key. The row lock
+-- A processor webhook names the charge's idempotency key, unique among
+-- payments (payments_charge_key_key). The row lock
 -- serialises the webhook with the attempt's own record of the charge and
 -- with the sweep: whoever commits first settles the payment.
 SELECT * FROM payments WHERE charge_key = @charge_key FOR UPDATE;

@@ -1,4 +1,6 @@
 -- name: RefundCreate :one
+-- refunds_refund_key_key allows one refund per derived refund key: a
+-- second insert under it is a second execution of one request, and fails.
 INSERT INTO refunds (tenant_id, id, payment_id, amount, refund_key)
 VALUES (@tenant_id, @id, @payment_id, @amount, @refund_key)
 RETURNING *;
@@ -19,20 +21,21 @@ SELECT coalesce(sum(amount), 0)::bigint FROM refunds
 WHERE tenant_id = @tenant_id AND payment_id = @payment_id AND status <> 'failed';
 
 -- name: RefundMarkSent :one
--- As PaymentMarkChargeSent: committed before every refund call.
+-- As PaymentMarkChargeSent: committed before every refund call, and
+-- guarded the same way: no row back means the refund is settled.
 UPDATE refunds
 SET status = 'refund_sent', refund_sent_at = now(), refund_calls = refund_calls + 1, updated_at = now()
-WHERE tenant_id = @tenant_id AND id = @id
+WHERE tenant_id = @tenant_id AND id = @id AND status IN ('created', 'refund_sent')
 RETURNING *;
 
 -- name: RefundUnmarkSent :exec
 UPDATE refunds
 SET refund_sent_at = sqlc.narg('previous_sent_at'), refund_calls = refund_calls - 1, updated_at = now()
-WHERE tenant_id = @tenant_id AND id = @id;
+WHERE tenant_id = @tenant_id AND id = @id AND status = 'refund_sent';
 
 -- name: RefundFinish :one
 -- As PaymentFinish: a refund sent more than once gets a sweep, at once
--- when a double refund was found already.
+-- when a double refund was found already. Guarded: a refund settles once.
 UPDATE refunds
 SET status = @status,
     processor_refund_id = coalesce(sqlc.narg('processor_refund_id'), processor_refund_id),
@@ -41,7 +44,7 @@ SET status = @status,
                     WHEN refund_calls > 1
                     THEN refund_sent_at + make_interval(secs => @sweep_delay_seconds::float8) END,
     updated_at = now()
-WHERE tenant_id = @tenant_id AND id = @id
+WHERE tenant_id = @tenant_id AND id = @id AND status = 'refund_sent'
 RETURNING *;
 
 -- name: RefundsClaimSweep :many

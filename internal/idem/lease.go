@@ -248,14 +248,16 @@ func (s *Store) apply(ctx context.Context, tx pgx.Tx, l *Lease, step Step) error
 	var n int64
 	var err error
 	db.CommitAfterNext(tx)
+	from := l.RecoveryPoint
 	if step.Response != nil {
 		rec, rerr := encodeRecord(*step.Response)
 		if rerr != nil {
 			return rerr
 		}
 		expires, cerr := q.IdemKeyCompleteLease(ctx, dbsqlc.IdemKeyCompleteLeaseParams{
-			TenantID: l.TenantID, Endpoint: l.Endpoint, IdemKey: l.Key, Generation: l.Generation,
+			TenantID: l.TenantID, Endpoint: l.Endpoint, IdemKey: l.Key, Generation: l.Generation, FromPoint: &from,
 			ResponseStatus: &rec.status, ResponseHeaders: rec.headers, ResponseBody: rec.body, ResourceLocation: rec.location,
+			TtlSeconds: s.cfg.TTL.Seconds(), RetentionSeconds: s.cfg.KeyRetention.Seconds(),
 		})
 		switch {
 		case errors.Is(cerr, pgx.ErrNoRows):
@@ -273,7 +275,7 @@ func (s *Store) apply(ctx context.Context, tx pgx.Tx, l *Lease, step Step) error
 			resource = &step.ResourceID
 		}
 		n, err = q.IdemKeyAdvance(ctx, dbsqlc.IdemKeyAdvanceParams{
-			TenantID: l.TenantID, Endpoint: l.Endpoint, IdemKey: l.Key, Generation: l.Generation,
+			TenantID: l.TenantID, Endpoint: l.Endpoint, IdemKey: l.Key, Generation: l.Generation, FromPoint: &from,
 			RecoveryPoint: &step.RecoveryPoint, ResourceID: resource, LeaseSeconds: s.cfg.Lease.Seconds(),
 		})
 	}

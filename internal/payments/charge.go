@@ -3,6 +3,8 @@ package payments
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -37,11 +39,22 @@ type chargeOutcome struct {
 	extra bool
 }
 
+// errSettledMeanwhile: the mark before a charge call found the payment
+// settled (a webhook confirmed it since the attempt last looked). Nothing
+// is sent: the attempt records the settled payment instead.
+var errSettledMeanwhile = errors.New("payments: the payment was settled before the charge call was marked")
+
 // markChargeSent commits, before every charge call, that a call may be in
 // flight: from here on a crash or a timeout cannot hide it. It returns the
-// payment as marked.
+// payment as marked, or errSettledMeanwhile: the mark is guarded (only an
+// unsettled payment is marked), so a late resend can never move a settled
+// payment back to charge_sent and have it settled, and counted, twice.
 func markChargeSent(ctx context.Context, tx pgx.Tx, l *idem.Lease) (dbsqlc.Payment, error) {
-	return dbsqlc.New(tx).PaymentMarkChargeSent(ctx, dbsqlc.PaymentMarkChargeSentParams{TenantID: l.TenantID, ID: l.ResourceID})
+	p, err := dbsqlc.New(tx).PaymentMarkChargeSent(ctx, dbsqlc.PaymentMarkChargeSentParams{TenantID: l.TenantID, ID: l.ResourceID})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return p, errSettledMeanwhile
+	}
+	return p, err
 }
 
 // charge gets the charge's final outcome: from the call this attempt just
@@ -69,7 +82,7 @@ func (s *Service) charge(ctx context.Context, l *idem.Lease, marked *dbsqlc.Paym
 			return chargeOutcome{charge: processor.Charge{ID: *p.ChargeID}}, nil
 		}
 	}
-	return settle(ctx, s.log, processorCall[chargeOutcome]{
+	out, err := settle(ctx, s.log, processorCall[chargeOutcome]{
 		fresh:     marked != nil,
 		sentAt:    p.ChargeSentAt,
 		unsettled: unsettled,
@@ -105,6 +118,13 @@ func (s *Service) charge(ctx context.Context, l *idem.Lease, marked *dbsqlc.Paym
 			return chargeOutcome{charge: ch}, err
 		},
 	})
+	if errors.Is(err, errSettledMeanwhile) {
+		// Nothing was sent; recordCharge finds the payment settled and
+		// records it as it is (recordSettled).
+		s.log.InfoContext(ctx, "payment settled before its resend; nothing sent", slog.String("payment_id", p.ID.String()))
+		return chargeOutcome{}, nil
+	}
+	return out, err
 }
 
 // lookUpCharge reads every charge made under the derived key. The first
@@ -180,6 +200,11 @@ func (s *Service) recordCharge(ctx context.Context, tx pgx.Tx, l *idem.Lease, o 
 		// A processor's final answer is an outcome: always recorded.
 		res, _ := s.render.Failure(&ProcessorRejectedError{Code: o.rejected.Code, Message: o.rejected.Message})
 		return idem.Step{Response: &res}, nil
+	}
+	if o.charge.ID == "" {
+		// Only a settled payment gets here without a charge (the resend
+		// found it settled), and it took the branch above.
+		return idem.Step{}, fmt.Errorf("payments: payment %s: a charge outcome without a charge id", l.ResourceID)
 	}
 	finish.Status, finish.ChargeID = StatusSucceeded, &o.charge.ID
 	row, err := q.PaymentFinish(ctx, finish)

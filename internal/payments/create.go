@@ -60,15 +60,31 @@ func createPayment(ctx context.Context, tx pgx.Tx, c idem.Claim, in PayInput) (d
 		ChargeKey:     idem.DeriveKey(c, stepCharge),
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
-		// The partial unique index fired: the order lock makes this
-		// unreachable today, and the index keeps it true if that changes.
-		live, err := q.PaymentGetLiveForOrder(ctx, dbsqlc.PaymentGetLiveForOrderParams{TenantID: c.TenantID, OrderID: in.OrderID})
-		if err != nil {
-			return dbsqlc.Payment{}, err
-		}
-		return dbsqlc.Payment{}, &PaymentExistsError{PaymentID: live.ID}
+		return dbsqlc.Payment{}, existingPayment(ctx, q, c, in.OrderID)
 	}
 	return p, err
+}
+
+// existingPayment names the payment that made PaymentCreate insert
+// nothing. Either this request made a payment already, under a key the
+// server has since forgotten (past its retention, the key may be claimed
+// again, but its derived charge key is the same and may name one payment
+// only: a second would be a second execution); or the partial unique index
+// on live payments fired, which the order lock makes unreachable today and
+// the index keeps true if that changes.
+func existingPayment(ctx context.Context, q *dbsqlc.Queries, c idem.Claim, orderID uuid.UUID) error {
+	mine, err := q.PaymentGetByChargeKey(ctx, dbsqlc.PaymentGetByChargeKeyParams{TenantID: c.TenantID, ChargeKey: idem.DeriveKey(c, stepCharge)})
+	if err == nil {
+		return &PaymentExistsError{PaymentID: mine.ID}
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return err
+	}
+	live, err := q.PaymentGetLiveForOrder(ctx, dbsqlc.PaymentGetLiveForOrderParams{TenantID: c.TenantID, OrderID: orderID})
+	if err != nil {
+		return err
+	}
+	return &PaymentExistsError{PaymentID: live.ID}
 }
 
 // createRefund is the refund's first transaction: checks against the

@@ -94,9 +94,22 @@ type processorGate struct {
 	next    http.Handler
 	down    atomic.Bool
 	refused atomic.Int32
+	// once, when set, serves the next call for which it returns true in
+	// the simulator's place (it may call next itself): a test's hook into
+	// one processor call, taken once.
+	once atomic.Pointer[func(w http.ResponseWriter, r *http.Request, next http.Handler) bool]
+}
+
+// interceptOnce sets g.once.
+func (g *processorGate) interceptOnce(f func(w http.ResponseWriter, r *http.Request, next http.Handler) bool) {
+	g.once.Store(&f)
 }
 
 func (g *processorGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if f := g.once.Load(); f != nil && (*f)(w, r, g.next) {
+		g.once.CompareAndSwap(f, nil)
+		return
+	}
 	if g.down.Load() {
 		g.refused.Add(1)
 		w.Header().Set("Content-Type", "application/json")

@@ -66,7 +66,8 @@ type Compensation struct {
 	Amount   int64
 	Reason   string
 	// Status is "pending" until the processor confirmed the refund, then
-	// "succeeded".
+	// "succeeded"; "refused" when the processor answered the refund with a
+	// final error (the sweep tries again on a long backoff).
 	Status            string
 	ProcessorRefundID string
 	CreatedAt         time.Time

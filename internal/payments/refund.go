@@ -68,9 +68,15 @@ type refundOutcome struct {
 	extra bool
 }
 
-// markRefundSent is markChargeSent for refunds.
+// markRefundSent is markChargeSent for refunds. Only the attempt holding
+// the key's lease settles a refund, inside the same fenced phases, so a
+// guarded mark that matches nothing means the database and the lease
+// disagree: an error, never a resend.
 func markRefundSent(ctx context.Context, tx pgx.Tx, l *idem.Lease) error {
 	_, err := dbsqlc.New(tx).RefundMarkSent(ctx, dbsqlc.RefundMarkSentParams{TenantID: l.TenantID, ID: l.ResourceID})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("payments: refund %s is settled, but its key is not finished", l.ResourceID)
+	}
 	return err
 }
 
@@ -100,10 +106,10 @@ func (s *Service) sendRefund(ctx context.Context, l *idem.Lease, fresh bool) (re
 		unsettled: seconds(row.UnsettledSeconds),
 		lookup: func(ctx context.Context) (*refundOutcome, error) {
 			mine, err := refundsUnder(ctx, s.proc, chargeID, r.RefundKey)
-			if err != nil || len(mine) == 0 {
+			if err != nil {
 				return nil, err
 			}
-			return &refundOutcome{refund: mine[0], extra: len(mine) > 1}, nil
+			return refundFound(mine), nil
 		},
 		mark: func(ctx context.Context) error {
 			return s.stayAt(ctx, l, func(ctx context.Context, tx pgx.Tx) error { return markRefundSent(ctx, tx, l) })
@@ -122,6 +128,42 @@ func (s *Service) sendRefund(ctx context.Context, l *idem.Lease, fresh bool) (re
 			return refundOutcome{refund: ref}, err
 		},
 	})
+}
+
+// refundFound is what the refunds made under one key say, as a lookup's
+// outcome. A succeeded one is the outcome (more than one: money went back
+// twice, which the sweep reports). A pending one may still succeed or
+// fail: nothing is final yet (nil, as if nothing were found, so the settle
+// window rules). Only failed or canceled ones: the refund did not happen,
+// and the processor said so, which is a final failure. A failed refund is
+// never recorded as succeeded.
+func refundFound(mine []processor.Refund) *refundOutcome {
+	var out *refundOutcome
+	var pending, failed *processor.Refund
+	for i, re := range mine {
+		switch re.Status {
+		case processor.StatusSucceeded:
+			if out != nil {
+				out.extra = true
+				continue
+			}
+			out = &refundOutcome{refund: re}
+		case processor.StatusPending:
+			pending = &mine[i]
+		default:
+			failed = &mine[i]
+		}
+	}
+	switch {
+	case out != nil:
+		return out
+	case pending != nil || failed == nil:
+		return nil
+	}
+	return &refundOutcome{rejected: &processor.RequestError{
+		Status: 402, Code: "refund_" + failed.Status,
+		Message: "the processor reports refund " + failed.ID + " as " + failed.Status,
+	}}
 }
 
 // refundsUnder lists the refunds of chargeID made under key, every page.

@@ -37,6 +37,13 @@ const sweepHold = time.Minute
 // unavailable) is tried again.
 const sweepRetry = 5 * time.Second
 
+// refusedRetry is how soon a compensation the processor refused with a
+// final error is tried again: the refusal is alerted on and a person
+// looks, but a later try costs nothing (the refund's key is derived, and
+// only what is left of the charge is refunded) and may succeed once the
+// processor's side changed.
+const refusedRetry = time.Hour
+
 // Sweep looks again at up to max payments and up to max refunds whose sweep
 // is due, and returns how many it looked at.
 func (s *Service) Sweep(ctx context.Context, max int) (int, error) {
@@ -91,8 +98,8 @@ func (s *Service) sweepPayment(ctx context.Context, p dbsqlc.Payment) time.Durat
 		if ch.Status != processor.StatusSucceeded || ch.ID == kept {
 			continue
 		}
-		if !s.compensate(ctx, log, p, ch, reason) {
-			retry = sweepRetry
+		if again := s.compensate(ctx, log, p, ch, reason); again > 0 && (retry == 0 || again < retry) {
+			retry = again
 		}
 	}
 	return retry
@@ -100,24 +107,26 @@ func (s *Service) sweepPayment(ctx context.Context, p dbsqlc.Payment) time.Durat
 
 // compensate refunds whatever is left of the extra charge ch, under a key
 // derived from the payment's charge key and ch's id, so that every sweep of
-// this charge sends the same refund. It reports whether it is done.
-func (s *Service) compensate(ctx context.Context, log *slog.Logger, p dbsqlc.Payment, ch processor.Charge, reason string) bool {
+// this charge sends the same refund. It returns how soon to try again: 0
+// when it is done.
+func (s *Service) compensate(ctx context.Context, log *slog.Logger, p dbsqlc.Payment, ch processor.Charge, reason string) time.Duration {
 	q := dbsqlc.New(s.pool)
 	key := idem.DeriveChildKey(p.ChargeKey, "compensate:"+ch.ID)
 	if err := q.CompensationCreate(ctx, dbsqlc.CompensationCreateParams{
 		TenantID: p.TenantID, PaymentID: p.ID, ChargeID: ch.ID, Amount: ch.Amount, Reason: reason, RefundKey: key,
 	}); err != nil {
 		log.WarnContext(ctx, "sweep: record compensation; will retry", slog.Any("error", err))
-		return false
+		return sweepRetry
 	}
-	succeeded := func(refundID *string) bool {
-		if err := q.CompensationSucceeded(ctx, dbsqlc.CompensationSucceededParams{
+	succeeded := func(refundID *string) time.Duration {
+		// No row: it succeeded already (an earlier sweep recorded it).
+		if _, err := q.CompensationSucceeded(ctx, dbsqlc.CompensationSucceededParams{
 			TenantID: p.TenantID, PaymentID: p.ID, ChargeID: ch.ID, ProcessorRefundID: refundID,
 		}); err != nil {
 			log.WarnContext(ctx, "sweep: record compensation refund; will retry", slog.Any("error", err))
-			return false
+			return sweepRetry
 		}
-		return true
+		return 0
 	}
 	// Refunding only what is left makes a second refund of the same charge
 	// impossible at the processor, whether or not it deduplicates.
@@ -136,14 +145,22 @@ func (s *Service) compensate(ctx context.Context, log *slog.Logger, p dbsqlc.Pay
 	case errors.As(err, &rejected) && rejected.Code == processor.CodeChargeAlreadyRefunded:
 		return succeeded(nil)
 	case errors.As(err, &rejected):
-		// Final, and not something a retry changes: a person must look.
+		// Final for this try: recorded as refused (visible on the payment),
+		// counted and alerted on, and tried again after refusedRetry, so a
+		// refusal is never forgotten as "pending".
 		compensationsRefusedTotal.Inc()
-		log.ErrorContext(ctx, "sweep: the processor refused to refund an extra charge; the compensation stays pending",
-			slog.String("charge_id", ch.ID), slog.Int64("amount", left), slog.Any("error", err))
-		return true
+		log.ErrorContext(ctx, "sweep: the processor refused to refund an extra charge; recorded as refused, tried again later",
+			slog.String("charge_id", ch.ID), slog.Int64("amount", left), slog.Duration("retry_in", refusedRetry), slog.Any("error", err))
+		if _, err := q.CompensationRefused(ctx, dbsqlc.CompensationRefusedParams{
+			TenantID: p.TenantID, PaymentID: p.ID, ChargeID: ch.ID, FailureMessage: nonEmpty(rejected.Code + ": " + rejected.Message),
+		}); err != nil {
+			log.WarnContext(ctx, "sweep: record refused compensation; will retry", slog.Any("error", err))
+			return sweepRetry
+		}
+		return refusedRetry
 	default:
 		log.WarnContext(ctx, "sweep: refund an extra charge; will retry", slog.String("charge_id", ch.ID), slog.Any("error", err))
-		return false
+		return sweepRetry
 	}
 }
 
@@ -156,9 +173,13 @@ func (s *Service) sweepRefund(ctx context.Context, r dbsqlc.RefundsClaimSweepRow
 		log.WarnContext(ctx, "sweep: look up refunds; will retry", slog.Any("error", err))
 		return sweepRetry
 	}
+	// Only refunds that went through moved money; a failed or canceled
+	// one under the key is no duplicate.
 	var landed int64
 	for _, re := range mine {
-		landed += re.Amount
+		if re.Status == processor.StatusSucceeded {
+			landed += re.Amount
+		}
 	}
 	expected := int64(0)
 	if r.Status == RefundStatusSucceeded {

@@ -20,8 +20,8 @@ import (
 // into the inbox in the transaction that applies the event, so a
 // redelivery is skipped. The effects:
 //
-//   - charge.succeeded for a payment still at created or charge_sent
-//     confirms it: the payment succeeds with that charge and its
+//   - charge.succeeded for a payment at charge_sent (a call marked, no
+//     outcome recorded yet) confirms it: the payment succeeds with that charge and its
 //     payment.succeeded event goes to the outbox. The key is left to the
 //     attempt that holds it (or the completer): it finds the payment
 //     settled and records the response without calling the processor.
@@ -105,7 +105,14 @@ func (s *Service) chargeSucceeded(ctx context.Context, tx pgx.Tx, ch processor.C
 		return "", err
 	}
 	switch {
-	case !paymentFrom(cur).Settled():
+	case cur.Status == StatusCreated:
+		// No charge call was marked yet, so this charge cannot be the
+		// payment's (the mark commits before every call). Nothing to do:
+		// the payment's own call, or its lookup, settles it.
+		s.log.WarnContext(ctx, "webhook: a charge for a payment whose call was never marked",
+			slog.String("payment_id", cur.ID.String()), slog.String("charge_id", ch.ID))
+		return WebhookRecorded, nil
+	case cur.Status == StatusChargeSent:
 		p, err := q.PaymentFinish(ctx, dbsqlc.PaymentFinishParams{
 			TenantID: cur.TenantID, ID: cur.ID, Status: StatusSucceeded, ChargeID: &ch.ID,
 			SweepDelaySeconds: s.sweepDelay().Seconds(),

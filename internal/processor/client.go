@@ -33,12 +33,18 @@ type Client struct {
 // http://127.0.0.1:8090). timeout bounds each call, connection and
 // response body included; zero or less means DefaultTimeout.
 func NewClient(baseURL string, timeout time.Duration) *Client {
+	return NewClientWithTransport(baseURL, timeout, nil)
+}
+
+// NewClientWithTransport is NewClient with the HTTP transport given (nil:
+// http.DefaultTransport): a proxy, a fault injector, or a test's schedule.
+func NewClientWithTransport(baseURL string, timeout time.Duration, transport http.RoundTripper) *Client {
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}
 	return &Client{
 		baseURL: strings.TrimRight(baseURL, "/"),
-		http:    &http.Client{Timeout: timeout},
+		http:    &http.Client{Timeout: timeout, Transport: transport},
 	}
 }
 
@@ -179,6 +185,14 @@ func (c *Client) roundTrip(req *http.Request, op string, out any) error {
 			// Executed but unreadable; a lookup or a resend with the same
 			// key tells what it was.
 			return &UnsettledError{Class: ClassOutcomeUnknown, Op: op, Status: resp.StatusCode, Err: fmt.Errorf("decode response: %w", err)}
+		}
+		if c, ok := out.(completer); ok {
+			if err := c.complete(); err != nil {
+				// Readable but incomplete ({} or no id): as unknown as an
+				// unreadable answer. Taken as final, a success without a
+				// charge id would have the sweep refund the real charge.
+				return &UnsettledError{Class: ClassOutcomeUnknown, Op: op, Status: resp.StatusCode, Err: fmt.Errorf("incomplete response: %w", err)}
+			}
 		}
 		return nil
 	case resp.StatusCode == http.StatusPaymentRequired:

@@ -28,7 +28,7 @@ func TestClientClassifiesAnswers(t *testing.T) {
 		wantRequest    *RequestError
 		wantRetryAfter time.Duration
 	}{
-		{name: "SuccessIsFinal", handler: reply(200, `{"id":"ch_1","status":"succeeded"}`), wantClass: ClassFinal},
+		{name: "SuccessIsFinal", handler: reply(200, `{"id":"ch_1","amount":1000,"status":"succeeded"}`), wantClass: ClassFinal},
 		{
 			name:        "DeclineIsFinal",
 			handler:     reply(402, `{"error":{"type":"card_error","code":"card_declined","decline_code":"insufficient_funds","message":"Your card was declined.","charge":"ch_1"}}`),
@@ -63,6 +63,12 @@ func TestClientClassifiesAnswers(t *testing.T) {
 		{name: "ServiceUnavailableKeepsRetryAfter", handler: replyWith(503, "7", "down"), wantClass: ClassOutcomeUnknown, wantRetryAfter: 7 * time.Second},
 		{name: "RedirectIsUnknown", handler: reply(304, ""), wantClass: ClassOutcomeUnknown},
 		{name: "UnreadableSuccessIsUnknown", handler: reply(200, `{"id":`), wantClass: ClassOutcomeUnknown},
+		// A 2xx that parses but names no charge, or no outcome, tells
+		// nothing: taken as final, a success with an empty charge id would
+		// have the sweep refund the real charge.
+		{name: "EmptySuccessIsUnknown", handler: reply(200, `{}`), wantClass: ClassOutcomeUnknown},
+		{name: "SuccessWithoutIDIsUnknown", handler: reply(200, `{"amount":1000,"status":"succeeded"}`), wantClass: ClassOutcomeUnknown},
+		{name: "SuccessWithoutStatusIsUnknown", handler: reply(200, `{"id":"ch_1","amount":1000}`), wantClass: ClassOutcomeUnknown},
 		{name: "ClosedConnectionIsUnknown", handler: hangUp, wantClass: ClassOutcomeUnknown},
 	}
 	for _, tt := range tests {
@@ -129,11 +135,11 @@ func TestClientListsEveryPage(t *testing.T) {
 		mu.Unlock()
 		switch after {
 		case "":
-			reply(200, `{"object":"list","data":[{"id":"ch_1"},{"id":"ch_2"}],"has_more":true}`)(w, r)
+			reply(200, `{"object":"list","data":[{"id":"ch_1","amount":1,"status":"succeeded"},{"id":"ch_2","amount":1,"status":"failed"}],"has_more":true}`)(w, r)
 		case "ch_2":
-			reply(200, `{"object":"list","data":[{"id":"ch_3"}],"has_more":true}`)(w, r)
+			reply(200, `{"object":"list","data":[{"id":"ch_3","amount":1,"status":"failed"}],"has_more":true}`)(w, r)
 		case "ch_3":
-			reply(200, `{"object":"list","data":[{"id":"ch_4","status":"succeeded"}],"has_more":false}`)(w, r)
+			reply(200, `{"object":"list","data":[{"id":"ch_4","amount":1,"status":"succeeded"}],"has_more":false}`)(w, r)
 		default:
 			reply(400, `{"error":{"type":"invalid_request_error","message":"bad cursor"}}`)(w, r)
 		}

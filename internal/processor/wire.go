@@ -1,10 +1,22 @@
 package processor
 
+import (
+	"errors"
+	"fmt"
+)
+
 // Charge statuses. A declined card still creates a charge, with
 // StatusFailed, so the attempt stays visible in the processor's records.
 const (
 	StatusSucceeded = "succeeded"
 	StatusFailed    = "failed"
+)
+
+// Refund statuses beside StatusSucceeded and StatusFailed, as at Stripe: a
+// pending refund may still succeed or fail, a canceled one did not happen.
+const (
+	StatusPending  = "pending"
+	StatusCanceled = "canceled"
 )
 
 // ChargeRequest is the body of POST /v1/charges. Amount is in minor units
@@ -134,3 +146,46 @@ type Event struct {
 		Object Charge `json:"object"`
 	} `json:"data"`
 }
+
+// complete reports what a charge from a 2xx answer lacks for a caller to
+// act on it: an answer that parses but names no charge, or no outcome,
+// says nothing about the money (S6), and must not be taken as final.
+func (ch Charge) complete() error {
+	switch {
+	case ch.ID == "":
+		return errors.New("the charge has no id")
+	case ch.Status != StatusSucceeded && ch.Status != StatusFailed:
+		return fmt.Errorf("the charge %s has no final status (%q)", ch.ID, ch.Status)
+	case ch.Amount <= 0:
+		return fmt.Errorf("the charge %s has no amount", ch.ID)
+	}
+	return nil
+}
+
+// complete is Charge.complete for refunds.
+func (re Refund) complete() error {
+	switch {
+	case re.ID == "":
+		return errors.New("the refund has no id")
+	case re.Status != StatusSucceeded && re.Status != StatusFailed && re.Status != StatusPending && re.Status != StatusCanceled:
+		return fmt.Errorf("the refund %s has an unknown status (%q)", re.ID, re.Status)
+	case re.Amount <= 0:
+		return fmt.Errorf("the refund %s has no amount", re.ID)
+	}
+	return nil
+}
+
+// complete checks every item of a page.
+func (l List[T]) complete() error {
+	for _, item := range l.Data {
+		if c, ok := any(item).(completer); ok {
+			if err := c.complete(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// completer is a 2xx answer that can tell whether it says enough.
+type completer interface{ complete() error }

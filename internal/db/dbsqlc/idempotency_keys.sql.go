@@ -19,7 +19,7 @@ SET recovery_point = $1,
     resource_id = coalesce($2::uuid, resource_id),
     locked_until = now() + make_interval(0, 0, 0, 0, 0, 0, $3::float8)
 WHERE tenant_id = $4 AND endpoint = $5 AND idem_key = $6
-  AND state = 'in_progress' AND lease_generation = $7
+  AND state = 'in_progress' AND lease_generation = $7 AND recovery_point = $8
 `
 
 type IdemKeyAdvanceParams struct {
@@ -30,10 +30,13 @@ type IdemKeyAdvanceParams struct {
 	Endpoint      string
 	IdemKey       string
 	Generation    int64
+	FromPoint     *string
 }
 
 // Commits a recovery point, fenced by the lease generation, and renews
 // the lease for the next step.
+// Guarded like every state change: from_point is the recovery point the
+// attempt holds, so a step can only follow the one before it.
 func (q *Queries) IdemKeyAdvance(ctx context.Context, arg IdemKeyAdvanceParams) (int64, error) {
 	result, err := q.db.Exec(ctx, idemKeyAdvance,
 		arg.RecoveryPoint,
@@ -43,6 +46,7 @@ func (q *Queries) IdemKeyAdvance(ctx context.Context, arg IdemKeyAdvanceParams) 
 		arg.Endpoint,
 		arg.IdemKey,
 		arg.Generation,
+		arg.FromPoint,
 	)
 	if err != nil {
 		return 0, err
@@ -164,19 +168,27 @@ func (q *Queries) IdemKeyComplete(ctx context.Context, arg IdemKeyCompleteParams
 }
 
 const idemKeyCompleteLease = `-- name: IdemKeyCompleteLease :one
-UPDATE idempotency_keys
+UPDATE idempotency_keys k
 SET state = 'completed',
     recovery_point = 'finished',
     locked_until = NULL,
     response_status = $1,
     response_headers = $2::jsonb || jsonb_build_object('Idempotency-Expires',
-        jsonb_build_array(to_char(expires_at AT TIME ZONE 'UTC', 'Dy, DD Mon YYYY HH24:MI:SS "GMT"'))),
+        jsonb_build_array(to_char(h.expires_at AT TIME ZONE 'UTC', 'Dy, DD Mon YYYY HH24:MI:SS "GMT"'))),
     response_body = $3,
     resource_location = $4,
-    completed_at = now()
-WHERE tenant_id = $5 AND endpoint = $6 AND idem_key = $7
-  AND state = 'in_progress' AND lease_generation = $8
-RETURNING to_char(expires_at AT TIME ZONE 'UTC', 'Dy, DD Mon YYYY HH24:MI:SS "GMT"')::text AS result_expires
+    completed_at = now(),
+    expires_at = h.expires_at,
+    retain_until = h.retain_until
+FROM (
+    SELECT greatest(expires_at, now() + make_interval(secs => $10::float8)) AS expires_at,
+           greatest(retain_until, now() + make_interval(secs => $11::float8)) AS retain_until
+    FROM idempotency_keys
+    WHERE tenant_id = $5 AND endpoint = $6 AND idem_key = $7
+) h
+WHERE k.tenant_id = $5 AND k.endpoint = $6 AND k.idem_key = $7
+  AND k.state = 'in_progress' AND k.lease_generation = $8 AND k.recovery_point = $9
+RETURNING to_char(h.expires_at AT TIME ZONE 'UTC', 'Dy, DD Mon YYYY HH24:MI:SS "GMT"')::text AS result_expires
 `
 
 type IdemKeyCompleteLeaseParams struct {
@@ -188,10 +200,18 @@ type IdemKeyCompleteLeaseParams struct {
 	Endpoint         string
 	IdemKey          string
 	Generation       int64
+	FromPoint        *string
+	TtlSeconds       float64
+	RetentionSeconds float64
 }
 
 // The record step (L3) for a multi-step key, fenced like every step, and
 // stamped like IdemKeyComplete. No row: the lease was lost.
+//
+// The horizons are counted from the record, never shortened: a payment
+// that finished (the completer, after an outage) later than the TTL or the
+// retention set at its claim would otherwise be pruned and forgotten the
+// moment it completes, and the client's retry would run it again (E3).
 func (q *Queries) IdemKeyCompleteLease(ctx context.Context, arg IdemKeyCompleteLeaseParams) (string, error) {
 	row := q.db.QueryRow(ctx, idemKeyCompleteLease,
 		arg.ResponseStatus,
@@ -202,6 +222,9 @@ func (q *Queries) IdemKeyCompleteLease(ctx context.Context, arg IdemKeyCompleteL
 		arg.Endpoint,
 		arg.IdemKey,
 		arg.Generation,
+		arg.FromPoint,
+		arg.TtlSeconds,
+		arg.RetentionSeconds,
 	)
 	var result_expires string
 	err := row.Scan(&result_expires)

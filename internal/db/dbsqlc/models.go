@@ -110,6 +110,7 @@ type PaymentCompensation struct {
 	ProcessorRefundID *string
 	CreatedAt         time.Time
 	UpdatedAt         time.Time
+	FailureMessage    *string
 }
 
 type ProcessedMessage struct {
@@ -134,6 +135,12 @@ type Refund struct {
 	RefundCalls       int32
 	SweepAt           *time.Time
 	DuplicateAmount   int64
+}
+
+type StateTransition struct {
+	Machine   string
+	FromState string
+	ToState   string
 }
 
 type Tenant struct {

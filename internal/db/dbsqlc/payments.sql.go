@@ -41,10 +41,41 @@ func (q *Queries) CompensationCreate(ctx context.Context, arg CompensationCreate
 	return err
 }
 
-const compensationSucceeded = `-- name: CompensationSucceeded :exec
+const compensationRefused = `-- name: CompensationRefused :execrows
 UPDATE payment_compensations
-SET status = 'succeeded', processor_refund_id = coalesce($1, processor_refund_id), updated_at = now()
+SET status = 'refused', failure_message = $1, updated_at = now()
 WHERE tenant_id = $2 AND payment_id = $3 AND charge_id = $4
+  AND status IN ('pending', 'refused')
+`
+
+type CompensationRefusedParams struct {
+	FailureMessage *string
+	TenantID       uuid.UUID
+	PaymentID      uuid.UUID
+	ChargeID       string
+}
+
+// The processor refused the compensating refund with a final error. The
+// sweep tries again on a long backoff; a person is alerted meanwhile.
+func (q *Queries) CompensationRefused(ctx context.Context, arg CompensationRefusedParams) (int64, error) {
+	result, err := q.db.Exec(ctx, compensationRefused,
+		arg.FailureMessage,
+		arg.TenantID,
+		arg.PaymentID,
+		arg.ChargeID,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const compensationSucceeded = `-- name: CompensationSucceeded :execrows
+UPDATE payment_compensations
+SET status = 'succeeded', processor_refund_id = coalesce($1, processor_refund_id),
+    failure_message = NULL, updated_at = now()
+WHERE tenant_id = $2 AND payment_id = $3 AND charge_id = $4
+  AND status IN ('pending', 'refused')
 `
 
 type CompensationSucceededParams struct {
@@ -54,18 +85,23 @@ type CompensationSucceededParams struct {
 	ChargeID          string
 }
 
-func (q *Queries) CompensationSucceeded(ctx context.Context, arg CompensationSucceededParams) error {
-	_, err := q.db.Exec(ctx, compensationSucceeded,
+// Guarded: a pending or refused compensation succeeds; one that succeeded
+// already matches no row (a second sweep found it refunded).
+func (q *Queries) CompensationSucceeded(ctx context.Context, arg CompensationSucceededParams) (int64, error) {
+	result, err := q.db.Exec(ctx, compensationSucceeded,
 		arg.ProcessorRefundID,
 		arg.TenantID,
 		arg.PaymentID,
 		arg.ChargeID,
 	)
-	return err
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const compensationsForPayment = `-- name: CompensationsForPayment :many
-SELECT tenant_id, payment_id, charge_id, amount, reason, status, refund_key, processor_refund_id, created_at, updated_at FROM payment_compensations
+SELECT tenant_id, payment_id, charge_id, amount, reason, status, refund_key, processor_refund_id, created_at, updated_at, failure_message FROM payment_compensations
 WHERE tenant_id = $1 AND payment_id = $2
 ORDER BY created_at, charge_id
 `
@@ -95,6 +131,7 @@ func (q *Queries) CompensationsForPayment(ctx context.Context, arg Compensations
 			&i.ProcessorRefundID,
 			&i.CreatedAt,
 			&i.UpdatedAt,
+			&i.FailureMessage,
 		); err != nil {
 			return nil, err
 		}
@@ -107,7 +144,7 @@ func (q *Queries) CompensationsForPayment(ctx context.Context, arg Compensations
 }
 
 const compensationsForPayments = `-- name: CompensationsForPayments :many
-SELECT tenant_id, payment_id, charge_id, amount, reason, status, refund_key, processor_refund_id, created_at, updated_at FROM payment_compensations
+SELECT tenant_id, payment_id, charge_id, amount, reason, status, refund_key, processor_refund_id, created_at, updated_at, failure_message FROM payment_compensations
 WHERE tenant_id = $1 AND payment_id = ANY($2::uuid[])
 ORDER BY payment_id, created_at, charge_id
 `
@@ -138,6 +175,7 @@ func (q *Queries) CompensationsForPayments(ctx context.Context, arg Compensation
 			&i.ProcessorRefundID,
 			&i.CreatedAt,
 			&i.UpdatedAt,
+			&i.FailureMessage,
 		); err != nil {
 			return nil, err
 		}
@@ -168,7 +206,7 @@ func (q *Queries) PaymentAddRefunded(ctx context.Context, arg PaymentAddRefunded
 const paymentCreate = `-- name: PaymentCreate :one
 INSERT INTO payments (tenant_id, id, order_id, amount, currency, payment_method, charge_key)
 VALUES ($1, $2, $3, $4, $5, $6, $7)
-ON CONFLICT (tenant_id, order_id) WHERE status NOT IN ('declined', 'failed') DO NOTHING
+ON CONFLICT DO NOTHING
 RETURNING tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at
 `
 
@@ -182,7 +220,9 @@ type PaymentCreateParams struct {
 	ChargeKey     string
 }
 
-// The natural-key backstop (N1): at most one live payment per order.
+// Two backstops, either of which returns no row: at most one live payment
+// per order (N1), and at most one payment per derived charge key (one
+// execution of one request, whatever happened to its idempotency key).
 func (q *Queries) PaymentCreate(ctx context.Context, arg PaymentCreateParams) (Payment, error) {
 	row := q.db.QueryRow(ctx, paymentCreate,
 		arg.TenantID,
@@ -225,7 +265,7 @@ SET status = $1,
     sweep_at = CASE WHEN $5::boolean THEN now()
                     WHEN charge_calls > 1 THEN charge_sent_at + make_interval(secs => $6::float8) END,
     updated_at = now()
-WHERE tenant_id = $7 AND id = $8
+WHERE tenant_id = $7 AND id = $8 AND status = 'charge_sent'
 RETURNING tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at
 `
 
@@ -243,7 +283,9 @@ type PaymentFinishParams struct {
 // Records the final outcome. A payment whose charge was sent more than once
 // may still see a late charge land beside the recorded one: the sweep
 // looks again once the last call can no longer land. sweep_now: a double
-// charge was found already, so the sweep refunds it at once.
+// charge was found already, so the sweep refunds it at once. Guarded: only
+// a payment whose charge was sent settles, once; no row back means it was
+// settled already.
 func (q *Queries) PaymentFinish(ctx context.Context, arg PaymentFinishParams) (Payment, error) {
 	row := q.db.QueryRow(ctx, paymentFinish,
 		arg.Status,
@@ -312,11 +354,46 @@ func (q *Queries) PaymentGet(ctx context.Context, arg PaymentGetParams) (Payment
 	return i, err
 }
 
+const paymentGetByChargeKey = `-- name: PaymentGetByChargeKey :one
+SELECT tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at FROM payments WHERE tenant_id = $1 AND charge_key = $2
+`
+
+type PaymentGetByChargeKeyParams struct {
+	TenantID  uuid.UUID
+	ChargeKey string
+}
+
+func (q *Queries) PaymentGetByChargeKey(ctx context.Context, arg PaymentGetByChargeKeyParams) (Payment, error) {
+	row := q.db.QueryRow(ctx, paymentGetByChargeKey, arg.TenantID, arg.ChargeKey)
+	var i Payment
+	err := row.Scan(
+		&i.TenantID,
+		&i.ID,
+		&i.OrderID,
+		&i.Amount,
+		&i.Currency,
+		&i.PaymentMethod,
+		&i.Status,
+		&i.ChargeKey,
+		&i.ChargeID,
+		&i.DeclineCode,
+		&i.FailureMessage,
+		&i.RefundedAmount,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.ChargeSentAt,
+		&i.ChargeCalls,
+		&i.SweepAt,
+	)
+	return i, err
+}
+
 const paymentGetByChargeKeyForUpdate = `-- name: PaymentGetByChargeKeyForUpdate :one
 SELECT tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at FROM payments WHERE charge_key = $1 FOR UPDATE
 `
 
-// A processor webhook names the charge's idempotency key. The row lock
+// A processor webhook names the charge's idempotency key, unique among
+// payments (payments_charge_key_key). The row lock
 // serialises the webhook with the attempt's own record of the charge and
 // with the sweep: whoever commits first settles the payment.
 func (q *Queries) PaymentGetByChargeKeyForUpdate(ctx context.Context, chargeKey string) (Payment, error) {
@@ -526,7 +603,7 @@ func (q *Queries) PaymentList(ctx context.Context, arg PaymentListParams) ([]Pay
 const paymentMarkChargeSent = `-- name: PaymentMarkChargeSent :one
 UPDATE payments
 SET status = 'charge_sent', charge_sent_at = now(), charge_calls = charge_calls + 1, updated_at = now()
-WHERE tenant_id = $1 AND id = $2
+WHERE tenant_id = $1 AND id = $2 AND status IN ('created', 'charge_sent')
 RETURNING tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at
 `
 
@@ -536,7 +613,9 @@ type PaymentMarkChargeSentParams struct {
 }
 
 // Committed before every charge call: from here a call may be in flight,
-// and a crash cannot hide it from the attempt that resumes.
+// and a crash cannot hide it from the attempt that resumes. Guarded: only
+// an unsettled payment is marked. No row back: a webhook settled it
+// meanwhile, and nothing may be sent (a mark would move it backwards).
 func (q *Queries) PaymentMarkChargeSent(ctx context.Context, arg PaymentMarkChargeSentParams) (Payment, error) {
 	row := q.db.QueryRow(ctx, paymentMarkChargeSent, arg.TenantID, arg.ID)
 	var i Payment
@@ -613,7 +692,7 @@ func (q *Queries) PaymentSweepNow(ctx context.Context, arg PaymentSweepNowParams
 const paymentUnmarkChargeSent = `-- name: PaymentUnmarkChargeSent :exec
 UPDATE payments
 SET charge_sent_at = $1, charge_calls = charge_calls - 1, updated_at = now()
-WHERE tenant_id = $2 AND id = $3
+WHERE tenant_id = $2 AND id = $3 AND status = 'charge_sent'
 `
 
 type PaymentUnmarkChargeSentParams struct {
@@ -624,6 +703,8 @@ type PaymentUnmarkChargeSentParams struct {
 
 // The processor said the call did not execute (429, connection refused):
 // it cannot land, so the settle window goes back to the call before it.
+// Guarded: a payment settled meanwhile keeps its count of calls, which
+// decides whether the sweep looks again.
 func (q *Queries) PaymentUnmarkChargeSent(ctx context.Context, arg PaymentUnmarkChargeSentParams) error {
 	_, err := q.db.Exec(ctx, paymentUnmarkChargeSent, arg.PreviousSentAt, arg.TenantID, arg.ID)
 	return err

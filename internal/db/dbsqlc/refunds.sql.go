@@ -26,6 +26,8 @@ type RefundCreateParams struct {
 	RefundKey string
 }
 
+// refunds_refund_key_key allows one refund per derived refund key: a
+// second insert under it is a second execution of one request, and fails.
 func (q *Queries) RefundCreate(ctx context.Context, arg RefundCreateParams) (Refund, error) {
 	row := q.db.QueryRow(ctx, refundCreate,
 		arg.TenantID,
@@ -63,7 +65,7 @@ SET status = $1,
                     WHEN refund_calls > 1
                     THEN refund_sent_at + make_interval(secs => $5::float8) END,
     updated_at = now()
-WHERE tenant_id = $6 AND id = $7
+WHERE tenant_id = $6 AND id = $7 AND status = 'refund_sent'
 RETURNING tenant_id, id, payment_id, amount, status, refund_key, processor_refund_id, failure_message, created_at, updated_at, refund_sent_at, refund_calls, sweep_at, duplicate_amount
 `
 
@@ -78,7 +80,7 @@ type RefundFinishParams struct {
 }
 
 // As PaymentFinish: a refund sent more than once gets a sweep, at once
-// when a double refund was found already.
+// when a double refund was found already. Guarded: a refund settles once.
 func (q *Queries) RefundFinish(ctx context.Context, arg RefundFinishParams) (Refund, error) {
 	row := q.db.QueryRow(ctx, refundFinish,
 		arg.Status,
@@ -201,7 +203,7 @@ func (q *Queries) RefundGetUnsettled(ctx context.Context, arg RefundGetUnsettled
 const refundMarkSent = `-- name: RefundMarkSent :one
 UPDATE refunds
 SET status = 'refund_sent', refund_sent_at = now(), refund_calls = refund_calls + 1, updated_at = now()
-WHERE tenant_id = $1 AND id = $2
+WHERE tenant_id = $1 AND id = $2 AND status IN ('created', 'refund_sent')
 RETURNING tenant_id, id, payment_id, amount, status, refund_key, processor_refund_id, failure_message, created_at, updated_at, refund_sent_at, refund_calls, sweep_at, duplicate_amount
 `
 
@@ -210,7 +212,8 @@ type RefundMarkSentParams struct {
 	ID       uuid.UUID
 }
 
-// As PaymentMarkChargeSent: committed before every refund call.
+// As PaymentMarkChargeSent: committed before every refund call, and
+// guarded the same way: no row back means the refund is settled.
 func (q *Queries) RefundMarkSent(ctx context.Context, arg RefundMarkSentParams) (Refund, error) {
 	row := q.db.QueryRow(ctx, refundMarkSent, arg.TenantID, arg.ID)
 	var i Refund
@@ -287,7 +290,7 @@ func (q *Queries) RefundSweepDone(ctx context.Context, arg RefundSweepDoneParams
 const refundUnmarkSent = `-- name: RefundUnmarkSent :exec
 UPDATE refunds
 SET refund_sent_at = $1, refund_calls = refund_calls - 1, updated_at = now()
-WHERE tenant_id = $2 AND id = $3
+WHERE tenant_id = $2 AND id = $3 AND status = 'refund_sent'
 `
 
 type RefundUnmarkSentParams struct {
