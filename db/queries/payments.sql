@@ -39,7 +39,7 @@ SET status = 'charge_sent', charge_sent_at = now(), charge_calls = charge_calls 
 WHERE tenant_id = @tenant_id AND id = @id AND status IN ('created', 'charge_sent')
 RETURNING *;
 
--- name: PaymentUnmarkChargeSent :exec
+-- name: PaymentUnmarkChargeSent :execrows
 -- The processor said the call did not execute (429, connection refused):
 -- it cannot land, so the settle window goes back to the call before it.
 -- Guarded: a payment settled meanwhile keeps its count of calls, which

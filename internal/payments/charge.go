@@ -97,7 +97,12 @@ func (s *Service) charge(ctx context.Context, l *idem.Lease, marked *dbsqlc.Paym
 		},
 		unmark: func(ctx context.Context, previous *time.Time) error {
 			return s.stayAt(ctx, l, func(ctx context.Context, tx pgx.Tx) error {
-				return dbsqlc.New(tx).PaymentUnmarkChargeSent(ctx, dbsqlc.PaymentUnmarkChargeSentParams{TenantID: l.TenantID, ID: l.ResourceID, PreviousSentAt: previous})
+				n, err := dbsqlc.New(tx).PaymentUnmarkChargeSent(ctx, dbsqlc.PaymentUnmarkChargeSentParams{TenantID: l.TenantID, ID: l.ResourceID, PreviousSentAt: previous})
+				if err == nil && n == 0 {
+					// Settled meanwhile: its count of calls stays as it is.
+					staleWritesTotal.WithLabelValues("unmark_charge_sent").Inc()
+				}
+				return err
 			})
 		},
 		send: func(ctx context.Context) (chargeOutcome, error) {
@@ -121,6 +126,7 @@ func (s *Service) charge(ctx context.Context, l *idem.Lease, marked *dbsqlc.Paym
 	if errors.Is(err, errSettledMeanwhile) {
 		// Nothing was sent; recordCharge finds the payment settled and
 		// records it as it is (recordSettled).
+		staleWritesTotal.WithLabelValues("mark_charge_sent").Inc()
 		s.log.InfoContext(ctx, "payment settled before its resend; nothing sent", slog.String("payment_id", p.ID.String()))
 		return chargeOutcome{}, nil
 	}

@@ -23,7 +23,7 @@ var (
 	}, []string{"kind", "result"})
 	compensationsRefusedTotal = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "payments_compensations_refused_total",
-		Help: "Refunds of an extra charge the processor refused for good: the compensation stays pending until a person looks.",
+		Help: "Refunds of an extra charge the processor refused with a final error: the compensation is recorded refused and tried again hourly; a person should look.",
 	})
 )
 

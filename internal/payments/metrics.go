@@ -13,6 +13,13 @@ var (
 		Name: "payments_compensations_total",
 		Help: "Extra charges the reconciliation sweep refunded, by reason (duplicate_charge, charge_after_failure).",
 	}, []string{"reason"})
+	// staleWritesTotal counts guarded writes that matched no row because
+	// another writer had moved the record on first: handled on purpose
+	// (nothing done), counted so the races are visible.
+	staleWritesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "payments_stale_writes_total",
+		Help: "Guarded state changes that found the record already moved on by another writer and did nothing, by write (mark_charge_sent, unmark_charge_sent, compensation_succeeded, webhook_unmarked_payment).",
+	}, []string{"write"})
 	duplicateRefundsTotal = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "payments_duplicate_refunds_total",
 		Help: "Refunds the sweep found executed more than once at the processor. Money sent back twice cannot be pulled back: alert on any increase.",
@@ -20,5 +27,5 @@ var (
 )
 
 func init() {
-	prometheus.MustRegister(webhookEventsTotal, compensationsTotal, duplicateRefundsTotal)
+	prometheus.MustRegister(webhookEventsTotal, compensationsTotal, staleWritesTotal, duplicateRefundsTotal)
 }

@@ -119,12 +119,16 @@ func (s *Service) compensate(ctx context.Context, log *slog.Logger, p dbsqlc.Pay
 		return sweepRetry
 	}
 	succeeded := func(refundID *string) time.Duration {
-		// No row: it succeeded already (an earlier sweep recorded it).
-		if _, err := q.CompensationSucceeded(ctx, dbsqlc.CompensationSucceededParams{
+		n, err := q.CompensationSucceeded(ctx, dbsqlc.CompensationSucceededParams{
 			TenantID: p.TenantID, PaymentID: p.ID, ChargeID: ch.ID, ProcessorRefundID: refundID,
-		}); err != nil {
+		})
+		if err != nil {
 			log.WarnContext(ctx, "sweep: record compensation refund; will retry", slog.Any("error", err))
 			return sweepRetry
+		}
+		if n == 0 {
+			// It succeeded already: an earlier sweep recorded it.
+			staleWritesTotal.WithLabelValues("compensation_succeeded").Inc()
 		}
 		return 0
 	}

@@ -689,7 +689,7 @@ func (q *Queries) PaymentSweepNow(ctx context.Context, arg PaymentSweepNowParams
 	return err
 }
 
-const paymentUnmarkChargeSent = `-- name: PaymentUnmarkChargeSent :exec
+const paymentUnmarkChargeSent = `-- name: PaymentUnmarkChargeSent :execrows
 UPDATE payments
 SET charge_sent_at = $1, charge_calls = charge_calls - 1, updated_at = now()
 WHERE tenant_id = $2 AND id = $3 AND status = 'charge_sent'
@@ -705,9 +705,12 @@ type PaymentUnmarkChargeSentParams struct {
 // it cannot land, so the settle window goes back to the call before it.
 // Guarded: a payment settled meanwhile keeps its count of calls, which
 // decides whether the sweep looks again.
-func (q *Queries) PaymentUnmarkChargeSent(ctx context.Context, arg PaymentUnmarkChargeSentParams) error {
-	_, err := q.db.Exec(ctx, paymentUnmarkChargeSent, arg.PreviousSentAt, arg.TenantID, arg.ID)
-	return err
+func (q *Queries) PaymentUnmarkChargeSent(ctx context.Context, arg PaymentUnmarkChargeSentParams) (int64, error) {
+	result, err := q.db.Exec(ctx, paymentUnmarkChargeSent, arg.PreviousSentAt, arg.TenantID, arg.ID)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const paymentsClaimSweep = `-- name: PaymentsClaimSweep :many
