@@ -305,7 +305,7 @@ type CreateOrderRequest struct {
 	// Currency An active ISO 4217 currency code. A well-formed but unknown or withdrawn code is `400 validation_failed`.
 	Currency string `json:"currency"`
 
-	// CustomerId The client's identifier of the paying customer.
+	// CustomerId The client's identifier of the paying customer. Not whitespace only; no control or bidirectional formatting characters (`400 validation_failed`).
 	CustomerId string `json:"customer_id"`
 
 	// Description Optional free text. `null` is the same as omitting it, and both are the same as `""`.
@@ -435,7 +435,7 @@ type Order struct {
 	// Metadata Free-form string labels. At most 50 keys; keys 1–40 characters; values at most 500 characters.
 	Metadata Metadata `json:"metadata"`
 
-	// Reference The client's natural key for the order, unique per tenant.
+	// Reference The client's natural key for the order, unique per tenant. Not whitespace only; no control or bidirectional formatting characters (`400 validation_failed`).
 	Reference string `json:"reference"`
 
 	// Status Follows the order's payment and refund events, applied by the

@@ -46,17 +46,19 @@ const (
 // Validate checks in and returns a *validation.Error, or nil.
 func Validate(in Input) error {
 	var v validation.Errors
-	switch n := utf8.RuneCountInString(in.Name); {
-	case n == 0:
-		v.Add("name", "is required")
-	case n > maxNameLength:
-		v.Add("name", fmt.Sprintf("must be at most %d characters", maxNameLength))
+	if v.Required("name", in.Name) {
+		if utf8.RuneCountInString(in.Name) > maxNameLength {
+			v.Add("name", fmt.Sprintf("must be at most %d characters", maxNameLength))
+		}
+		v.Text("name", in.Name, false)
 	}
 	at := strings.LastIndexByte(in.Email, '@')
+	var email validation.Errors
+	email.Text("email", in.Email, false)
 	switch {
 	case len(in.Email) > maxEmailLength:
 		v.Add("email", fmt.Sprintf("must be at most %d bytes", maxEmailLength))
-	case at < 1 || at == len(in.Email)-1 || strings.ContainsAny(in.Email, " \t\r\n"):
+	case at < 1 || at == len(in.Email)-1 || strings.ContainsAny(in.Email, " \t\r\n") || len(email) > 0:
 		v.Add("email", "must be an address such as ada@example.com")
 	}
 	return v.Err()

@@ -39,10 +39,10 @@ func toCustomerJSON(c customers.Customer) customerJSON {
 // row is the record. A retry finds the row it created and writes the same
 // state again: 200 instead of 201, same body.
 func (a *api) putCustomer(w http.ResponseWriter, r *http.Request) {
-	id, err := uuid.Parse(chi.URLParam(r, "id"))
-	if err != nil {
+	id, ok := canonicalUUID(chi.URLParam(r, "id"))
+	if !ok {
 		// The client chose this id: a malformed one is its request's fault.
-		writeError(w, r, &validation.Error{Fields: []validation.FieldError{{Field: "id", Message: "must be a UUID"}}})
+		writeError(w, r, &validation.Error{Fields: []validation.FieldError{{Field: "id", Message: "must be a UUID in its canonical form, such as 01890a5d-ac96-774b-bcce-b302099a8057"}}})
 		return
 	}
 	var req putCustomerRequest
@@ -68,8 +68,8 @@ func (a *api) putCustomer(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api) getCustomer(w http.ResponseWriter, r *http.Request) {
-	id, err := uuid.Parse(chi.URLParam(r, "id"))
-	if err != nil {
+	id, ok := canonicalUUID(chi.URLParam(r, "id"))
+	if !ok {
 		writeError(w, r, customers.ErrNotFound)
 		return
 	}
@@ -79,4 +79,13 @@ func (a *api) getCustomer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, toCustomerJSON(c))
+}
+
+// canonicalUUID parses s only in the canonical 8-4-4-4-12 form (either
+// case), the one the contract names. uuid.Parse also takes {...},
+// urn:uuid:... and the form without dashes: one id spelt four ways would
+// be four ways to name one customer in logs, URLs and the Location.
+func canonicalUUID(s string) (uuid.UUID, bool) {
+	id, err := uuid.Parse(s)
+	return id, err == nil && len(s) == 36
 }

@@ -241,6 +241,14 @@ func TestHostileRequests(t *testing.T) {
 		// --- POST /v1/orders: semantic failures are recorded (O1): the key row only ---
 		{name: "CreateOrder/AmountNegative", method: post, path: orders, body: newOrder().set("amount", "-5").String(), status: 400, code: invalid, writes: writesKey},
 		{name: "CreateOrder/AmountZero", method: post, path: orders, key: []string{"hostile-zero"}, body: zeroAmount, status: 400, code: invalid, writes: writesKey},
+		{name: "CreateOrder/AmountAtTheCeilingAccepted", method: post, path: orders, body: newOrder().set("amount", "99999999").String(), status: 201, writes: writesOrder},
+		{name: "CreateOrder/AmountOverTheCeiling", method: post, path: orders, body: newOrder().set("amount", "100000000").String(), status: 400, code: invalid, writes: writesKey},
+		{name: "CreateOrder/AmountInt64Max", method: post, path: orders, body: newOrder().set("amount", "9223372036854775807").String(), status: 400, code: invalid, writes: writesKey},
+		{name: "CreateOrder/ReferenceWhitespaceOnly", method: post, path: orders, body: newOrder().set("reference", `" \t "`).String(), status: 400, code: invalid, writes: writesKey},
+		{name: "CreateOrder/ReferenceWithBell", method: post, path: orders, body: newOrder().set("reference", `"ord\u0007"`).String(), status: 400, code: invalid, writes: writesKey},
+		{name: "CreateOrder/ReferenceWithEscape", method: post, path: orders, body: newOrder().set("reference", `"ord\u001b[2J"`).String(), status: 400, code: invalid, writes: writesKey},
+		{name: "CreateOrder/ReferenceWithLineBreak", method: post, path: orders, body: newOrder().set("reference", `"ord\r\nx"`).String(), status: 400, code: invalid, writes: writesKey},
+		{name: "CreateOrder/CustomerIDWithRightToLeftOverride", method: post, path: orders, body: newOrder().set("customer_id", `"cus_\u202egnp"`).String(), status: 400, code: invalid, writes: writesKey},
 		{name: "CreateOrder/AmountZeroReplayed", method: post, path: orders, key: []string{"hostile-zero"}, body: zeroAmount, status: 400, code: invalid, replay: true},
 		{name: "CreateOrder/CurrencyLowercase", method: post, path: orders, body: newOrder().set("currency", `"eur"`).String(), status: 400, code: invalid, writes: writesKey},
 		{name: "CreateOrder/CurrencyUnknown", method: post, path: orders, body: newOrder().set("currency", `"XXZ"`).String(), status: 400, code: invalid, writes: writesKey},
@@ -267,6 +275,7 @@ func TestHostileRequests(t *testing.T) {
 		{name: "Pay/LoneSurrogateInCurrency", method: post, path: payments, body: pay().set("currency", `"EU\ud800"`).String(), status: 400, code: badJSON},
 		{name: "Pay/PaymentMethodWithoutPrefix", method: post, path: payments, body: pay().set("payment_method", `"card_visa"`).String(), status: 400, code: invalid, writes: writesKey},
 		{name: "Pay/AmountZero", method: post, path: payments, body: pay().set("amount", "0").String(), status: 400, code: invalid, writes: writesKey},
+		{name: "Pay/AmountInt64Max", method: post, path: payments, body: pay().set("amount", "9223372036854775807").String(), status: 400, code: invalid, writes: writesKey},
 		{name: "Pay/CurrencyLowercase", method: post, path: payments, body: pay().set("currency", `"eur"`).String(), status: 400, code: invalid, writes: writesKey},
 		{name: "Pay/CharsetUTF8Accepted", method: post, path: payments, opts: []reqOption{ct("application/json; charset=utf-8")}, body: paymentOf(toPay.ID).String(), status: 201, writes: writesPayment},
 
@@ -287,6 +296,7 @@ func TestHostileRequests(t *testing.T) {
 		{name: "Refund/MalformedPaymentID", method: post, path: "/v1/payments/not-a-uuid/refunds", body: refundOf100, status: 404, code: notFound},
 		{name: "Refund/AmountZero", method: post, path: refunds, body: `{"amount":0}`, status: 400, code: invalid, writes: writesKey},
 		{name: "Refund/AmountNegative", method: post, path: refunds, body: `{"amount":-100}`, status: 400, code: invalid, writes: writesKey},
+		{name: "Refund/AmountInt64Max", method: post, path: refunds, body: `{"amount":9223372036854775807}`, status: 400, code: invalid, writes: writesKey},
 		{name: "Refund/OtherTenantsPayment", method: post, path: "/v1/payments/" + otherPaid.ID + "/refunds", body: refundOf100, status: 404, code: notFound, writes: writesKey},
 		{name: "Refund/SFStringKeyAccepted", method: post, path: refunds, key: []string{`"hostile-refund-1"`}, body: refundOf100, status: 201, writes: writesRefund},
 
@@ -298,6 +308,9 @@ func TestHostileRequests(t *testing.T) {
 		{name: "ListOrders/LimitNegative", method: get, path: orders + "?limit=-1", status: 400, code: badQuery},
 		{name: "ListOrders/LimitHuge", method: get, path: orders + "?limit=99999999999999999999", status: 400, code: badQuery},
 		{name: "ListOrders/CursorGarbage", method: get, path: orders + "?cursor=garbage", status: 400, code: badQuery},
+		{name: "ListOrders/LimitBrokenEscape", method: get, path: orders + "?limit=%zz", status: 400, code: badQuery},
+		{name: "ListOrders/BrokenEscapeElsewhere", method: get, path: orders + "?limit=5&x=%2", status: 400, code: badQuery},
+		{name: "ListPayments/LimitBrokenEscape", method: get, path: payments + "?limit=%zz", status: 400, code: badQuery},
 		{name: "ListOrders/CursorNotBase64", method: get, path: orders + "?cursor=%25%25%25", status: 400, code: badQuery},
 		{name: "ListOrders/NoAuthorization", method: get, path: orders, auth: noHeader, status: 401, code: unauth},
 		{name: "ListOrders/BearerWithNothingAfter", method: get, path: orders, auth: []string{"Bearer "}, status: 401, code: unauth},
@@ -317,6 +330,13 @@ func TestHostileRequests(t *testing.T) {
 		{name: "GetPayment/MalformedUUID", method: get, path: payments + "/not-a-uuid", status: 404, code: notFound},
 		{name: "GetPayment/OtherTenantsPayment", method: get, path: payments + "/" + otherPaid.ID, status: 404, code: notFound},
 		{name: "GetPayment/WrongAPIKey", method: get, path: payments + "/" + paid.ID, auth: []string{bearer(wrongKey)}, status: 401, code: unauth},
+
+		// --- PUT /v1/customers/{id}: the id in its canonical form only ---
+		{name: "PutCustomer/BracedUUID", method: http.MethodPut, path: "/v1/customers/{" + uuid.NewString() + "}", body: `{"name":"Ada","email":"ada@example.com"}`, status: 400, code: invalid},
+		{name: "PutCustomer/URNUUID", method: http.MethodPut, path: "/v1/customers/urn:uuid:" + uuid.NewString(), body: `{"name":"Ada","email":"ada@example.com"}`, status: 400, code: invalid},
+		{name: "PutCustomer/UUIDWithoutDashes", method: http.MethodPut, path: "/v1/customers/" + strings.ReplaceAll(uuid.NewString(), "-", ""), body: `{"name":"Ada","email":"ada@example.com"}`, status: 400, code: invalid},
+		{name: "PutCustomer/NameWithEscape", method: http.MethodPut, path: "/v1/customers/" + uuid.NewString(), body: `{"name":"Ada\u001b[31m","email":"ada@example.com"}`, status: 400, code: invalid},
+		{name: "PutCustomer/CanonicalUppercaseAccepted", method: http.MethodPut, path: "/v1/customers/" + strings.ToUpper(uuid.NewString()), body: `{"name":"Ada","email":"ada@example.com"}`, status: 201, writes: map[string]int{"customers": 1}},
 
 		// --- Routes and methods ---
 		{name: "Route/Unknown", method: get, path: "/nope", status: 404, code: notFound},

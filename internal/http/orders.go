@@ -3,6 +3,7 @@ package httpapi
 import (
 	"context"
 	"net/http"
+	"net/url"
 	"strconv"
 	"time"
 
@@ -100,8 +101,14 @@ const (
 	maxPageSize     = 100
 )
 
-// pageSize reads ?limit= of a list: defaultPageSize when absent.
+// pageSize reads ?limit= of a list: defaultPageSize when absent. Every
+// list reads its query through it first, so a query string that does not
+// parse (?limit=%zz) is a 400, never silently dropped: url.Query ignores
+// the pairs it cannot decode, and the list would answer a default page.
 func pageSize(r *http.Request) (int, error) {
+	if _, err := url.ParseQuery(r.URL.RawQuery); err != nil {
+		return 0, errMalformedQuery
+	}
 	s := r.URL.Query().Get("limit")
 	if s == "" {
 		return defaultPageSize, nil

@@ -207,7 +207,7 @@ func problemFor(err error) Problem {
 	case errors.Is(err, errMethodNotAllowed):
 		return newProblem(http.StatusMethodNotAllowed, CodeMethodNotAllowed, "Method not allowed", "")
 	case errors.Is(err, cursor.ErrInvalid), errors.Is(err, errInvalidLimit), errors.Is(err, errEndpointParam),
-		errors.Is(err, errInvalidOrderFilter):
+		errors.Is(err, errInvalidOrderFilter), errors.Is(err, errMalformedQuery):
 		return newProblem(http.StatusBadRequest, CodeInvalidQuery, "Invalid query parameter", err.Error())
 	case errors.Is(err, errNotReady):
 		p := newProblem(http.StatusServiceUnavailable, CodeUnavailable, "Service unavailable",
@@ -228,6 +228,8 @@ var (
 	errRouteNotFound    = errors.New("no such route")
 	errMethodNotAllowed = errors.New("method not allowed")
 	errInvalidLimit     = errors.New("limit must be an integer from 1 to 100")
+	// errMalformedQuery: a query string with a broken percent-encoding.
+	errMalformedQuery = errors.New("the query string is not valid percent-encoding")
 	// errInvalidOrderFilter: GET /v1/payments?order_id= that is not an
 	// order id in canonical form.
 	errInvalidOrderFilter = errors.New("order_id must be an order id (a lowercase UUID)")

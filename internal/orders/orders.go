@@ -88,12 +88,13 @@ const (
 func Validate(in CreateInput) error {
 	var v validation.Errors
 	checkID := func(field, value string) {
-		switch n := utf8.RuneCountInString(value); {
-		case n == 0:
-			v.Add(field, "is required")
-		case n > maxIDLength:
+		if !v.Required(field, value) {
+			return
+		}
+		if utf8.RuneCountInString(value) > maxIDLength {
 			v.Add(field, fmt.Sprintf("must be at most %d characters", maxIDLength))
 		}
+		v.Text(field, value, false)
 	}
 	checkID("reference", in.Reference)
 	checkID("customer_id", in.CustomerID)
@@ -108,6 +109,7 @@ func validateDetails(v *validation.Errors, description string, metadata map[stri
 	if utf8.RuneCountInString(description) > maxDescriptionLength {
 		v.Add("description", fmt.Sprintf("must be at most %d characters", maxDescriptionLength))
 	}
+	v.Text("description", description, true)
 	if len(metadata) > maxMetadataKeys {
 		v.Add("metadata", fmt.Sprintf("must have at most %d keys", maxMetadataKeys))
 	}
@@ -115,6 +117,7 @@ func validateDetails(v *validation.Errors, description string, metadata map[stri
 	// first: stopping at the first bad entry would let map iteration order
 	// decide which problems the client hears about.
 	var badKey, badValue bool
+	var text validation.Errors
 	for key, value := range metadata {
 		if n := utf8.RuneCountInString(key); n == 0 || n > maxMetadataKeyLength {
 			badKey = true
@@ -122,12 +125,17 @@ func validateDetails(v *validation.Errors, description string, metadata map[stri
 		if utf8.RuneCountInString(value) > maxMetadataValLength {
 			badValue = true
 		}
+		text.Text("metadata", key, false)
+		text.Text("metadata", value, true)
 	}
 	if badKey {
 		v.Add("metadata", fmt.Sprintf("keys must be 1 to %d characters", maxMetadataKeyLength))
 	}
 	if badValue {
 		v.Add("metadata", fmt.Sprintf("values must be at most %d characters", maxMetadataValLength))
+	}
+	if len(text) > 0 {
+		*v = append(*v, text[0])
 	}
 }
 

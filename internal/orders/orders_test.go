@@ -60,12 +60,13 @@ func validInput() orders.CreateInput {
 const (
 	msgRequired     = "is required"
 	msgIDTooLong    = "must be at most 128 characters"
-	msgAmount       = "must be a positive integer amount in minor units"
+	msgAmount       = "must be a positive integer amount in minor units, at most 99999999"
 	msgCurrency     = "must be an ISO 4217 currency code in upper case, such as EUR"
 	msgDescription  = "must be at most 1000 characters"
 	msgTooManyKeys  = "must have at most 50 keys"
 	msgKeyLength    = "keys must be 1 to 40 characters"
 	msgValueTooLong = "values must be at most 500 characters"
+	msgControl      = "must not contain control or bidirectional formatting characters"
 )
 
 func TestValidate(t *testing.T) {
@@ -107,6 +108,59 @@ func TestValidate(t *testing.T) {
 			name:   "CustomerIDOver128Characters",
 			modify: func(in *orders.CreateInput) { in.CustomerID = runes(129) },
 			want:   []validation.FieldError{{Field: "customer_id", Message: msgIDTooLong}},
+		},
+		// R7: text that misleads whoever reads it later is refused.
+		{
+			name:   "ReferenceWhitespaceOnly",
+			modify: func(in *orders.CreateInput) { in.Reference = " \t " },
+			want:   []validation.FieldError{{Field: "reference", Message: msgRequired}},
+		},
+		{
+			name:   "ReferenceWithBell",
+			modify: func(in *orders.CreateInput) { in.Reference = "ord\a-1" },
+			want:   []validation.FieldError{{Field: "reference", Message: msgControl}},
+		},
+		{
+			name:   "ReferenceWithEscape",
+			modify: func(in *orders.CreateInput) { in.Reference = "ord\x1b[31m-1" },
+			want:   []validation.FieldError{{Field: "reference", Message: msgControl}},
+		},
+		{
+			name:   "ReferenceWithLineBreak",
+			modify: func(in *orders.CreateInput) { in.Reference = "ord-1\r\nX-Forged: yes" },
+			want:   []validation.FieldError{{Field: "reference", Message: msgControl}},
+		},
+		{
+			name:   "CustomerIDWithRightToLeftOverride",
+			modify: func(in *orders.CreateInput) { in.CustomerID = "cus_\u202egnp.exe" },
+			want:   []validation.FieldError{{Field: "customer_id", Message: msgControl}},
+		},
+		{
+			name:   "CustomerIDWithC1Control",
+			modify: func(in *orders.CreateInput) { in.CustomerID = "cus_\u0085" },
+			want:   []validation.FieldError{{Field: "customer_id", Message: msgControl}},
+		},
+		{name: "DescriptionWithLineBreaks", modify: func(in *orders.CreateInput) { in.Description = "two\nlines\tand a tab" }},
+		{
+			name:   "DescriptionWithIsolate",
+			modify: func(in *orders.CreateInput) { in.Description = "a \u2067b\u2069" },
+			want:   []validation.FieldError{{Field: "description", Message: msgControl}},
+		},
+		{
+			name:   "MetadataValueWithNUL",
+			modify: func(in *orders.CreateInput) { in.Metadata = map[string]string{"k": "v\x00"} },
+			want:   []validation.FieldError{{Field: "metadata", Message: msgControl}},
+		},
+		{name: "AmountAtTheCeiling", modify: func(in *orders.CreateInput) { in.Amount = 99_999_999 }},
+		{
+			name:   "AmountOverTheCeiling",
+			modify: func(in *orders.CreateInput) { in.Amount = 100_000_000 },
+			want:   []validation.FieldError{{Field: "amount", Message: msgAmount}},
+		},
+		{
+			name:   "AmountAtInt64Max",
+			modify: func(in *orders.CreateInput) { in.Amount = 1<<63 - 1 },
+			want:   []validation.FieldError{{Field: "amount", Message: msgAmount}},
 		},
 		{
 			name:   "ZeroAmount",

@@ -90,9 +90,8 @@ func existingPayment(ctx context.Context, q *dbsqlc.Queries, c idem.Claim, order
 // createRefund is the refund's first transaction: checks against the
 // payment and the refunds so far, under the payment's row lock.
 func createRefund(ctx context.Context, tx pgx.Tx, c idem.Claim, paymentID uuid.UUID, amount int64) (dbsqlc.Refund, error) {
-	if amount <= 0 {
-		var v validation.Errors
-		v.Add("amount", "must be a positive integer amount in minor units")
+	var v validation.Errors
+	if v.Amount("amount", amount); len(v) > 0 {
 		return dbsqlc.Refund{}, v.Err()
 	}
 	q := dbsqlc.New(tx)

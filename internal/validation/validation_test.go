@@ -44,7 +44,7 @@ func TestErrors(t *testing.T) {
 func TestMoney(t *testing.T) {
 	t.Parallel()
 	const (
-		amountMessage   = "must be a positive integer amount in minor units"
+		amountMessage   = "must be a positive integer amount in minor units, at most 99999999"
 		currencyMessage = "must be an ISO 4217 currency code in upper case, such as EUR"
 	)
 	tests := []struct {
@@ -54,7 +54,9 @@ func TestMoney(t *testing.T) {
 		want     []validation.FieldError
 	}{
 		{name: "ValidAmountAndCurrency", amount: 1, currency: "EUR"},
-		{name: "LargeAmount", amount: 1<<63 - 1, currency: "JPY"},
+		{name: "AmountAtTheCeiling", amount: validation.MaxAmount, currency: "JPY"},
+		{name: "AmountOverTheCeiling", amount: validation.MaxAmount + 1, currency: "JPY", want: []validation.FieldError{{Field: "amount", Message: amountMessage}}},
+		{name: "AmountAtInt64Max", amount: 1<<63 - 1, currency: "JPY", want: []validation.FieldError{{Field: "amount", Message: amountMessage}}},
 		{name: "ZeroAmount", amount: 0, currency: "EUR", want: []validation.FieldError{{Field: "amount", Message: amountMessage}}},
 		{name: "NegativeAmount", amount: -100, currency: "EUR", want: []validation.FieldError{{Field: "amount", Message: amountMessage}}},
 		{name: "UnknownCurrency", amount: 100, currency: "XXZ", want: []validation.FieldError{{Field: "currency", Message: currencyMessage}}},
