@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -289,7 +290,13 @@ func TestConditionalOrderUpdate(t *testing.T) {
 		o := e.newOrder(t, e.a, "inv-patch-4")
 		etag := e.get(t, e.a.Key, "/v1/orders/"+o.ID).header.Get("ETag")
 		wantProblem(t, patch(t, o.ID, "", `{"description":"x"}`), http.StatusPreconditionRequired, httpapi.CodePreconditionRequired)
-		wantProblem(t, patch(t, o.ID, "W/"+etag, `{"description":"x"}`), http.StatusPreconditionFailed, httpapi.CodePreconditionFailed)
+		// A weak tag never matches (strong comparison), even the current
+		// ETag marked weak, and the answer says so rather than claiming
+		// the order changed.
+		weak := wantProblem(t, patch(t, o.ID, "W/"+etag, `{"description":"x"}`), http.StatusPreconditionFailed, httpapi.CodePreconditionFailed)
+		if !strings.Contains(weak.Detail, "weak tag") || strings.Contains(weak.Detail, "changed") {
+			t.Errorf("412 detail for a weak tag = %q, want it to say that weak tags cannot match", weak.Detail)
+		}
 		if d := description(t, o.ID); d != "" {
 			t.Errorf("description = %q, want unchanged", d)
 		}

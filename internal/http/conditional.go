@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/go-chi/chi/v5"
@@ -25,6 +26,10 @@ import (
 var (
 	errPreconditionRequired = errors.New("send If-Match with the ETag of the order as last read (GET /v1/orders/{id})")
 	errPreconditionFailed   = errors.New("the order changed since the ETag in If-Match was read")
+	// errWeakTag: If-Match held only weak tags besides non-matching ones.
+	// If-Match compares strongly (RFC 9110 section 13.1.1), so a weak tag
+	// never matches, whether the order changed or not.
+	errWeakTag = errors.New(`If-Match compares strongly, so a weak tag (W/"...") never matches: send the ETag exactly as GET /v1/orders/{id} returned it`)
 )
 
 // updateOrderRequest is the body of PATCH /v1/orders/{id}. An absent (or
@@ -101,6 +106,9 @@ func (a *api) updateOrder(w http.ResponseWriter, r *http.Request) {
 			// Compared under the row lock: the state checked is the state
 			// replaced.
 			if !matches(tags, orderETag(current)) {
+				if slices.ContainsFunc(tags, func(t string) bool { return strings.HasPrefix(t, "W/") }) {
+					return errWeakTag
+				}
 				return errPreconditionFailed
 			}
 			return nil

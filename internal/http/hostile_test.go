@@ -46,6 +46,9 @@ type hostileCase struct {
 	// writes is the number of rows each table gains; nil: nothing at all.
 	writes map[string]int
 	replay bool // the answer is a replay (Idempotent-Replayed: true)
+	// wrongToken: a well-formed bearer key that is not one (a 401 with
+	// error="invalid_token").
+	wrongToken bool
 }
 
 // noHeader, as a row's auth or key, sends no such header.
@@ -175,12 +178,12 @@ func TestHostileRequests(t *testing.T) {
 
 		// --- POST /v1/orders: authentication (H), before anything else ---
 		{name: "CreateOrder/NoAuthorization", method: post, path: orders, auth: noHeader, body: newOrder().String(), status: 401, code: unauth},
-		{name: "CreateOrder/WrongAPIKey", method: post, path: orders, auth: []string{bearer(wrongKey)}, body: newOrder().String(), status: 401, code: unauth},
+		{name: "CreateOrder/WrongAPIKey", method: post, path: orders, auth: []string{bearer(wrongKey)}, body: newOrder().String(), status: 401, code: unauth, wrongToken: true},
 		{name: "CreateOrder/BasicScheme", method: post, path: orders, auth: []string{"Basic " + e.a.Key}, body: newOrder().String(), status: 401, code: unauth},
 		{name: "CreateOrder/KeyWithoutScheme", method: post, path: orders, auth: []string{e.a.Key}, body: newOrder().String(), status: 401, code: unauth},
 		{name: "CreateOrder/BearerWithNothingAfter", method: post, path: orders, auth: []string{"Bearer"}, body: newOrder().String(), status: 401, code: unauth},
 		{name: "CreateOrder/BearerKeyWithTrailingJunk", method: post, path: orders, auth: []string{valid + " extra"}, body: newOrder().String(), status: 401, code: unauth},
-		{name: "CreateOrder/BearerHugeToken", method: post, path: orders, auth: []string{bearer(strings.Repeat("A", 16<<10))}, body: newOrder().String(), status: 401, code: unauth},
+		{name: "CreateOrder/BearerHugeToken", method: post, path: orders, auth: []string{bearer(strings.Repeat("A", 16<<10))}, body: newOrder().String(), status: 401, code: unauth, wrongToken: true},
 		{name: "CreateOrder/TwoAuthorizationLinesSecondInvalid", method: post, path: orders, auth: []string{valid, bearer(wrongKey)}, body: newOrder().String(), status: 401, code: unauth},
 		{name: "CreateOrder/TwoAuthorizationLinesBothValid", method: post, path: orders, auth: []string{valid, valid}, body: newOrder().String(), status: 401, code: unauth},
 		{name: "CreateOrder/BearerSeveralSpacesAccepted", method: post, path: orders, auth: []string{"Bearer    " + e.a.Key}, body: newOrder().String(), status: 201, writes: writesOrder},
@@ -329,7 +332,7 @@ func TestHostileRequests(t *testing.T) {
 		{name: "GetPayment/Own", method: get, path: payments + "/" + paid.ID, status: 200},
 		{name: "GetPayment/MalformedUUID", method: get, path: payments + "/not-a-uuid", status: 404, code: notFound},
 		{name: "GetPayment/OtherTenantsPayment", method: get, path: payments + "/" + otherPaid.ID, status: 404, code: notFound},
-		{name: "GetPayment/WrongAPIKey", method: get, path: payments + "/" + paid.ID, auth: []string{bearer(wrongKey)}, status: 401, code: unauth},
+		{name: "GetPayment/WrongAPIKey", method: get, path: payments + "/" + paid.ID, auth: []string{bearer(wrongKey)}, status: 401, code: unauth, wrongToken: true},
 
 		// --- PUT /v1/customers/{id}: the id in its canonical form only ---
 		{name: "PutCustomer/BracedUUID", method: http.MethodPut, path: "/v1/customers/{" + uuid.NewString() + "}", body: `{"name":"Ada","email":"ada@example.com"}`, status: 400, code: invalid},
@@ -462,10 +465,19 @@ func (tt hostileCase) check(t *testing.T, res response) {
 		}
 	}
 	if tt.status == http.StatusUnauthorized {
-		// RFC 9110 section 11.6.1: a 401 names the scheme to use.
-		scheme, _, _ := strings.Cut(res.header.Get("WWW-Authenticate"), " ")
-		if !strings.EqualFold(scheme, "Bearer") {
-			t.Errorf("WWW-Authenticate = %q, want the Bearer scheme", res.header.Get("WWW-Authenticate"))
+		// RFC 9110 section 11.6.1: a 401 names the scheme to use; RFC 6750
+		// section 3.1 says what was wrong: nothing when no credentials
+		// came, invalid_request for a malformed header, invalid_token for
+		// a key that is not one.
+		want := `Bearer error="invalid_request"`
+		switch {
+		case tt.auth != nil && len(tt.auth) == 0:
+			want = "Bearer"
+		case tt.wrongToken:
+			want = `Bearer error="invalid_token"`
+		}
+		if got := res.header.Get("WWW-Authenticate"); got != want {
+			t.Errorf("WWW-Authenticate = %q, want %q", got, want)
 		}
 	}
 	if tt.status == http.StatusMethodNotAllowed && res.header.Get("Allow") == "" {

@@ -151,20 +151,34 @@ func bearerKey(values []string) (string, bool) {
 	return key, strings.EqualFold(scheme, "Bearer") && key != "" && !strings.ContainsAny(key, " \t")
 }
 
+// authError is a 401 with its challenge (RFC 6750 section 3): plain
+// "Bearer" when no credentials came, error="invalid_request" when the
+// Authorization header is malformed (several lines, another scheme, junk
+// after the key), error="invalid_token" when the key is unknown or revoked.
+type authError struct{ challenge string }
+
+func (e *authError) Error() string { return tenants.ErrUnauthenticated.Error() }
+func (e *authError) Unwrap() error { return tenants.ErrUnauthenticated }
+
 // authenticate resolves the bearer key to a tenant before anything else
 // runs, so an unauthenticated request never reaches the idempotency layer.
 // A failed lookup (database down) fails closed with 503.
 func (a *api) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key, ok := bearerKey(r.Header.Values("Authorization"))
-		if !ok {
-			writeError(w, r, tenants.ErrUnauthenticated)
+		values := r.Header.Values("Authorization")
+		key, ok := bearerKey(values)
+		switch {
+		case len(values) == 0:
+			writeError(w, r, &authError{challenge: `Bearer`})
+			return
+		case !ok:
+			writeError(w, r, &authError{challenge: `Bearer error="invalid_request"`})
 			return
 		}
 		tenantID, err := a.auth.Authenticate(r.Context(), key)
 		switch {
 		case errors.Is(err, tenants.ErrUnauthenticated):
-			writeError(w, r, err)
+			writeError(w, r, &authError{challenge: `Bearer error="invalid_token"`})
 			return
 		case err != nil:
 			writeError(w, r, err)

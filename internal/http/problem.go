@@ -118,8 +118,14 @@ func problemFor(err error) Problem {
 	case errors.Is(err, tenants.ErrUnauthenticated):
 		p := newProblem(http.StatusUnauthorized, CodeUnauthorized, "Unauthorized",
 			"Send the API key as one 'Authorization: Bearer <key>' header.")
-		// RFC 9110 section 11.6.1: a 401 names the scheme to use.
-		p.header = map[string]string{"WWW-Authenticate": "Bearer"}
+		// RFC 9110 section 11.6.1: a 401 names the scheme to use; RFC 6750
+		// section 3.1 adds what was wrong with the credentials.
+		challenge := "Bearer"
+		var ae *authError
+		if errors.As(err, &ae) {
+			challenge = ae.challenge
+		}
+		p.header = map[string]string{"WWW-Authenticate": challenge}
 		return p
 	case errors.As(err, &limited):
 		p := newProblem(http.StatusTooManyRequests, CodeRateLimited, "Too many requests",
@@ -198,6 +204,8 @@ func problemFor(err error) Problem {
 		return p
 	case errors.Is(err, errPreconditionRequired):
 		return newProblem(http.StatusPreconditionRequired, CodePreconditionRequired, "If-Match required", err.Error())
+	case errors.Is(err, errWeakTag):
+		return newProblem(http.StatusPreconditionFailed, CodePreconditionFailed, "Precondition failed", err.Error())
 	case errors.Is(err, errPreconditionFailed):
 		return newProblem(http.StatusPreconditionFailed, CodePreconditionFailed, "Precondition failed",
 			"The order changed since the ETag in If-Match was read. GET it again, check that the change still makes sense, and send it with the new ETag.")
