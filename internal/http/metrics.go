@@ -16,7 +16,14 @@ var requestDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 	Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 }, []string{"route", "method", "status_class"})
 
-func init() { prometheus.MustRegister(requestDuration) }
+// authLookupsRefusedTotal counts requests refused before any query because
+// their address used up its budget of API key lookups (R5).
+var authLookupsRefusedTotal = prometheus.NewCounter(prometheus.CounterOpts{
+	Name: "http_auth_lookups_refused_total",
+	Help: "Requests answered 429 without a database query because their client address looked up too many unknown API keys.",
+})
+
+func init() { prometheus.MustRegister(requestDuration, authLookupsRefusedTotal) }
 
 // observeRequest records one request. route "" (no route matched) is
 // "unmatched"; status 0 (nothing written) is what net/http sends, 200.

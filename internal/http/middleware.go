@@ -6,8 +6,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"log/slog"
+	"net"
 	"net/http"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"time"
 
@@ -160,6 +162,33 @@ type authError struct{ challenge string }
 func (e *authError) Error() string { return tenants.ErrUnauthenticated.Error() }
 func (e *authError) Unwrap() error { return tenants.ErrUnauthenticated }
 
+// clientAddress is who pays for the key lookups of a request: its peer's
+// IP address, or its /64 for IPv6, since one client usually holds a whole
+// /64. Behind a proxy every client is the proxy; X-Forwarded-For is not
+// read, since any client can write it.
+func clientAddress(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	ip := net.ParseIP(host)
+	if ip == nil {
+		return host
+	}
+	if ip.To4() == nil {
+		return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
+	}
+	return ip.String()
+}
+
+// authThrottledError: the client's address used up its budget of key
+// lookups; answered 429 before any query.
+type authThrottledError struct{ retryAfter int64 }
+
+func (e *authThrottledError) Error() string {
+	return "too many API keys looked up from this address; retry in " + strconv.FormatInt(e.retryAfter, 10) + "s"
+}
+
 // authenticate resolves the bearer key to a tenant before anything else
 // runs, so an unauthenticated request never reaches the idempotency layer.
 // A failed lookup (database down) fails closed with 503.
@@ -175,7 +204,24 @@ func (a *api) authenticate(next http.Handler) http.Handler {
 			writeError(w, r, &authError{challenge: `Bearer error="invalid_request"`})
 			return
 		}
-		tenantID, err := a.auth.Authenticate(r.Context(), key)
+		tenantID, found, err := a.auth.Cached(key)
+		if !found {
+			// Only the database can tell, at the price of a query. Each
+			// lookup that finds no tenant costs the client's address a token
+			// (R5); an address without tokens left is answered before any
+			// query. A key that authenticates costs nothing, so only a flood
+			// of keys nobody knows is held back, whatever AUTH_CACHE_TTL.
+			address := clientAddress(r)
+			if empty, wait := a.authLookups.empty(address); empty {
+				authLookupsRefusedTotal.Inc()
+				writeError(w, r, &authThrottledError{retryAfter: max(ceilSeconds(wait), 1)})
+				return
+			}
+			tenantID, err = a.auth.Authenticate(r.Context(), key)
+			if errors.Is(err, tenants.ErrUnauthenticated) {
+				a.authLookups.take(address)
+			}
+		}
 		switch {
 		case errors.Is(err, tenants.ErrUnauthenticated):
 			writeError(w, r, &authError{challenge: `Bearer error="invalid_token"`})

@@ -106,6 +106,7 @@ func problemFor(err error) Problem {
 		refExists *orders.ReferenceExistsError
 		bodyErr   *bodyError
 		limited   *rateLimitedError
+		throttled *authThrottledError
 		expired   *idem.ResultExpiredError
 		mismatch  *payments.AmountMismatchError
 		payExists *payments.PaymentExistsError
@@ -131,6 +132,11 @@ func problemFor(err error) Problem {
 		p := newProblem(http.StatusTooManyRequests, CodeRateLimited, "Too many requests",
 			"This API key sent more requests than its rate limit allows. Nothing was recorded: retry after the Retry-After delay, with the same Idempotency-Key.")
 		p.header = map[string]string{"Retry-After": strconv.FormatInt(limited.retryAfter, 10)}
+		return p
+	case errors.As(err, &throttled):
+		p := newProblem(http.StatusTooManyRequests, CodeRateLimited, "Too many requests",
+			"This address sent too many API keys that are not known. Nothing was recorded: retry after the Retry-After delay, with a valid key.")
+		p.header = map[string]string{"Retry-After": strconv.FormatInt(throttled.retryAfter, 10)}
 		return p
 	case errors.As(err, &hookErr) && errors.Is(err, webhook.ErrStale):
 		return newProblem(http.StatusBadRequest, CodeWebhookTimestampInvalid, "Webhook timestamp out of tolerance",

@@ -7,8 +7,6 @@ import (
 	"strconv"
 	"sync"
 	"time"
-
-	"github.com/google/uuid"
 )
 
 // RateLimit is the per-tenant token bucket (R1): each tenant may send Burst
@@ -32,14 +30,21 @@ const (
 	DefaultRateBurst = 200
 )
 
-// limiter holds one bucket per tenant that sent a request. Tenants are
-// authenticated first, so the map is bounded by the number of tenants.
-type limiter struct {
+// DefaultAuthLookups is each client address's budget of failed API key
+// lookups (R5): a burst of 20, then 2 a second. Keys that authenticate
+// cost nothing from it, so it binds only a client that keeps sending keys
+// nobody knows.
+var DefaultAuthLookups = RateLimit{Rate: 2, Burst: 20}
+
+// limiter holds one token bucket per key that sent a request: a tenant
+// (authenticated first, so the map is bounded by the number of tenants) or
+// a client address (bounded by maxBuckets).
+type limiter[K comparable] struct {
 	rate, burst float64
 	now         func() time.Time
 
 	mu      sync.Mutex
-	buckets map[uuid.UUID]*bucket
+	buckets map[K]*bucket
 }
 
 type bucket struct {
@@ -47,20 +52,29 @@ type bucket struct {
 	at     time.Time
 }
 
-func newLimiter(cfg RateLimit) *limiter {
-	return &limiter{rate: cfg.Rate, burst: float64(max(cfg.Burst, 1)), now: time.Now, buckets: map[uuid.UUID]*bucket{}}
+// maxBuckets bounds a limiter's map. Past it, buckets that refilled are
+// dropped (a full bucket and no bucket mean the same), and if that is not
+// enough the map starts over: a client with more addresses than this gets
+// fresh buckets, memory stays bounded.
+const maxBuckets = 100_000
+
+func newLimiter[K comparable](cfg RateLimit) *limiter[K] {
+	return &limiter[K]{rate: cfg.Rate, burst: float64(max(cfg.Burst, 1)), now: time.Now, buckets: map[K]*bucket{}}
 }
 
-// take takes one token from tenant's bucket. It returns whether it got one,
+// take takes one token from key's bucket. It returns whether it got one,
 // the whole tokens left, and how long until the next token.
-func (l *limiter) take(tenant uuid.UUID) (ok bool, remaining int, next time.Duration) {
+func (l *limiter[K]) take(key K) (ok bool, remaining int, next time.Duration) {
 	now := l.now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	b, found := l.buckets[tenant]
+	b, found := l.buckets[key]
 	if !found {
+		if len(l.buckets) >= maxBuckets {
+			l.pruneLocked(now)
+		}
 		b = &bucket{tokens: l.burst, at: now}
-		l.buckets[tenant] = b
+		l.buckets[key] = b
 	}
 	b.tokens = math.Min(l.burst, b.tokens+now.Sub(b.at).Seconds()*l.rate)
 	b.at = now
@@ -72,6 +86,34 @@ func (l *limiter) take(tenant uuid.UUID) (ok bool, remaining int, next time.Dura
 		next = time.Duration((1 - b.tokens) / l.rate * float64(time.Second))
 	}
 	return ok, int(b.tokens), next
+}
+
+// empty reports, without taking anything, whether key's bucket has no
+// whole token left, and how long until it has one.
+func (l *limiter[K]) empty(key K) (bool, time.Duration) {
+	now := l.now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b, found := l.buckets[key]
+	if !found {
+		return false, 0
+	}
+	tokens := math.Min(l.burst, b.tokens+now.Sub(b.at).Seconds()*l.rate)
+	if tokens >= 1 {
+		return false, 0
+	}
+	return true, time.Duration((1 - tokens) / l.rate * float64(time.Second))
+}
+
+func (l *limiter[K]) pruneLocked(now time.Time) {
+	for k, b := range l.buckets {
+		if b.tokens+now.Sub(b.at).Seconds()*l.rate >= l.burst {
+			delete(l.buckets, k)
+		}
+	}
+	if len(l.buckets) >= maxBuckets {
+		clear(l.buckets)
+	}
 }
 
 // rateLimit answers 429 once the tenant's bucket is empty. Every answer

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
@@ -34,8 +35,14 @@ type Config struct {
 	// turns it off.
 	RateLimit RateLimit
 	// AuthCacheTTL is how long a key that authenticated is trusted without
-	// a database lookup (see tenants.Cache); 0 looks every request up.
+	// a database lookup, and a key that did not is refused without one
+	// (see tenants.Cache); 0 looks every request up.
 	AuthCacheTTL time.Duration
+	// AuthLookups bounds, per client address, the database lookups of API
+	// keys that found no tenant, so a flood of made-up keys costs no query
+	// each (R5); past it, 429 before any query. A zero Rate takes
+	// DefaultAuthLookups.
+	AuthLookups RateLimit
 	// WebhookSecrets verify processor webhooks; during a rotation, the old
 	// and the new. None: every webhook is rejected.
 	WebhookSecrets []string
@@ -48,8 +55,10 @@ type api struct {
 	pool     *pgxpool.Pool
 	idem     *idem.Store
 	payments *payments.Service
-	limiter  *limiter // nil: no rate limit
+	limiter  *limiter[uuid.UUID] // nil: no rate limit
 	auth     *tenants.Cache
+	// authLookups is the per-address budget of failed key lookups (R5).
+	authLookups *limiter[string]
 
 	webhookSecrets   []string
 	webhookTolerance time.Duration
@@ -67,8 +76,12 @@ func NewHandler(cfg Config) http.Handler {
 	if a.webhookTolerance <= 0 {
 		a.webhookTolerance = webhook.DefaultTolerance
 	}
+	if cfg.AuthLookups.Rate <= 0 {
+		cfg.AuthLookups = DefaultAuthLookups
+	}
+	a.authLookups = newLimiter[string](cfg.AuthLookups)
 	if cfg.RateLimit.Rate > 0 {
-		a.limiter = newLimiter(cfg.RateLimit)
+		a.limiter = newLimiter[uuid.UUID](cfg.RateLimit)
 	}
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = 30 * time.Second

@@ -3,6 +3,7 @@ package tenants
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"sync"
 	"time"
 
@@ -11,14 +12,20 @@ import (
 	"github.com/idemref/payments/internal/db/dbsqlc"
 )
 
-// maxCachedKeys bounds the cache; past it the cache starts over empty.
+// maxCachedKeys bounds each of the cache's two maps (keys that
+// authenticated, keys that did not); past it that map starts over empty,
+// so memory stays bounded whatever a flood of made-up keys does.
 const maxCachedKeys = 10_000
 
-// Cache remembers keys that authenticated for ttl, so a busy tenant (or a
-// tenant flooding past its rate limit) costs one database lookup per key
-// and ttl instead of one per request. Only successes are cached: an
-// unknown or revoked key is looked up every time. The price: a revoked key
-// keeps working for up to ttl in each process.
+// Cache remembers, for ttl, which keys authenticated and which did not,
+// so a busy tenant (or a tenant flooding past its rate limit) costs one
+// database lookup per key and ttl instead of one per request, and so does
+// a client repeating a wrong or revoked key (R5). A flood of ever new
+// made-up keys misses it every time: the per-address limit in front of it
+// (internal/http) bounds that. The price: a revoked key keeps working for
+// up to ttl in each process. A key is never refused because of the
+// negative entries: keys are random secrets, so no key is tried before it
+// exists.
 type Cache struct {
 	q   dbsqlc.DBTX
 	ttl time.Duration
@@ -26,6 +33,7 @@ type Cache struct {
 
 	mu      sync.Mutex
 	entries map[[sha256.Size]byte]cached
+	unknown map[[sha256.Size]byte]time.Time // until when the key is known not to authenticate
 }
 
 type cached struct {
@@ -35,32 +43,55 @@ type cached struct {
 
 // NewCache returns a cache over q; a ttl of zero or less caches nothing.
 func NewCache(q dbsqlc.DBTX, ttl time.Duration) *Cache {
-	return &Cache{q: q, ttl: ttl, now: time.Now, entries: map[[sha256.Size]byte]cached{}}
+	return &Cache{q: q, ttl: ttl, now: time.Now, entries: map[[sha256.Size]byte]cached{}, unknown: map[[sha256.Size]byte]time.Time{}}
 }
 
-// Authenticate is Authenticate, answered from the cache while the key's
-// entry is fresh. Entries are keyed by the key's hash, never the key.
-func (c *Cache) Authenticate(ctx context.Context, key string) (uuid.UUID, error) {
+// Cached answers from the cache alone: the tenant of a key that
+// authenticated, ErrUnauthenticated for one that did not, or found false
+// when only the database can tell. Entries are keyed by the key's hash,
+// never the key.
+func (c *Cache) Cached(key string) (tenant uuid.UUID, found bool, err error) {
 	if c.ttl <= 0 {
-		return Authenticate(ctx, c.q, key)
+		return uuid.Nil, false, nil
 	}
 	h := sha256.Sum256([]byte(key))
 	now := c.now()
 	c.mu.Lock()
-	e, ok := c.entries[h]
-	c.mu.Unlock()
-	if ok && now.Before(e.expires) {
-		return e.tenant, nil
+	defer c.mu.Unlock()
+	if e, ok := c.entries[h]; ok && now.Before(e.expires) {
+		return e.tenant, true, nil
 	}
-	id, err := Authenticate(ctx, c.q, key)
-	if err != nil {
+	if until, ok := c.unknown[h]; ok && now.Before(until) {
+		return uuid.Nil, true, ErrUnauthenticated
+	}
+	return uuid.Nil, false, nil
+}
+
+// Authenticate is Authenticate, answered from the cache while the key's
+// entry is fresh.
+func (c *Cache) Authenticate(ctx context.Context, key string) (uuid.UUID, error) {
+	if id, found, err := c.Cached(key); found {
 		return id, err
 	}
+	id, err := Authenticate(ctx, c.q, key)
+	if c.ttl <= 0 || (err != nil && !errors.Is(err, ErrUnauthenticated)) {
+		// Caching nothing, or the lookup itself failed: nothing learnt.
+		return id, err
+	}
+	h := sha256.Sum256([]byte(key))
+	until := c.now().Add(c.ttl)
 	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil {
+		if len(c.unknown) >= maxCachedKeys {
+			clear(c.unknown)
+		}
+		c.unknown[h] = until
+		return id, err
+	}
 	if len(c.entries) >= maxCachedKeys {
 		clear(c.entries)
 	}
-	c.entries[h] = cached{tenant: id, expires: now.Add(c.ttl)}
-	c.mu.Unlock()
+	c.entries[h] = cached{tenant: id, expires: until}
 	return id, nil
 }
