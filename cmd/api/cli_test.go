@@ -87,6 +87,8 @@ func TestConfigurationErrorsAreClear(t *testing.T) {
 		{"BareMigrateDown", []string{"migrate", "down"}, map[string]string{"DATABASE_URL": "postgres://x/y"}, "--all"},
 		{"MigrateDownZero", []string{"migrate", "down", "0"}, map[string]string{"DATABASE_URL": "postgres://x/y"}, "positive number"},
 		{"NoCommand", nil, nil, "invalid command line"},
+		{"DeadLettersWithoutNatsURL", []string{"deadletters", "redrive"}, nil, "NATS_URL is not set"},
+		{"DeadLettersUnknownAction", []string{"deadletters", "purge"}, nil, "invalid command line"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

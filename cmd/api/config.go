@@ -35,7 +35,10 @@ type config struct {
 	IdempotencyTTL    time.Duration
 	// KeyRetention is how long a key's tombstone is kept (E3); at least
 	// IdempotencyTTL.
-	KeyRetention     time.Duration
+	KeyRetention time.Duration
+	// KeyBudget is how many live idempotency keys one tenant may hold
+	// (R6); negative: no budget.
+	KeyBudget        int64
 	PaymentLease     time.Duration
 	ProcessorURL     string
 	ProcessorTimeout time.Duration
@@ -195,6 +198,17 @@ func loadConfig(getenv func(string) string) (config, error) {
 			return config{}, fmt.Errorf("RATE_LIMIT_BURST=%q: want a positive number of requests, such as 200", s)
 		}
 		cfg.RateLimit.Burst = v
+	}
+	cfg.KeyBudget = idem.DefaultKeyBudget
+	if s := getenv("IDEMPOTENCY_KEY_BUDGET"); s != "" {
+		v, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || v < 0 {
+			return config{}, fmt.Errorf("IDEMPOTENCY_KEY_BUDGET=%q: want how many live keys a tenant may hold, such as 1000000 (0 turns the budget off)", s)
+		}
+		cfg.KeyBudget = v
+		if v == 0 {
+			cfg.KeyBudget = -1
+		}
 	}
 	cfg.ReaperBatch = reaper.DefaultBatch
 	if s := getenv("REAPER_BATCH"); s != "" {

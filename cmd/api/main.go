@@ -17,6 +17,9 @@
 //	api migrate down N|--all   roll back the last N migrations, or all of
 //	                           them (every table and row: never by default)
 //	api tenant create NAME     create a tenant; prints its API key last
+//	api deadletters list       list the events consumers gave up on
+//	api deadletters redrive    publish each of them again to its subject,
+//	                           under its message id (NATS_URL required)
 //
 // Configuration comes from the environment; see the README.
 package main
@@ -45,6 +48,8 @@ const usage = `usage:
   api migrate down --all    roll back every migration: drops every table and row
   api help                  this text (also -h, --help, and -h after any command)
   api tenant create NAME    create a tenant and print its API key
+  api deadletters list      list the events consumers gave up on (NATS_URL)
+  api deadletters redrive   publish them again to their subjects, under their message ids, once their cause is fixed (NATS_URL)
 `
 
 func main() {
@@ -144,6 +149,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return errors.New("DATABASE_URL is not set")
 		}
 		return createTenant(ctx, cfg.DatabaseURL, rest[1], stdout)
+	case cmd == "deadletters" && len(rest) == 1 && (rest[0] == "list" || rest[0] == "redrive"):
+		if cfg.NatsURL == "" {
+			return errors.New("NATS_URL is not set: the dead letters are in NATS JetStream")
+		}
+		return deadLetters(ctx, cfg, rest[0], stdout)
 	}
 	return errUsage
 }

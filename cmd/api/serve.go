@@ -47,6 +47,14 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 	}
 
 	store, paymentsSvc := services(pool, cfg, logger)
+	// Whether events flow, for /readyz, when this process runs the relay
+	// and the consumers.
+	var events func() (bool, string)
+	var messaging *eventsState
+	if cfg.EventWorkers {
+		messaging = newEventsState()
+		events = messaging.status
+	}
 	handler := httpapi.NewHandler(httpapi.Config{
 		Pool:             pool,
 		Idem:             store,
@@ -58,6 +66,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 		OpenAPI:          apispec.OpenAPI,
 		WebhookSecrets:   cfg.WebhookSecrets,
 		WebhookTolerance: cfg.WebhookTolerance,
+		Events:           events,
 	})
 	srv := &http.Server{
 		Handler:           handler,
@@ -83,13 +92,10 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 	}
 
 	// The relay and the consumers run beside the server and stop with it,
-	// unless EVENT_WORKERS leaves them to other processes.
+	// unless EVENT_WORKERS leaves them to other processes. They connect to
+	// the broker in the background: the server does not wait for it.
 	if cfg.EventWorkers {
-		stopMessaging, err := startMessaging(ctx, pool, cfg, logger)
-		if err != nil {
-			return err
-		}
-		defer stopMessaging()
+		defer startMessaging(ctx, pool, cfg, logger, messaging)()
 	}
 
 	// The completer runs beside the server and stops with it.
@@ -144,6 +150,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 func services(pool *pgxpool.Pool, cfg config, logger *slog.Logger) (*idem.Store, *payments.Service) {
 	store := idem.NewStore(pool, idem.Config{
 		LockTimeout: cfg.LockTimeout, TTL: cfg.IdempotencyTTL, KeyRetention: cfg.KeyRetention, Lease: cfg.PaymentLease,
+		KeyBudget: cfg.KeyBudget,
 	})
 	proc := processor.NewClient(cfg.ProcessorURL, cfg.ProcessorTimeout)
 	return store, payments.NewService(pool, store, proc, httpapi.Renderer{}, logger, payments.Config{SettleWindow: cfg.SettleWindow})

@@ -164,3 +164,17 @@ SELECT state, recovery_point, response_status, resource_id, resource_location,
        (state <> 'in_progress' AND retain_until <= now())::boolean AS forgotten
 FROM idempotency_keys
 WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key;
+
+-- name: IdemKeyCountForTenant :one
+-- The tenant's key rows, for its budget (R6; internal/idem/budget.go): an
+-- index-only scan of its range of the primary key. Rows past their
+-- retention that the reaper has not deleted yet still count: it deletes
+-- them within a pass.
+SELECT count(*) FROM idempotency_keys WHERE tenant_id = @tenant_id;
+
+-- name: IdemKeyHeld :one
+-- Whether the tenant holds the key (a tenant at its budget may still use
+-- the keys it holds). A key past its retention is forgotten: not held.
+SELECT 1::int FROM idempotency_keys
+WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key
+  AND NOT (state <> 'in_progress' AND retain_until <= now());

@@ -139,11 +139,14 @@ func ConsumerConfig(name string, subjects []string, cfg Config) jetstream.Consum
 	}
 }
 
-// Connect connects to url and returns the JetStream context.
-func Connect(url, name string) (*nats.Conn, jetstream.JetStream, error) {
-	nc, err := nats.Connect(url, nats.Name(name), nats.MaxReconnects(-1))
+// Connect connects to url and returns the JetStream context. Once
+// connected, the connection reconnects for ever; opts add to that, such as
+// handlers that follow the connection's state. The error does not repeat
+// url, which may hold a password.
+func Connect(url, name string, opts ...nats.Option) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := nats.Connect(url, append([]nats.Option{nats.Name(name), nats.MaxReconnects(-1)}, opts...)...)
 	if err != nil {
-		return nil, nil, fmt.Errorf("broker: connect to %s: %w", url, err)
+		return nil, nil, fmt.Errorf("broker: connect: %w", err)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {

@@ -18,6 +18,18 @@
 // A message whose effect keeps failing is negatively acknowledged with the
 // backoff until MaxDeliver; the server then gives up on it, and
 // DeadLetters copies it to the dead-letter stream, logs and counts it.
+//
+// A transient failure (the database unreachable, a deadlock...: see
+// db.IsTransient) says nothing about the message, and the server counts
+// every delivery towards MaxDeliver, a redelivery after a nak included. So
+// such a message is not handed back: the consumer keeps it in hand and
+// retries it with a backoff, telling the server it is still working on it
+// (InProgress, which restarts the ack wait without a redelivery), for as
+// long as the database does not answer. A database outage of any length
+// then costs no delivery, and the message is applied when the database is
+// back. Only a transient failure while the database answers (a deadlock
+// or a timeout every time) is handed back after a few retries in hand, so
+// that one message cannot hold the consumer up for ever.
 package consumer
 
 import (
@@ -49,6 +61,16 @@ type Handler func(ctx context.Context, tx pgx.Tx, ev events.Envelope) error
 // once instead of being redelivered MaxDeliver times.
 var ErrUnreadable = errors.New("unreadable event")
 
+// Retries in hand after a transient failure: the first after
+// heldRetryMin, doubling up to heldRetryMax. While the database answers,
+// at most maxHeldRetries of them; then the message goes back to the
+// broker's backoff like any failure.
+const (
+	heldRetryMin   = 100 * time.Millisecond
+	heldRetryMax   = 5 * time.Second
+	maxHeldRetries = 3
+)
+
 // Config describes one consumer.
 type Config struct {
 	// Name is the durable consumer's name and the inbox's consumer column.
@@ -67,6 +89,9 @@ type Consumer struct {
 	log     *slog.Logger
 	backoff []time.Duration
 	cc      jetstream.ConsumeContext
+	// stopping is closed by Stop: a message held through an outage is
+	// handed back instead of being retried.
+	stopping chan struct{}
 }
 
 // Start creates or updates the durable consumer and starts consuming. Any
@@ -82,11 +107,17 @@ func Start(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, cfg 
 		return nil, fmt.Errorf("consumer %s: %w", cfg.Name, err)
 	}
 	// Present at 0 from the start, so rate() and increase() work at once.
-	for _, m := range []*prometheus.CounterVec{processedTotal, duplicatesTotal, redeliveriesTotal, failuresTotal} {
+	for _, m := range []*prometheus.CounterVec{processedTotal, duplicatesTotal, redeliveriesTotal, failuresTotal, heldRetriesTotal} {
 		m.WithLabelValues(cfg.Name)
 	}
-	c := &Consumer{pool: pool, cfg: cfg, handle: handle, log: log.With(slog.String("consumer", cfg.Name)), backoff: cfg.Broker.Backoff()}
-	cc, err := cons.Consume(func(msg jetstream.Msg) { c.process(ctx, msg) })
+	c := &Consumer{pool: pool, cfg: cfg, handle: handle, log: log.With(slog.String("consumer", cfg.Name)),
+		backoff: cfg.Broker.Backoff(), stopping: make(chan struct{})}
+	// One message at a time. A message held through a database outage
+	// holds up the ones behind it; had the client fetched them already,
+	// their ack waits would run out while they wait in its buffer, and each
+	// redelivery would count towards MaxDeliver. Fetched one by one, they
+	// wait on the server, undelivered.
+	cc, err := cons.Consume(func(msg jetstream.Msg) { c.process(ctx, msg) }, jetstream.PullMaxMessages(1))
 	if err != nil {
 		return nil, fmt.Errorf("consumer %s: consume: %w", cfg.Name, err)
 	}
@@ -94,8 +125,10 @@ func Start(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, cfg 
 	return c, nil
 }
 
-// Stop stops taking messages and waits for the one in hand.
+// Stop stops taking messages and waits for the one in hand; one held
+// through a database outage is handed back for redelivery.
 func (c *Consumer) Stop() {
+	close(c.stopping)
 	c.cc.Drain()
 	<-c.cc.Closed()
 }
@@ -120,15 +153,24 @@ func (c *Consumer) process(ctx context.Context, msg jetstream.Msg) {
 	}
 	log = log.With(slog.String("event_id", ev.ID.String()), slog.String("type", ev.Type))
 
-	duplicate := false
-	err = db.WithTx(ctx, c.pool, func(ctx context.Context, tx pgx.Tx) error {
-		fresh, err := inbox.Record(ctx, tx, c.cfg.Name, events.Source, ev.ID.String())
-		if err != nil || !fresh {
-			duplicate = !fresh
-			return err
+	stopProgress := c.keepInProgress(msg)
+	duplicate, err := c.apply(ctx, ev)
+	wait, answered := heldRetryMin, 0
+	for db.IsTransient(err) {
+		if c.databaseAnswers(ctx) {
+			if answered++; answered > maxHeldRetries {
+				break
+			}
 		}
-		return c.handle(ctx, tx, ev)
-	})
+		log.WarnContext(ctx, "apply event: transient failure; holding the event and retrying", slog.Any("error", err), slog.Duration("retry_in", wait))
+		heldRetriesTotal.WithLabelValues(c.cfg.Name).Inc()
+		if !c.pause(wait) {
+			break
+		}
+		wait = min(2*wait, heldRetryMax)
+		duplicate, err = c.apply(ctx, ev)
+	}
+	stopProgress()
 	switch {
 	case errors.Is(err, ErrUnreadable):
 		log.ErrorContext(ctx, "unreadable event; terminating it for the dead-letter stream", slog.Any("error", err))
@@ -160,5 +202,63 @@ func (c *Consumer) process(ctx context.Context, msg jetstream.Msg) {
 	defer cancel()
 	if err := msg.DoubleAck(actx); err != nil {
 		log.WarnContext(ctx, "ack; the redelivery will be skipped by the inbox", slog.Any("error", err))
+	}
+}
+
+// apply records the event in the inbox and applies it, in one transaction.
+// duplicate reports that the inbox already had it: nothing was applied.
+func (c *Consumer) apply(ctx context.Context, ev events.Envelope) (duplicate bool, err error) {
+	err = db.WithTx(ctx, c.pool, func(ctx context.Context, tx pgx.Tx) error {
+		fresh, err := inbox.Record(ctx, tx, c.cfg.Name, events.Source, ev.ID.String())
+		if err != nil || !fresh {
+			duplicate = !fresh
+			return err
+		}
+		return c.handle(ctx, tx, ev)
+	})
+	return duplicate, err
+}
+
+// keepInProgress tells the server every third of the ack wait that msg is
+// still being worked on, until stop is called: the server redelivers it
+// only when this process is gone, never while it holds it.
+func (c *Consumer) keepInProgress(msg jetstream.Msg) (stop func()) {
+	done, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(c.backoff[0] / 3)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				_ = msg.InProgress()
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-stopped
+	}
+}
+
+// databaseAnswers reports whether the database answers a ping within a
+// second.
+func (c *Consumer) databaseAnswers(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	return c.pool.Ping(ctx) == nil
+}
+
+// pause waits d, and reports false when Stop cut it short.
+func (c *Consumer) pause(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-c.stopping:
+		return false
 	}
 }

@@ -20,6 +20,10 @@ var (
 		Name: "consumer_failures_total",
 		Help: "Deliveries whose effect failed and was rolled back; they are redelivered on the backoff.",
 	}, []string{"consumer"})
+	heldRetriesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "consumer_held_retries_total",
+		Help: "Retries of an event kept in hand after a transient failure (the database unreachable): they cost no delivery, so an outage does not dead-letter events.",
+	}, []string{"consumer"})
 	deadLettersTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "consumer_dead_letters_total",
 		Help: "Messages a consumer gave up on (past MaxDeliver, or unreadable), copied to the dead-letter stream.",
@@ -27,5 +31,5 @@ var (
 )
 
 func init() {
-	prometheus.MustRegister(processedTotal, duplicatesTotal, redeliveriesTotal, failuresTotal, deadLettersTotal)
+	prometheus.MustRegister(processedTotal, duplicatesTotal, redeliveriesTotal, failuresTotal, heldRetriesTotal, deadLettersTotal)
 }

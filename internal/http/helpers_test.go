@@ -12,7 +12,6 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -59,7 +58,7 @@ type bundle struct {
 	a, b    tenant
 	// proxy sits between the server's pool and PostgreSQL when setup was
 	// given withProxy; nil otherwise.
-	proxy *tcpProxy
+	proxy *testkit.TCPProxy
 	// sim is the payment processor the server calls when setup was given
 	// withProcessor, and payments the service that calls it; nil otherwise.
 	sim      *processorsim.Simulator
@@ -145,25 +144,12 @@ func setup(t *testing.T, opts ...setupOption) *bundle {
 
 	serverPool := pool
 	if o.proxy {
-		cfg, err := pgxpool.ParseConfig(dbURL)
-		if err != nil {
-			t.Fatalf("parse database URL: %v", err)
-		}
-		// The proxy listens on TCP and dials the database however the test
-		// URL reaches it: host:port, or a Unix socket directory.
-		network, target := "tcp", net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
-		if strings.HasPrefix(cfg.ConnConfig.Host, "/") {
-			network, target = "unix", fmt.Sprintf("%s/.s.PGSQL.%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port)
-		}
-		e.proxy = newTCPProxy(t, network, target)
-		host, port, _ := net.SplitHostPort(e.proxy.Addr())
-		p, _ := strconv.Atoi(port)
-		cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
-		cfg.ConnConfig.Fallbacks = nil
-		cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+		var cfg *pgxpool.Config
+		e.proxy, cfg = testkit.DatabaseProxy(t, dbURL)
 		// Few connections, so that after an outage the pool runs out of
 		// dead ones after a bounded number of requests.
 		cfg.MaxConns = 2
+		var err error
 		serverPool, err = pgxpool.NewWithConfig(context.Background(), cfg)
 		if err != nil {
 			t.Fatalf("open proxied pool: %v", err)
@@ -523,120 +509,6 @@ func (e *bundle) wantKeyRecord(t *testing.T, tenantID uuid.UUID, key string, sta
 func (e *bundle) countOrdersWithReference(t *testing.T, tenantID uuid.UUID, ref string) int {
 	t.Helper()
 	return e.count(t, "SELECT count(*) FROM orders WHERE tenant_id = $1 AND reference = $2", tenantID, ref)
-}
-
-// --- A TCP proxy that a test can cut, to take the database away ---
-
-// tcpProxy forwards connections from a local port to target. Cut closes the
-// listener and every open connection, so the pool behind it sees the
-// database vanish; Restore listens on the same address again.
-type tcpProxy struct {
-	t       testing.TB
-	network string
-	target  string
-	addr    string
-
-	mu    sync.Mutex
-	ln    net.Listener
-	conns map[net.Conn]struct{}
-	wg    sync.WaitGroup
-}
-
-func newTCPProxy(t testing.TB, network, target string) *tcpProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("proxy listen: %v", err)
-	}
-	p := &tcpProxy{t: t, network: network, target: target, addr: ln.Addr().String(), conns: map[net.Conn]struct{}{}}
-	p.serve(ln)
-	t.Cleanup(func() {
-		p.Cut()
-		p.wg.Wait()
-	})
-	return p
-}
-
-// Addr is the host:port to connect to instead of the target.
-func (p *tcpProxy) Addr() string { return p.addr }
-
-func (p *tcpProxy) serve(ln net.Listener) {
-	p.mu.Lock()
-	p.ln = ln
-	p.mu.Unlock()
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		for {
-			down, err := ln.Accept()
-			if err != nil {
-				return // listener closed by Cut
-			}
-			up, err := net.DialTimeout(p.network, p.target, 5*time.Second)
-			if err != nil {
-				down.Close()
-				continue
-			}
-			if !p.track(down, up) {
-				continue
-			}
-			p.wg.Add(2)
-			go p.pipe(down, up)
-			go p.pipe(up, down)
-		}
-	}()
-}
-
-// track registers a connection pair, or closes it if the proxy was cut in
-// the meantime.
-func (p *tcpProxy) track(down, up net.Conn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.ln == nil {
-		down.Close()
-		up.Close()
-		return false
-	}
-	p.conns[down] = struct{}{}
-	p.conns[up] = struct{}{}
-	return true
-}
-
-func (p *tcpProxy) pipe(dst, src net.Conn) {
-	defer p.wg.Done()
-	_, _ = io.Copy(dst, src)
-	// One direction ended: end the pair, as a broken link would.
-	dst.Close()
-	src.Close()
-	p.mu.Lock()
-	delete(p.conns, dst)
-	delete(p.conns, src)
-	p.mu.Unlock()
-}
-
-// Cut closes the listener (new connections are refused) and every
-// connection in flight.
-func (p *tcpProxy) Cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.ln != nil {
-		p.ln.Close()
-		p.ln = nil
-	}
-	for c := range p.conns {
-		c.Close()
-	}
-	clear(p.conns)
-}
-
-// Restore listens on the same address again.
-func (p *tcpProxy) Restore() {
-	p.t.Helper()
-	ln, err := net.Listen("tcp", p.addr)
-	if err != nil {
-		p.t.Fatalf("proxy listen again on %s: %v", p.addr, err)
-	}
-	p.serve(ln)
 }
 
 // customerBody is a valid PUT /v1/customers/{id} body.

@@ -41,6 +41,7 @@ const (
 	CodeNotFound             = "not_found"
 	CodeMethodNotAllowed     = "method_not_allowed"
 	CodeInvalidQuery         = "invalid_query"
+	CodeKeyBudgetExceeded    = "idempotency_key_budget_exceeded"
 	CodeUnavailable          = "service_unavailable"
 	CodeInternal             = "internal_error"
 	CodeOrderNotFound        = "order_not_found"
@@ -63,6 +64,10 @@ const (
 
 // retryAfterSeconds is sent with 409 idempotency_key_in_use and 503.
 const retryAfterSeconds = "1"
+
+// keyBudgetRetryAfter is what a tenant past its key budget is asked to
+// wait: about one pass of the reaper, which frees keys past retention.
+const keyBudgetRetryAfter = time.Minute
 
 // retryAfter renders d as Retry-After delay-seconds: rounded up, at least 1.
 func retryAfter(d time.Duration) string {
@@ -132,6 +137,11 @@ func problemFor(err error) Problem {
 		p := newProblem(http.StatusTooManyRequests, CodeRateLimited, "Too many requests",
 			"This API key sent more requests than its rate limit allows. Nothing was recorded: retry after the Retry-After delay, with the same Idempotency-Key.")
 		p.header = map[string]string{"Retry-After": strconv.FormatInt(limited.retryAfter, 10)}
+		return p
+	case errors.Is(err, idem.ErrKeyBudgetExceeded):
+		p := newProblem(http.StatusTooManyRequests, CodeKeyBudgetExceeded, "Idempotency key budget exceeded",
+			"This tenant holds as many live idempotency keys as its budget allows, so a request with a new key is refused. Nothing was recorded. Keys it holds still replay; the budget frees up as old keys pass their retention.")
+		p.header = map[string]string{"Retry-After": strconv.FormatInt(int64(keyBudgetRetryAfter/time.Second), 10)}
 		return p
 	case errors.As(err, &throttled):
 		p := newProblem(http.StatusTooManyRequests, CodeRateLimited, "Too many requests",

@@ -49,6 +49,10 @@ type Config struct {
 	// WebhookTolerance is how far a webhook's signature time may be from
 	// now; zero means webhook.DefaultTolerance (5 minutes).
 	WebhookTolerance time.Duration
+	// Events, when set, reports whether this process's events flow (the
+	// broker reached, the outbox relayed, events consumed) and, when they
+	// do not, why; /readyz shows it.
+	Events func() (flowing bool, detail string)
 }
 
 type api struct {
@@ -62,6 +66,7 @@ type api struct {
 
 	webhookSecrets   []string
 	webhookTolerance time.Duration
+	events           func() (flowing bool, detail string)
 }
 
 // buildRoutes adds routes that only some builds have, under /v1 and its
@@ -72,7 +77,7 @@ var buildRoutes []func(a *api, r chi.Router)
 // NewHandler returns the service's HTTP handler.
 func NewHandler(cfg Config) http.Handler {
 	a := &api{pool: cfg.Pool, idem: cfg.Idem, payments: cfg.Payments, auth: tenants.NewCache(cfg.Pool, cfg.AuthCacheTTL),
-		webhookSecrets: cfg.WebhookSecrets, webhookTolerance: cfg.WebhookTolerance}
+		webhookSecrets: cfg.WebhookSecrets, webhookTolerance: cfg.WebhookTolerance, events: cfg.Events}
 	if a.webhookTolerance <= 0 {
 		a.webhookTolerance = webhook.DefaultTolerance
 	}
@@ -147,12 +152,26 @@ func NewHandler(cfg Config) http.Handler {
 	return r
 }
 
+// ready is /readyz: 503 while the database does not answer, since then
+// nothing can be served. The broker is deliberately not part of it: every
+// request is served without it (a payment's events wait in the outbox until
+// the relay reaches the broker again), and a probe that failed with it
+// would take every process out of the load balancer for a broker outage.
+// The answer says whether events flow instead, for a person to read; the
+// payments_events_broker_connected gauge is what to alert on.
 func (a *api) ready(w http.ResponseWriter, r *http.Request) {
 	if err := a.pool.Ping(r.Context()); err != nil {
 		writeError(w, r, errors.Join(errNotReady, err))
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	body := map[string]string{"status": "ready"}
+	if a.events != nil {
+		body["events"] = "flowing"
+		if flowing, detail := a.events(); !flowing {
+			body["events"] = "not flowing: " + detail
+		}
+	}
+	writeJSON(w, http.StatusOK, body)
 }
 
 // routeIndex copies routes into one flat router, every route also without

@@ -120,7 +120,11 @@ func (s *Store) Begin(ctx context.Context, c Claim, first func(ctx context.Conte
 			fencingRejectionsTotal.WithLabelValues(c.Endpoint).Inc()
 		}
 	}()
+	if err := s.admit(ctx, c); err != nil {
+		return Begun{}, s.wrap(err)
+	}
 	var b Begun
+	claimed := false
 	err = db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
 		q := dbsqlc.New(tx)
 		if err := s.boundLockWaits(ctx, tx); err != nil {
@@ -138,6 +142,7 @@ func (s *Store) Begin(ctx context.Context, c Claim, first func(ctx context.Conte
 		case err != nil:
 			return err
 		}
+		claimed = true
 
 		b.Lease = Lease{Claim: c, Generation: gen, RecoveryPoint: RecoveryStarted}
 		var step Step
@@ -155,6 +160,9 @@ func (s *Store) Begin(ctx context.Context, c Claim, first func(ctx context.Conte
 	})
 	if err != nil {
 		return Begun{}, s.wrap(err)
+	}
+	if claimed {
+		s.claimed(c)
 	}
 	return b, nil
 }

@@ -55,6 +55,7 @@ const (
 	outcomeReleasedTransient = "released_transient"
 	outcomeFailed            = "failed"
 	outcomeRejected          = "rejected_before_claim"
+	outcomeBudgetExceeded    = "budget_exceeded"
 )
 
 // countOutcome counts one Execute or Begin call; err is the error it
@@ -84,6 +85,8 @@ func countOutcome(endpoint string, err error, replayed, takenOver bool, createdA
 		outcome = outcomeResultExpired
 	case errors.Is(err, ErrUnavailable):
 		outcome = outcomeReleasedTransient
+	case errors.Is(err, ErrKeyBudgetExceeded):
+		outcome = outcomeBudgetExceeded
 	default:
 		outcome = outcomeFailed
 	}

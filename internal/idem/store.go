@@ -75,12 +75,16 @@ type Config struct {
 	// over. It must stay well above the p99 latency of one step, the
 	// processor call included.
 	Lease time.Duration
+	// KeyBudget is how many live keys one tenant may hold (R6; see
+	// budget.go); zero means DefaultKeyBudget, negative turns it off.
+	KeyBudget int64
 }
 
 // Store runs requests under idempotency keys kept in PostgreSQL.
 type Store struct {
-	pool *pgxpool.Pool
-	cfg  Config
+	pool   *pgxpool.Pool
+	cfg    Config
+	budget *keyBudget // nil: no budget
 }
 
 // NewStore returns a Store over pool; zero Config fields take the defaults.
@@ -98,7 +102,14 @@ func NewStore(pool *pgxpool.Pool, cfg Config) *Store {
 	if cfg.Lease <= 0 {
 		cfg.Lease = DefaultLease
 	}
-	return &Store{pool: pool, cfg: cfg}
+	if cfg.KeyBudget == 0 {
+		cfg.KeyBudget = DefaultKeyBudget
+	}
+	st := &Store{pool: pool, cfg: cfg}
+	if cfg.KeyBudget > 0 {
+		st.budget = newKeyBudget(pool, cfg.KeyBudget)
+	}
+	return st
 }
 
 // Claim identifies one idempotent request.
@@ -154,6 +165,10 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Cont
 	// Counted once, when the outcome is decided: after the commit or the
 	// rollback.
 	defer func() { countOutcome(c.Endpoint, err, replayed, false, createdAt) }()
+	if err := s.admit(ctx, c); err != nil {
+		return Response{}, false, s.wrap(err)
+	}
+	claimed := false
 	err = db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
 		q := dbsqlc.New(tx)
 
@@ -182,6 +197,7 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Cont
 		case err != nil:
 			return err
 		}
+		claimed = true
 
 		// 2. Execute, inside a savepoint taken before the business write.
 		res, err = executeInSavepoint(ctx, tx, exec)
@@ -223,6 +239,9 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Cont
 	})
 	if err != nil {
 		return Response{}, false, s.wrap(err)
+	}
+	if claimed {
+		s.claimed(c)
 	}
 	// The work is committed. A crash from here until the response is
 	// written is the window test T1 covers: the client's retry replays the

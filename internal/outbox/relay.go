@@ -38,11 +38,12 @@ const heldBackRetry = 100 * time.Millisecond
 type RelayConfig struct {
 	// Batch is the most rows one claim takes.
 	Batch int
-	// ClaimHold is how long claimed rows are kept from other relays. It
-	// must exceed a batch's publishing time; a relay that dies leaves its
-	// rows to the others after it. The stream's duplicates window must be
-	// longer than ClaimHold plus PublishTimeout, so that the republish of
-	// a row whose mark was lost still lands within it.
+	// ClaimHold is how long claimed rows are kept from other relays; a
+	// relay that dies leaves its rows to the others after it. A batch
+	// publishes for at most four fifths of it (see RelayOnce). The
+	// stream's duplicates window must be longer than ClaimHold plus
+	// PublishTimeout, so that the republish of a row whose mark was lost
+	// still lands within it.
 	ClaimHold time.Duration
 	// PollInterval is how often the relay looks without a notification:
 	// the fallback when a NOTIFY was missed (its connection was down).
@@ -156,8 +157,21 @@ func (r *Relay) drain(ctx context.Context) (pending bool) {
 // RelayOnce claims one batch, publishes it in seq order, waiting for each
 // acknowledgement, and marks what was acknowledged published. It returns
 // how many rows it published.
+//
+// The batch publishes only while its claim holds. Once the claim lapses
+// another relay may claim the same rows and publish them too: the same
+// rows from two relays at once, republished and interleaved out of seq
+// order on the stream. A claim is not renewed; instead the batch stops
+// publishing a fifth of ClaimHold before the claim ends (the last publish
+// is cut short there too), which leaves that fifth to mark what was
+// acknowledged, and releases the rest for the next claim, which takes them
+// in seq order. With fast publishes a batch ends long before; with slow
+// ones (up to PublishTimeout each) it is cut.
 func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	q := dbsqlc.New(r.pool)
+	// Taken before the claim is sent, so the batch's deadline falls no
+	// later than the claim's: the claim's clock starts later.
+	deadline := time.Now().Add(r.cfg.ClaimHold - r.cfg.ClaimHold/5)
 	rows, err := q.OutboxClaim(ctx, dbsqlc.OutboxClaimParams{HoldSeconds: r.cfg.ClaimHold.Seconds(), MaxRows: int32(r.cfg.Batch)})
 	if err != nil || len(rows) == 0 {
 		return 0, err
@@ -167,7 +181,10 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	acked := make([]uuid.UUID, 0, len(rows))
 	var pubErr error
 	for _, row := range rows {
-		if pubErr = r.publish(ctx, row); pubErr != nil {
+		if !time.Now().Before(deadline) {
+			break
+		}
+		if pubErr = r.publish(ctx, row, deadline); pubErr != nil {
 			break
 		}
 		acked = append(acked, row.ID)
@@ -182,21 +199,26 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 			return 0, err
 		}
 	}
-	if pubErr != nil {
-		publishErrorsTotal.Inc()
+	if len(acked) < len(rows) {
 		if err := q.OutboxRelease(ctx, ids(rows[len(acked):])); err != nil {
 			r.log.WarnContext(ctx, "relay: release unpublished rows", slog.Any("error", err))
 		}
+	}
+	if pubErr != nil {
+		publishErrorsTotal.Inc()
 		return len(acked), pubErr
 	}
 	return len(acked), nil
 }
 
-// publish sends one row and waits for the stream's acknowledgement. The
-// message id is the outbox id, so the stream drops a second publish of the
-// row within its duplicates window.
-func (r *Relay) publish(ctx context.Context, row dbsqlc.OutboxClaimRow) error {
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.PublishTimeout)
+// publish sends one row and waits for the stream's acknowledgement, for
+// at most PublishTimeout and never past deadline. The message id is the
+// outbox id, so the stream drops a second publish of the row within its
+// duplicates window.
+func (r *Relay) publish(ctx context.Context, row dbsqlc.OutboxClaimRow, deadline time.Time) error {
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	ctx, cancel = context.WithTimeout(ctx, r.cfg.PublishTimeout)
 	defer cancel()
 	msg := &nats.Msg{Subject: row.Subject, Data: row.Payload, Header: nats.Header{}}
 	msg.Header.Set("Event-Type", row.EventType)

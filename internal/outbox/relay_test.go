@@ -2,11 +2,15 @@ package outbox_test
 
 import (
 	"context"
+	"encoding/json"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemref/payments/internal/broker"
@@ -173,5 +177,130 @@ func TestRelayWakesOnNotify(t *testing.T) {
 	testkit.WaitFor(t, 10*time.Second, func() bool { return len(f.streamIDs(t)) == 2 })
 	if ids := f.streamIDs(t); ids[0] != first.String() || ids[1] != second.String() {
 		t.Errorf("stream = %v, want [%s %s]", ids, first, second)
+	}
+}
+
+// slowStream is the events stream behind a broker that stalls: the publish
+// of the row named stall does not return until release is closed (or the
+// publish's context ends). It records which rows it was asked to publish.
+type slowStream struct {
+	jetstream.JetStream
+	stall   string
+	stalled chan struct{} // closed when the stalled publish began
+	release chan struct{}
+
+	mu        sync.Mutex
+	published []string // the rows whose publish was acknowledged
+}
+
+func (s *slowStream) PublishMsg(ctx context.Context, msg *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	var ev events.Envelope
+	if err := json.Unmarshal(msg.Data, &ev); err != nil {
+		return nil, err
+	}
+	id := ev.ID.String()
+	if id == s.stall {
+		close(s.stalled)
+		select {
+		case <-s.release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	ack, err := s.JetStream.PublishMsg(ctx, msg, opts...)
+	if err == nil {
+		s.mu.Lock()
+		s.published = append(s.published, id)
+		s.mu.Unlock()
+	}
+	return ack, err
+}
+
+func (s *slowStream) rows() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.published)
+}
+
+// M2: a batch publishes only while its claim holds. The first relay claims
+// three rows, publishes the first, and stalls on the second for longer than
+// its claim (1 s). A second relay claims whatever has become claimable and
+// publishes it. No row is published by both: without the budget the first
+// relay, still holding its batch in its own view, published the second and
+// third rows after the second relay had claimed and published them (and
+// the first row too, never marked), two relays publishing the same rows at
+// once.
+func TestRelayPublishesOnlyWhileItsClaimHolds(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	first, second, third := f.write(t), f.write(t), f.write(t)
+	slow := &slowStream{JetStream: f.js, stall: second.String(), stalled: make(chan struct{}), release: make(chan struct{})}
+	const hold = time.Second
+	stalling := outbox.NewRelay(f.pool, slow, outbox.RelayConfig{ClaimHold: hold, PublishTimeout: time.Minute})
+	healthy := &slowStream{JetStream: f.js}
+	other := outbox.NewRelay(f.pool, healthy, outbox.RelayConfig{ClaimHold: hold})
+
+	type result struct {
+		n   int
+		err error
+	}
+	done := make(chan result, 1)
+	// Transaction ids are cluster-wide: another test's transaction may hold
+	// the snapshot guard back for a moment. Once it admits all three rows,
+	// one claim takes them.
+	testkit.WaitFor(t, 10*time.Second, func() bool {
+		var n int
+		if err := f.pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox WHERE xid < pg_snapshot_xmin(pg_current_snapshot())`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 3
+	})
+	go func() {
+		n, err := stalling.RelayOnce(t.Context())
+		done <- result{n, err}
+	}()
+	select {
+	case <-slow.stalled:
+	case res := <-done:
+		t.Fatalf("the relay returned (%d rows, %v) before it published the second row", res.n, res.err)
+	}
+	// The other relay finds nothing to claim while the first one's claim
+	// holds, then takes what it can.
+	testkit.WaitFor(t, 10*time.Second, func() bool {
+		n, err := other.RelayOnce(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	})
+	close(slow.release) // the stalled publish returns, if it still waits
+	res := <-done
+	t.Logf("the stalling relay published %d rows (%v)", res.n, res.err)
+
+	both := map[string]bool{}
+	for _, id := range slow.rows() {
+		both[id] = true
+	}
+	var twice []string
+	for _, id := range healthy.rows() {
+		if both[id] {
+			twice = append(twice, id)
+		}
+	}
+	if len(twice) > 0 {
+		t.Errorf("rows published by both relays: %v (the stalling relay published %v, the other %v)", twice, slow.rows(), healthy.rows())
+	}
+	if got, want := slow.rows(), []string{first.String()}; !slices.Equal(got, want) {
+		t.Errorf("the stalling relay published %v, want %v: only what it published before its claim lapsed", got, want)
+	}
+	if got, want := healthy.rows(), []string{second.String(), third.String()}; !slices.Equal(got, want) {
+		t.Errorf("the other relay published %v, want %v", got, want)
+	}
+	if got, want := f.streamIDs(t), []string{first.String(), second.String(), third.String()}; !slices.Equal(got, want) {
+		t.Errorf("stream = %v, want %v (seq order)", got, want)
+	}
+	var unpublished int
+	if err := f.pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox WHERE published_at IS NULL`).Scan(&unpublished); err != nil || unpublished != 0 {
+		t.Errorf("unpublished rows = %d (%v), want 0", unpublished, err)
 	}
 }

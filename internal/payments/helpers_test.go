@@ -225,10 +225,11 @@ func (w *bundle) recorded(t *testing.T, c idem.Claim) (idem.Response, uuid.UUID)
 	var headers []byte
 	var body []byte
 	var resource *uuid.UUID
+	var location *string
 	err := w.pool.QueryRow(context.Background(), `
-		SELECT response_status, response_headers, response_body, resource_id
+		SELECT response_status, response_headers, response_body, resource_id, resource_location
 		FROM idempotency_keys WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3`,
-		c.TenantID, c.Endpoint, c.Key).Scan(&status, &headers, &body, &resource)
+		c.TenantID, c.Endpoint, c.Key).Scan(&status, &headers, &body, &resource, &location)
 	if err != nil {
 		t.Fatalf("read recorded response of %q: %v", c.Key, err)
 	}
@@ -238,6 +239,10 @@ func (w *bundle) recorded(t *testing.T, c idem.Claim) (idem.Response, uuid.UUID)
 	res := idem.Response{Status: int(*status), Body: body}
 	if err := json.Unmarshal(headers, &res.Header); err != nil {
 		t.Fatalf("decode recorded headers %s: %v", headers, err)
+	}
+	// Location is stored once, in resource_location (idem's storedResponse).
+	if location != nil {
+		res.Header.Set("Location", *location)
 	}
 	return res, *resource
 }

@@ -231,6 +231,21 @@ func (q *Queries) IdemKeyCompleteLease(ctx context.Context, arg IdemKeyCompleteL
 	return result_expires, err
 }
 
+const idemKeyCountForTenant = `-- name: IdemKeyCountForTenant :one
+SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1
+`
+
+// The tenant's key rows, for its budget (R6; internal/idem/budget.go): an
+// index-only scan of its range of the primary key. Rows past their
+// retention that the reaper has not deleted yet still count: it deletes
+// them within a pass.
+func (q *Queries) IdemKeyCountForTenant(ctx context.Context, tenantID uuid.UUID) (int64, error) {
+	row := q.db.QueryRow(ctx, idemKeyCountForTenant, tenantID)
+	var count int64
+	err := row.Scan(&count)
+	return count, err
+}
+
 const idemKeyGet = `-- name: IdemKeyGet :one
 SELECT idempotency_keys.tenant_id, idempotency_keys.endpoint, idempotency_keys.idem_key, idempotency_keys.fingerprint, idempotency_keys.fingerprint_version, idempotency_keys.state, idempotency_keys.response_status, idempotency_keys.response_headers, idempotency_keys.response_body, idempotency_keys.created_at, idempotency_keys.completed_at, idempotency_keys.expires_at, idempotency_keys.recovery_point, idempotency_keys.locked_until, idempotency_keys.lease_generation, idempotency_keys.resource_id, idempotency_keys.retain_until, idempotency_keys.resource_location,
        (state = 'expired' OR (state = 'completed' AND expires_at <= now()))::boolean AS result_expired
@@ -329,6 +344,27 @@ func (q *Queries) IdemKeyGetForUpdate(ctx context.Context, arg IdemKeyGetForUpda
 		&i.ResultExpired,
 	)
 	return i, err
+}
+
+const idemKeyHeld = `-- name: IdemKeyHeld :one
+SELECT 1::int FROM idempotency_keys
+WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
+  AND NOT (state <> 'in_progress' AND retain_until <= now())
+`
+
+type IdemKeyHeldParams struct {
+	TenantID uuid.UUID
+	Endpoint string
+	IdemKey  string
+}
+
+// Whether the tenant holds the key (a tenant at its budget may still use
+// the keys it holds). A key past its retention is forgotten: not held.
+func (q *Queries) IdemKeyHeld(ctx context.Context, arg IdemKeyHeldParams) (int32, error) {
+	row := q.db.QueryRow(ctx, idemKeyHeld, arg.TenantID, arg.Endpoint, arg.IdemKey)
+	var column_1 int32
+	err := row.Scan(&column_1)
+	return column_1, err
 }
 
 const idemKeyListExpiredLeases = `-- name: IdemKeyListExpiredLeases :many
