@@ -94,6 +94,9 @@ func startMessaging(ctx context.Context, pool *pgxpool.Pool, cfg config, logger 
 		logger.Warn("EVENTS_DUPLICATE_WINDOW is shorter than OUTBOX_CLAIM_HOLD plus the publish timeout: a row republished after a relay crash reaches the consumers, whose inboxes drop it",
 			slog.Duration("window", window), slog.Duration("needed", needed))
 	}
+	// The consumer's series exist from the start, broker or not, so the
+	// alerts on them see their first increase.
+	consumer.InitMetrics(orders.ConsumerName)
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {

@@ -24,9 +24,15 @@ import (
 	"github.com/idemref/payments/internal/tenants"
 )
 
-// maxHeaderBytes bounds a request's header block (R3); past it the server
-// answers 431 before any handler runs.
-const maxHeaderBytes = 16 << 10
+// maxHeaderBytes bounds a request's header block (R3), counted as sent:
+// the request line, the header lines and the empty line that ends them.
+// Past it the server answers 431 before any handler runs. net/http reads
+// up to its MaxHeaderBytes plus 4096 bytes (bufio slack) before it gives
+// up, so the server is given that much less.
+const (
+	maxHeaderBytes     = 16 << 10
+	netHTTPHeaderSlack = 4096
+)
 
 // serve runs the HTTP server until ctx is cancelled, then shuts down
 // gracefully: stop accepting, let in-flight requests finish (bounded by
@@ -74,7 +80,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 		ReadTimeout:       cfg.ReadTimeout,
 		WriteTimeout:      cfg.WriteTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
-		MaxHeaderBytes:    maxHeaderBytes,
+		MaxHeaderBytes:    maxHeaderBytes - netHTTPHeaderSlack,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
 
@@ -83,7 +89,11 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Addr, err)
 	}
-	ln = newLimitListener(ln, cfg.MaxConnections)
+	// At the limit idle connections give way, and no client address holds
+	// more than its share (R4): see connManager.
+	conns := newConnManager(ln, cfg.MaxConnections)
+	srv.ConnState = conns.track
+	ln = conns
 	logger.Info("listening", slog.String("addr", ln.Addr().String()), slog.Int("max_connections", cfg.MaxConnections),
 		slog.String("database", databaseTarget(cfg.DatabaseURL)), slog.String("processor", cfg.ProcessorURL),
 		slog.String("nats", redactURL(cfg.NatsURL)))

@@ -16,6 +16,12 @@ import (
 	"github.com/idemref/payments/internal/broker"
 )
 
+// Reasons a message is dead-lettered, as labels and in its header.
+const (
+	reasonMaxDeliver = "max_deliver"
+	reasonTerminated = "terminated"
+)
+
 // Advisory subjects the server publishes when a consumer gives up on a
 // message: past MaxDeliver, or terminated (an unreadable event).
 const (
@@ -70,11 +76,11 @@ func StartDeadLetters(nc *nats.Conn, js jetstream.JetStream, logger *slog.Logger
 				slog.Uint64("deliveries", a.Deliveries), slog.String("reason", reason))
 		}
 	}
-	sub, err := nc.QueueSubscribe(advisoryMaxDeliveries, "dead-letters", handle("max_deliver"))
+	sub, err := nc.QueueSubscribe(advisoryMaxDeliveries, "dead-letters", handle(reasonMaxDeliver))
 	if err != nil {
 		return nil, err
 	}
-	sub2, err := nc.QueueSubscribe(advisoryTerminated, "dead-letters", handle("terminated"))
+	sub2, err := nc.QueueSubscribe(advisoryTerminated, "dead-letters", handle(reasonTerminated))
 	if err != nil {
 		_ = sub.Unsubscribe()
 		return nil, err

@@ -33,3 +33,15 @@ var (
 func init() {
 	prometheus.MustRegister(processedTotal, duplicatesTotal, redeliveriesTotal, failuresTotal, heldRetriesTotal, deadLettersTotal)
 }
+
+// InitMetrics starts every series of the consumer name at zero, so an
+// alert's increase() sees its first dead letter or failure, even before
+// the broker is reached.
+func InitMetrics(name string) {
+	for _, c := range []*prometheus.CounterVec{processedTotal, duplicatesTotal, redeliveriesTotal, failuresTotal, heldRetriesTotal} {
+		c.WithLabelValues(name)
+	}
+	for _, reason := range []string{reasonMaxDeliver, reasonTerminated} {
+		deadLettersTotal.WithLabelValues(name, reason)
+	}
+}

@@ -3,7 +3,9 @@ package httpapi
 import (
 	"errors"
 	"log/slog"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -81,6 +83,7 @@ func NewHandler(cfg Config) http.Handler {
 	if a.webhookTolerance <= 0 {
 		a.webhookTolerance = webhook.DefaultTolerance
 	}
+	idem.InitEndpointMetrics(slices.Sorted(maps.Keys(idempotentEndpoints))...)
 	if cfg.AuthLookups.Rate <= 0 {
 		cfg.AuthLookups = DefaultAuthLookups
 	}

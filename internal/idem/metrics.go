@@ -203,3 +203,18 @@ func (c *keyStats) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(reaperBacklogDesc, prometheus.GaugeValue, prune, "prune")
 	ch <- prometheus.MustNewConstMetric(reaperBacklogDesc, prometheus.GaugeValue, del, "delete")
 }
+
+// InitEndpointMetrics starts the series of each endpoint at zero, every
+// outcome included, so an alert's increase() or ratio sees the first
+// fencing rejection or transient release.
+func InitEndpointMetrics(endpoints ...string) {
+	outcomes := []string{outcomeExecuted, outcomeReplayed, outcomeTakeover, outcomeInProgress, outcomeMismatch,
+		outcomeResultExpired, outcomeReleasedTransient, outcomeFailed, outcomeRejected, outcomeBudgetExceeded}
+	for _, e := range endpoints {
+		for _, o := range outcomes {
+			requestsTotal.WithLabelValues(e, o)
+		}
+		leaseTakeoversTotal.WithLabelValues(e)
+		fencingRejectionsTotal.WithLabelValues(e)
+	}
+}

@@ -29,6 +29,11 @@ var (
 
 func init() {
 	prometheus.MustRegister(completerFinishedTotal, completerWaitingTotal, completerFailuresTotal, sweepRowsTotal, compensationsRefusedTotal)
+	for _, kind := range []string{"payment", "refund"} {
+		for _, retry := range []bool{false, true} {
+			sweepRowsTotal.WithLabelValues(kind, sweepResult(retry))
+		}
+	}
 }
 
 // sweepResult is the result label of payments_sweep_rows_total.

@@ -1,6 +1,12 @@
 package payments
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"slices"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemref/payments/internal/processor"
+)
 
 // Metrics of reconciliation, served at /metrics. Labels are bounded: never
 // a tenant, key or id.
@@ -26,6 +32,32 @@ var (
 	})
 )
 
+// webhookTypes are the event types counted under their own name; any
+// other type a processor sends is counted as "other", so made-up types
+// cannot add series.
+var webhookTypes = []string{processor.EventChargeSucceeded, processor.EventChargeFailed, processor.EventChargeRefunded}
+
+// webhookTypeLabel is typ as a bounded label value.
+func webhookTypeLabel(typ string) string {
+	if slices.Contains(webhookTypes, typ) {
+		return typ
+	}
+	return "other"
+}
+
 func init() {
 	prometheus.MustRegister(webhookEventsTotal, compensationsTotal, staleWritesTotal, duplicateRefundsTotal)
+	// Every known series starts at zero, so increase() in an alert sees
+	// the first event (a counter born at 1 shows no increase).
+	for _, typ := range append(webhookTypes, "other") {
+		for _, result := range []WebhookResult{WebhookDuplicate, WebhookConfirmed, WebhookCompensating, WebhookRecorded} {
+			webhookEventsTotal.WithLabelValues(typ, string(result))
+		}
+	}
+	for _, reason := range []string{ReasonDuplicateCharge, ReasonChargeAfterFailure} {
+		compensationsTotal.WithLabelValues(reason)
+	}
+	for _, write := range []string{"mark_charge_sent", "unmark_charge_sent", "compensation_succeeded", "webhook_unmarked_payment"} {
+		staleWritesTotal.WithLabelValues(write)
+	}
 }

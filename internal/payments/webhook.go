@@ -89,7 +89,7 @@ func (s *Service) HandleProcessorEvent(ctx context.Context, ev processor.Event) 
 	if err != nil {
 		return "", err
 	}
-	webhookEventsTotal.WithLabelValues(ev.Type, string(result)).Inc()
+	webhookEventsTotal.WithLabelValues(webhookTypeLabel(ev.Type), string(result)).Inc()
 	return result, nil
 }
 
