@@ -21,29 +21,30 @@ const (
 
 // problemStatus is the contract between problem codes and HTTP status codes.
 var problemStatus = map[string]int{
-	"unauthorized":            401,
-	"idempotency_key_missing": 400,
-	"idempotency_key_invalid": 400,
-	"invalid_json":            400,
-	"body_too_large":          413,
-	"unsupported_media_type":  415,
-	"validation_failed":       400,
-	"idempotency_key_in_use":  409,
-	"idempotency_key_reused":  422,
-	"order_reference_exists":  409,
-	"not_found":               404,
-	"method_not_allowed":      405,
-	"invalid_query":           400,
-	"service_unavailable":     503,
-	"internal_error":          500,
-	"order_not_found":         422,
-	"payment_amount_mismatch": 422,
-	"payment_exists":          409,
-	"card_declined":           402,
-	"processor_rejected":      422,
-	"payment_not_refundable":  409,
-	"refund_exceeds_payment":  422,
-	"processor_unavailable":   503,
+	"idempotency_key_budget_exceeded": 429,
+	"unauthorized":                    401,
+	"idempotency_key_missing":         400,
+	"idempotency_key_invalid":         400,
+	"invalid_json":                    400,
+	"body_too_large":                  413,
+	"unsupported_media_type":          415,
+	"validation_failed":               400,
+	"idempotency_key_in_use":          409,
+	"idempotency_key_reused":          422,
+	"order_reference_exists":          409,
+	"not_found":                       404,
+	"method_not_allowed":              405,
+	"invalid_query":                   400,
+	"service_unavailable":             503,
+	"internal_error":                  500,
+	"order_not_found":                 422,
+	"payment_amount_mismatch":         422,
+	"payment_exists":                  409,
+	"card_declined":                   402,
+	"processor_rejected":              422,
+	"payment_not_refundable":          409,
+	"refund_exceeds_payment":          422,
+	"processor_unavailable":           503,
 	// processor_outcome_unknown: the charge or refund may still land (S6).
 	"processor_outcome_unknown":  503,
 	"rate_limited":               429,
@@ -172,14 +173,21 @@ func TestEveryResponseCarriesRequestID(t *testing.T) {
 func TestErrorResponsesAreProblems(t *testing.T) {
 	doc := loadOpenAPI(t)
 
+	// Problem.code is an open string: a closed enum makes a generated
+	// client reject (or fail to compile against) a code added later. The
+	// codes of today are listed in x-extensible-enum.
 	codeSchema := doc.Components.Schemas["Problem"].Value.Properties["code"].Value
+	if len(codeSchema.Enum) != 0 || !codeSchema.Type.Is(openapi3.TypeString) {
+		t.Errorf("Problem.code must be a string without enum, got type %v enum %v", codeSchema.Type, codeSchema.Enum)
+	}
+	listed, _ := codeSchema.Extensions["x-extensible-enum"].([]any)
 	var enum []string
-	for _, v := range codeSchema.Enum {
+	for _, v := range listed {
 		enum = append(enum, fmt.Sprint(v))
 	}
 	sort.Strings(enum)
 	if want := sortedKeys(problemStatus); !slices.Equal(enum, want) {
-		t.Errorf("Problem.code enum = %v, want %v", enum, want)
+		t.Errorf("Problem.code x-extensible-enum = %v, want %v", enum, want)
 	}
 
 	for _, o := range operations(doc) {
@@ -239,9 +247,14 @@ func TestSecurity(t *testing.T) {
 			return ok
 		})
 		if isWebhook(o) {
-			// The processor authenticates with its signature header.
-			if len(reqs) != 0 {
-				t.Errorf("%s: a webhook takes no API key", o)
+			// The processor authenticates with its signature header, and
+			// takes no API key.
+			signed := slices.ContainsFunc(reqs, func(r openapi3.SecurityRequirement) bool {
+				_, ok := r["processorSignature"]
+				return ok && len(r) == 1
+			})
+			if !signed || len(reqs) != 1 {
+				t.Errorf("%s: a webhook must require processorSignature only", o)
 			}
 			continue
 		}
@@ -374,5 +387,107 @@ func checkOutcomePolicy(t *testing.T, o operation) {
 		if !used[e] {
 			t.Errorf("%s: x-idempotency names %q, which is not a documented response", o, e)
 		}
+	}
+}
+
+// rateLimited reports whether o runs behind the tenant's rate limit: an
+// authenticated /v1 operation.
+func rateLimited(doc *openapi3.T, o operation) bool {
+	reqs := doc.Security
+	if o.op.Security != nil {
+		reqs = *o.op.Security
+	}
+	return strings.HasPrefix(o.path, "/v1/") && slices.ContainsFunc(reqs, func(r openapi3.SecurityRequirement) bool {
+		_, ok := r["bearerAuth"]
+		return ok
+	})
+}
+
+// Every answer to an authenticated /v1 request carries RateLimit and
+// RateLimit-Policy while the limit is on, so every 2xx and 4xx of those
+// operations declares them (optional: the operator may turn the limit
+// off), except 401, which is answered before any tenant is known. The
+// operations without a tenant (system endpoints, webhooks) declare
+// neither.
+func TestRateLimitHeadersDeclared(t *testing.T) {
+	doc := loadOpenAPI(t)
+	refs := map[string]string{
+		"RateLimit":        "#/components/headers/RateLimit",
+		"RateLimit-Policy": "#/components/headers/RateLimitPolicy",
+	}
+	for _, name := range []string{"RateLimit", "RateLimitPolicy"} {
+		if h := doc.Components.Headers[name]; h == nil || h.Value.Required {
+			t.Errorf("components.headers.%s must exist and be optional", name)
+		}
+	}
+	for _, o := range operations(doc) {
+		limited := rateLimited(doc, o)
+		for status, resp := range o.op.Responses.Map() {
+			for name, ref := range refs {
+				h := resp.Value.Headers[name]
+				want := limited && (status[0] == '2' || status[0] == '4') && status != "401"
+				switch {
+				case want && (h == nil || h.Ref != ref):
+					t.Errorf("%s %s: header %s must reference %s", o, status, name, ref)
+				case !limited && h != nil:
+					t.Errorf("%s %s: declares %s, but no tenant's limit applies to it", o, status, name)
+				case status == "401" && h != nil:
+					t.Errorf("%s %s: a 401 is answered before the rate limit and carries no %s", o, status, name)
+				}
+			}
+		}
+	}
+}
+
+// Every integer says how wide it is (OWASP API4:2023: integer-format), the
+// limit and Retry-After among them.
+func TestIntegersHaveFormats(t *testing.T) {
+	doc := loadOpenAPI(t)
+	var check func(where string, s *openapi3.SchemaRef)
+	seen := map[*openapi3.Schema]bool{}
+	check = func(where string, s *openapi3.SchemaRef) {
+		if s == nil || s.Value == nil || seen[s.Value] {
+			return
+		}
+		seen[s.Value] = true
+		v := s.Value
+		if v.Type.Is(openapi3.TypeInteger) || v.Type.Includes(openapi3.TypeInteger) {
+			if v.Format != "int32" && v.Format != "int64" {
+				t.Errorf("%s: integer without format int32 or int64", where)
+			}
+		}
+		for name, p := range v.Properties {
+			check(where+"."+name, p)
+		}
+		check(where+"[]", v.Items)
+		for i, sub := range append(append(append(openapi3.SchemaRefs{}, v.OneOf...), v.AnyOf...), v.AllOf...) {
+			check(fmt.Sprintf("%s/%d", where, i), sub)
+		}
+	}
+	for name, s := range doc.Components.Schemas {
+		check("schemas."+name, s)
+	}
+	for name, h := range doc.Components.Headers {
+		check("headers."+name, h.Value.Schema)
+	}
+	for _, o := range operations(doc) {
+		for _, p := range o.op.Parameters {
+			check(fmt.Sprintf("%s parameter %s", o, p.Value.Name), p.Value.Schema)
+		}
+		for status, resp := range o.op.Responses.Map() {
+			for name, h := range resp.Value.Headers {
+				check(fmt.Sprintf("%s %s header %s", o, status, name), h.Value.Schema)
+			}
+		}
+	}
+}
+
+// GET /openapi.yaml answers YAML text; declared as an object, a validator
+// that does not parse YAML (Prism) rejects every fetch.
+func TestOpenAPIDocumentIsServedAsText(t *testing.T) {
+	doc := loadOpenAPI(t)
+	mt := doc.Paths.Value("/openapi.yaml").Get.Responses.Value("200").Value.Content.Get("application/yaml")
+	if mt == nil || mt.Schema == nil || !mt.Schema.Value.Type.Is(openapi3.TypeString) {
+		t.Fatal("GET /openapi.yaml: application/yaml must be declared type: string")
 	}
 }

@@ -126,108 +126,6 @@ func (e PaymentStatus) Valid() bool {
 	}
 }
 
-// Defines values for ProblemCode.
-const (
-	ProblemCodeBodyTooLarge                   ProblemCode = "body_too_large"
-	ProblemCodeCardDeclined                   ProblemCode = "card_declined"
-	ProblemCodeIdempotencyKeyInUse            ProblemCode = "idempotency_key_in_use"
-	ProblemCodeIdempotencyKeyInvalid          ProblemCode = "idempotency_key_invalid"
-	ProblemCodeIdempotencyKeyMissing          ProblemCode = "idempotency_key_missing"
-	ProblemCodeIdempotencyKeyReused           ProblemCode = "idempotency_key_reused"
-	ProblemCodeIdempotencyResultExpired       ProblemCode = "idempotency_result_expired"
-	ProblemCodeInternalError                  ProblemCode = "internal_error"
-	ProblemCodeInvalidJson                    ProblemCode = "invalid_json"
-	ProblemCodeInvalidQuery                   ProblemCode = "invalid_query"
-	ProblemCodeMethodNotAllowed               ProblemCode = "method_not_allowed"
-	ProblemCodeNotFound                       ProblemCode = "not_found"
-	ProblemCodeOrderNotFound                  ProblemCode = "order_not_found"
-	ProblemCodeOrderReferenceExists           ProblemCode = "order_reference_exists"
-	ProblemCodePaymentAmountMismatch          ProblemCode = "payment_amount_mismatch"
-	ProblemCodePaymentExists                  ProblemCode = "payment_exists"
-	ProblemCodePaymentNotRefundable           ProblemCode = "payment_not_refundable"
-	ProblemCodePreconditionFailed             ProblemCode = "precondition_failed"
-	ProblemCodePreconditionRequired           ProblemCode = "precondition_required"
-	ProblemCodeProcessorOutcomeUnknown        ProblemCode = "processor_outcome_unknown"
-	ProblemCodeProcessorRejected              ProblemCode = "processor_rejected"
-	ProblemCodeProcessorUnavailable           ProblemCode = "processor_unavailable"
-	ProblemCodeRateLimited                    ProblemCode = "rate_limited"
-	ProblemCodeRefundExceedsPayment           ProblemCode = "refund_exceeds_payment"
-	ProblemCodeServiceUnavailable             ProblemCode = "service_unavailable"
-	ProblemCodeUnauthorized                   ProblemCode = "unauthorized"
-	ProblemCodeUnsupportedMediaType           ProblemCode = "unsupported_media_type"
-	ProblemCodeValidationFailed               ProblemCode = "validation_failed"
-	ProblemCodeWebhookSignatureInvalid        ProblemCode = "webhook_signature_invalid"
-	ProblemCodeWebhookTimestampOutOfTolerance ProblemCode = "webhook_timestamp_out_of_tolerance"
-)
-
-// Valid indicates whether the value is a known member of the ProblemCode enum.
-func (e ProblemCode) Valid() bool {
-	switch e {
-	case ProblemCodeBodyTooLarge:
-		return true
-	case ProblemCodeCardDeclined:
-		return true
-	case ProblemCodeIdempotencyKeyInUse:
-		return true
-	case ProblemCodeIdempotencyKeyInvalid:
-		return true
-	case ProblemCodeIdempotencyKeyMissing:
-		return true
-	case ProblemCodeIdempotencyKeyReused:
-		return true
-	case ProblemCodeIdempotencyResultExpired:
-		return true
-	case ProblemCodeInternalError:
-		return true
-	case ProblemCodeInvalidJson:
-		return true
-	case ProblemCodeInvalidQuery:
-		return true
-	case ProblemCodeMethodNotAllowed:
-		return true
-	case ProblemCodeNotFound:
-		return true
-	case ProblemCodeOrderNotFound:
-		return true
-	case ProblemCodeOrderReferenceExists:
-		return true
-	case ProblemCodePaymentAmountMismatch:
-		return true
-	case ProblemCodePaymentExists:
-		return true
-	case ProblemCodePaymentNotRefundable:
-		return true
-	case ProblemCodePreconditionFailed:
-		return true
-	case ProblemCodePreconditionRequired:
-		return true
-	case ProblemCodeProcessorOutcomeUnknown:
-		return true
-	case ProblemCodeProcessorRejected:
-		return true
-	case ProblemCodeProcessorUnavailable:
-		return true
-	case ProblemCodeRateLimited:
-		return true
-	case ProblemCodeRefundExceedsPayment:
-		return true
-	case ProblemCodeServiceUnavailable:
-		return true
-	case ProblemCodeUnauthorized:
-		return true
-	case ProblemCodeUnsupportedMediaType:
-		return true
-	case ProblemCodeValidationFailed:
-		return true
-	case ProblemCodeWebhookSignatureInvalid:
-		return true
-	case ProblemCodeWebhookTimestampOutOfTolerance:
-		return true
-	default:
-		return false
-	}
-}
-
 // Defines values for RefundStatus.
 const (
 	RefundStatusCreated    RefundStatus = "created"
@@ -384,11 +282,15 @@ type FieldError struct {
 type IdempotencyKeyStatus struct {
 	CompletedAt *time.Time `json:"completed_at"`
 	CreatedAt   time.Time  `json:"created_at"`
-	Endpoint    string     `json:"endpoint"`
+
+	// Endpoint The route template the key was used on, as given in the `endpoint` parameter.
+	Endpoint string `json:"endpoint"`
 
 	// ExpiresAt Until then the result is replayed.
 	ExpiresAt time.Time `json:"expires_at"`
-	Key       string    `json:"key"`
+
+	// Key The key as stored (an sf-string is stored as the key it denotes).
+	Key string `json:"key"`
 
 	// RecoveryPoint The last committed step of a payment or refund key; `null` for an order's.
 	RecoveryPoint *string `json:"recovery_point"`
@@ -549,14 +451,20 @@ type PaymentList struct {
 // | `processor_unavailable` | 503 |
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
+// | `idempotency_key_budget_exceeded` | 429 |
 // | `idempotency_result_expired` | 409 |
 // | `webhook_signature_invalid` | 400 |
 // | `webhook_timestamp_out_of_tolerance` | 400 |
 // | `precondition_failed` | 412 |
 // | `precondition_required` | 428 |
 type Problem struct {
-	// Code Stable machine-readable error code.
-	Code ProblemCode `json:"code"`
+	// Code Stable machine-readable error code: today one of those listed in
+	// `x-extensible-enum` and in the table of this schema's
+	// description. The list is open: a later version may add codes,
+	// and a client handles a code it does not know by the HTTP status,
+	// as it would an unknown status of that class. Codes are never
+	// renamed or reused.
+	Code string `json:"code"`
 
 	// DeclineCode Present with `card_declined`; the processor's reason, for example `generic_decline` or `insufficient_funds`.
 	DeclineCode *string `json:"decline_code,omitempty"`
@@ -592,9 +500,6 @@ type Problem struct {
 	// Type Stable URI identifying the problem type, `https://payments.example.com/problems/` followed by `code` with `_` replaced by `-`.
 	Type string `json:"type"`
 }
-
-// ProblemCode Stable machine-readable error code.
-type ProblemCode string
 
 // PutCustomerRequest defines model for PutCustomerRequest.
 type PutCustomerRequest struct {
@@ -682,6 +587,7 @@ type PaymentId = Uuid
 // | `processor_unavailable` | 503 |
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
+// | `idempotency_key_budget_exceeded` | 429 |
 // | `idempotency_result_expired` | 409 |
 // | `webhook_signature_invalid` | 400 |
 // | `webhook_timestamp_out_of_tolerance` | 400 |
@@ -720,6 +626,7 @@ type BodyTooLarge = Problem
 // | `processor_unavailable` | 503 |
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
+// | `idempotency_key_budget_exceeded` | 429 |
 // | `idempotency_result_expired` | 409 |
 // | `webhook_signature_invalid` | 400 |
 // | `webhook_timestamp_out_of_tolerance` | 400 |
@@ -758,6 +665,7 @@ type CardDeclined = Problem
 // | `processor_unavailable` | 503 |
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
+// | `idempotency_key_budget_exceeded` | 429 |
 // | `idempotency_result_expired` | 409 |
 // | `webhook_signature_invalid` | 400 |
 // | `webhook_timestamp_out_of_tolerance` | 400 |
@@ -796,6 +704,7 @@ type CreateOrderBadRequest = Problem
 // | `processor_unavailable` | 503 |
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
+// | `idempotency_key_budget_exceeded` | 429 |
 // | `idempotency_result_expired` | 409 |
 // | `webhook_signature_invalid` | 400 |
 // | `webhook_timestamp_out_of_tolerance` | 400 |
@@ -834,6 +743,7 @@ type CreateOrderConflict = Problem
 // | `processor_unavailable` | 503 |
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
+// | `idempotency_key_budget_exceeded` | 429 |
 // | `idempotency_result_expired` | 409 |
 // | `webhook_signature_invalid` | 400 |
 // | `webhook_timestamp_out_of_tolerance` | 400 |
@@ -872,6 +782,7 @@ type CreatePaymentBadRequest = Problem
 // | `processor_unavailable` | 503 |
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
+// | `idempotency_key_budget_exceeded` | 429 |
 // | `idempotency_result_expired` | 409 |
 // | `webhook_signature_invalid` | 400 |
 // | `webhook_timestamp_out_of_tolerance` | 400 |
@@ -910,6 +821,7 @@ type CreatePaymentConflict = Problem
 // | `processor_unavailable` | 503 |
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
+// | `idempotency_key_budget_exceeded` | 429 |
 // | `idempotency_result_expired` | 409 |
 // | `webhook_signature_invalid` | 400 |
 // | `webhook_timestamp_out_of_tolerance` | 400 |
@@ -948,6 +860,7 @@ type CreatePaymentUnprocessable = Problem
 // | `processor_unavailable` | 503 |
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
+// | `idempotency_key_budget_exceeded` | 429 |
 // | `idempotency_result_expired` | 409 |
 // | `webhook_signature_invalid` | 400 |
 // | `webhook_timestamp_out_of_tolerance` | 400 |
@@ -986,6 +899,7 @@ type CreateRefundBadRequest = Problem
 // | `processor_unavailable` | 503 |
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
+// | `idempotency_key_budget_exceeded` | 429 |
 // | `idempotency_result_expired` | 409 |
 // | `webhook_signature_invalid` | 400 |
 // | `webhook_timestamp_out_of_tolerance` | 400 |
@@ -1024,6 +938,7 @@ type CreateRefundConflict = Problem
 // | `processor_unavailable` | 503 |
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
+// | `idempotency_key_budget_exceeded` | 429 |
 // | `idempotency_result_expired` | 409 |
 // | `webhook_signature_invalid` | 400 |
 // | `webhook_timestamp_out_of_tolerance` | 400 |
@@ -1062,6 +977,7 @@ type CreateRefundUnprocessable = Problem
 // | `processor_unavailable` | 503 |
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
+// | `idempotency_key_budget_exceeded` | 429 |
 // | `idempotency_result_expired` | 409 |
 // | `webhook_signature_invalid` | 400 |
 // | `webhook_timestamp_out_of_tolerance` | 400 |
@@ -1100,6 +1016,7 @@ type IdempotencyKeyReused = Problem
 // | `processor_unavailable` | 503 |
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
+// | `idempotency_key_budget_exceeded` | 429 |
 // | `idempotency_result_expired` | 409 |
 // | `webhook_signature_invalid` | 400 |
 // | `webhook_timestamp_out_of_tolerance` | 400 |
@@ -1138,6 +1055,7 @@ type InternalError = Problem
 // | `processor_unavailable` | 503 |
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
+// | `idempotency_key_budget_exceeded` | 429 |
 // | `idempotency_result_expired` | 409 |
 // | `webhook_signature_invalid` | 400 |
 // | `webhook_timestamp_out_of_tolerance` | 400 |
@@ -1176,6 +1094,7 @@ type InvalidQuery = Problem
 // | `processor_unavailable` | 503 |
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
+// | `idempotency_key_budget_exceeded` | 429 |
 // | `idempotency_result_expired` | 409 |
 // | `webhook_signature_invalid` | 400 |
 // | `webhook_timestamp_out_of_tolerance` | 400 |
@@ -1214,6 +1133,7 @@ type NotFound = Problem
 // | `processor_unavailable` | 503 |
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
+// | `idempotency_key_budget_exceeded` | 429 |
 // | `idempotency_result_expired` | 409 |
 // | `webhook_signature_invalid` | 400 |
 // | `webhook_timestamp_out_of_tolerance` | 400 |
@@ -1252,6 +1172,7 @@ type PaymentServiceUnavailable = Problem
 // | `processor_unavailable` | 503 |
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
+// | `idempotency_key_budget_exceeded` | 429 |
 // | `idempotency_result_expired` | 409 |
 // | `webhook_signature_invalid` | 400 |
 // | `webhook_timestamp_out_of_tolerance` | 400 |
@@ -1290,6 +1211,7 @@ type PlainBadRequest = Problem
 // | `processor_unavailable` | 503 |
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
+// | `idempotency_key_budget_exceeded` | 429 |
 // | `idempotency_result_expired` | 409 |
 // | `webhook_signature_invalid` | 400 |
 // | `webhook_timestamp_out_of_tolerance` | 400 |
@@ -1328,6 +1250,7 @@ type PreconditionFailed = Problem
 // | `processor_unavailable` | 503 |
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
+// | `idempotency_key_budget_exceeded` | 429 |
 // | `idempotency_result_expired` | 409 |
 // | `webhook_signature_invalid` | 400 |
 // | `webhook_timestamp_out_of_tolerance` | 400 |
@@ -1366,6 +1289,7 @@ type PreconditionRequired = Problem
 // | `processor_unavailable` | 503 |
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
+// | `idempotency_key_budget_exceeded` | 429 |
 // | `idempotency_result_expired` | 409 |
 // | `webhook_signature_invalid` | 400 |
 // | `webhook_timestamp_out_of_tolerance` | 400 |
@@ -1404,6 +1328,7 @@ type RefundPaymentNotFound = Problem
 // | `processor_unavailable` | 503 |
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
+// | `idempotency_key_budget_exceeded` | 429 |
 // | `idempotency_result_expired` | 409 |
 // | `webhook_signature_invalid` | 400 |
 // | `webhook_timestamp_out_of_tolerance` | 400 |
@@ -1442,6 +1367,7 @@ type ServiceUnavailable = Problem
 // | `processor_unavailable` | 503 |
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
+// | `idempotency_key_budget_exceeded` | 429 |
 // | `idempotency_result_expired` | 409 |
 // | `webhook_signature_invalid` | 400 |
 // | `webhook_timestamp_out_of_tolerance` | 400 |
@@ -1480,6 +1406,7 @@ type TooManyRequests = Problem
 // | `processor_unavailable` | 503 |
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
+// | `idempotency_key_budget_exceeded` | 429 |
 // | `idempotency_result_expired` | 409 |
 // | `webhook_signature_invalid` | 400 |
 // | `webhook_timestamp_out_of_tolerance` | 400 |
@@ -1518,6 +1445,7 @@ type Unauthorized = Problem
 // | `processor_unavailable` | 503 |
 // | `processor_outcome_unknown` | 503 |
 // | `rate_limited` | 429 |
+// | `idempotency_key_budget_exceeded` | 429 |
 // | `idempotency_result_expired` | 409 |
 // | `webhook_signature_invalid` | 400 |
 // | `webhook_timestamp_out_of_tolerance` | 400 |
@@ -1726,6 +1654,10 @@ func WithRequestEditorFn(fn RequestEditorFn) ClientOption {
 type ClientInterface interface {
 
 	// GetCustomer Get a customer
+	//
+	// Returns one of the caller's customers as the last `PUT` left it. An
+	// unknown id, an id that is not a UUID, and another tenant's customer
+	// all answer `404 not_found`.
 	//
 	// Corresponds with GET /v1/customers/{id} (the `GetCustomer` operationId).
 	GetCustomer(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -2196,6 +2128,10 @@ type ClientInterface interface {
 }
 
 // GetCustomer Get a customer
+//
+// Returns one of the caller's customers as the last `PUT` left it. An
+// unknown id, an id that is not a UUID, and another tenant's customer
+// all answer `404 not_found`.
 //
 // Corresponds with GET /v1/customers/{id} (the `GetCustomer` operationId).
 func (c *Client) GetCustomer(ctx context.Context, id string, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -3002,7 +2938,7 @@ func NewListOrdersRequest(server string, params *ListOrdersParams) (*http.Reques
 
 		if params.Limit != nil {
 
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: "int32"}); err != nil {
 				return nil, err
 			} else {
 				for _, qp := range strings.Split(queryFrag, "&") {
@@ -3227,7 +3163,7 @@ func NewListPaymentsRequest(server string, params *ListPaymentsParams) (*http.Re
 
 		if params.Limit != nil {
 
-			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: "int32"}); err != nil {
 				return nil, err
 			} else {
 				for _, qp := range strings.Split(queryFrag, "&") {
@@ -3496,6 +3432,10 @@ func WithBaseURL(baseURL string) ClientOption {
 type ClientWithResponsesInterface interface {
 
 	// GetCustomerWithResponse Get a customer
+	//
+	// Returns one of the caller's customers as the last `PUT` left it. An
+	// unknown id, an id that is not a UUID, and another tenant's customer
+	// all answer `404 not_found`.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -3981,7 +3921,9 @@ type ClientWithResponsesInterface interface {
 
 // GetCustomerResponse200Headers the declared response headers of an HTTP 200 response for GetCustomer
 type GetCustomerResponse200Headers struct {
-	XRequestId string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // GetCustomerResponse401Headers the declared response headers of an HTTP 401 response for GetCustomer
@@ -3993,15 +3935,17 @@ type GetCustomerResponse401Headers struct {
 
 // GetCustomerResponse404Headers the declared response headers of an HTTP 404 response for GetCustomer
 type GetCustomerResponse404Headers struct {
-	CacheControl string
-	XRequestId   string
+	CacheControl    string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // GetCustomerResponse429Headers the declared response headers of an HTTP 429 response for GetCustomer
 type GetCustomerResponse429Headers struct {
 	CacheControl    string
-	RateLimit       string
-	RateLimitPolicy string
+	RateLimit       *string
+	RateLimitPolicy *string
 	RetryAfter      int
 	XRequestId      string
 }
@@ -4109,19 +4053,25 @@ func (r GetCustomerResponse) ContentType() string {
 
 // PutCustomerResponse200Headers the declared response headers of an HTTP 200 response for PutCustomer
 type PutCustomerResponse200Headers struct {
-	XRequestId string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // PutCustomerResponse201Headers the declared response headers of an HTTP 201 response for PutCustomer
 type PutCustomerResponse201Headers struct {
-	Location   string
-	XRequestId string
+	Location        string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // PutCustomerResponse400Headers the declared response headers of an HTTP 400 response for PutCustomer
 type PutCustomerResponse400Headers struct {
-	CacheControl string
-	XRequestId   string
+	CacheControl    string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // PutCustomerResponse401Headers the declared response headers of an HTTP 401 response for PutCustomer
@@ -4133,21 +4083,25 @@ type PutCustomerResponse401Headers struct {
 
 // PutCustomerResponse413Headers the declared response headers of an HTTP 413 response for PutCustomer
 type PutCustomerResponse413Headers struct {
-	CacheControl string
-	XRequestId   string
+	CacheControl    string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // PutCustomerResponse415Headers the declared response headers of an HTTP 415 response for PutCustomer
 type PutCustomerResponse415Headers struct {
-	CacheControl string
-	XRequestId   string
+	CacheControl    string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // PutCustomerResponse429Headers the declared response headers of an HTTP 429 response for PutCustomer
 type PutCustomerResponse429Headers struct {
 	CacheControl    string
-	RateLimit       string
-	RateLimitPolicy string
+	RateLimit       *string
+	RateLimitPolicy *string
 	RetryAfter      int
 	XRequestId      string
 }
@@ -4282,14 +4236,18 @@ func (r PutCustomerResponse) ContentType() string {
 
 // GetIdempotencyKeyResponse200Headers the declared response headers of an HTTP 200 response for GetIdempotencyKey
 type GetIdempotencyKeyResponse200Headers struct {
-	CacheControl string
-	XRequestId   string
+	CacheControl    string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // GetIdempotencyKeyResponse400Headers the declared response headers of an HTTP 400 response for GetIdempotencyKey
 type GetIdempotencyKeyResponse400Headers struct {
-	CacheControl string
-	XRequestId   string
+	CacheControl    string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // GetIdempotencyKeyResponse401Headers the declared response headers of an HTTP 401 response for GetIdempotencyKey
@@ -4301,15 +4259,17 @@ type GetIdempotencyKeyResponse401Headers struct {
 
 // GetIdempotencyKeyResponse404Headers the declared response headers of an HTTP 404 response for GetIdempotencyKey
 type GetIdempotencyKeyResponse404Headers struct {
-	CacheControl string
-	XRequestId   string
+	CacheControl    string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // GetIdempotencyKeyResponse429Headers the declared response headers of an HTTP 429 response for GetIdempotencyKey
 type GetIdempotencyKeyResponse429Headers struct {
 	CacheControl    string
-	RateLimit       string
-	RateLimitPolicy string
+	RateLimit       *string
+	RateLimitPolicy *string
 	RetryAfter      int
 	XRequestId      string
 }
@@ -4426,13 +4386,17 @@ func (r GetIdempotencyKeyResponse) ContentType() string {
 
 // ListOrdersResponse200Headers the declared response headers of an HTTP 200 response for ListOrders
 type ListOrdersResponse200Headers struct {
-	XRequestId string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // ListOrdersResponse400Headers the declared response headers of an HTTP 400 response for ListOrders
 type ListOrdersResponse400Headers struct {
-	CacheControl string
-	XRequestId   string
+	CacheControl    string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // ListOrdersResponse401Headers the declared response headers of an HTTP 401 response for ListOrders
@@ -4445,8 +4409,8 @@ type ListOrdersResponse401Headers struct {
 // ListOrdersResponse429Headers the declared response headers of an HTTP 429 response for ListOrders
 type ListOrdersResponse429Headers struct {
 	CacheControl    string
-	RateLimit       string
-	RateLimitPolicy string
+	RateLimit       *string
+	RateLimitPolicy *string
 	RetryAfter      int
 	XRequestId      string
 }
@@ -4557,6 +4521,8 @@ type CreateOrderResponse201Headers struct {
 	IdempotencyExpires string
 	IdempotentReplayed *string
 	Location           string
+	RateLimit          *string
+	RateLimitPolicy    *string
 	XRequestId         string
 }
 
@@ -4564,6 +4530,8 @@ type CreateOrderResponse201Headers struct {
 type CreateOrderResponse400Headers struct {
 	CacheControl       string
 	IdempotentReplayed *string
+	RateLimit          *string
+	RateLimitPolicy    *string
 	XRequestId         string
 }
 
@@ -4578,33 +4546,41 @@ type CreateOrderResponse401Headers struct {
 type CreateOrderResponse409Headers struct {
 	CacheControl       string
 	IdempotentReplayed *string
+	RateLimit          *string
+	RateLimitPolicy    *string
 	RetryAfter         *int
 	XRequestId         string
 }
 
 // CreateOrderResponse413Headers the declared response headers of an HTTP 413 response for CreateOrder
 type CreateOrderResponse413Headers struct {
-	CacheControl string
-	XRequestId   string
+	CacheControl    string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // CreateOrderResponse415Headers the declared response headers of an HTTP 415 response for CreateOrder
 type CreateOrderResponse415Headers struct {
-	CacheControl string
-	XRequestId   string
+	CacheControl    string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // CreateOrderResponse422Headers the declared response headers of an HTTP 422 response for CreateOrder
 type CreateOrderResponse422Headers struct {
-	CacheControl string
-	XRequestId   string
+	CacheControl    string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // CreateOrderResponse429Headers the declared response headers of an HTTP 429 response for CreateOrder
 type CreateOrderResponse429Headers struct {
 	CacheControl    string
-	RateLimit       string
-	RateLimitPolicy string
+	RateLimit       *string
+	RateLimitPolicy *string
 	RetryAfter      int
 	XRequestId      string
 }
@@ -4748,8 +4724,10 @@ func (r CreateOrderResponse) ContentType() string {
 
 // GetOrderResponse200Headers the declared response headers of an HTTP 200 response for GetOrder
 type GetOrderResponse200Headers struct {
-	ETag       string
-	XRequestId string
+	ETag            string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // GetOrderResponse401Headers the declared response headers of an HTTP 401 response for GetOrder
@@ -4761,15 +4739,17 @@ type GetOrderResponse401Headers struct {
 
 // GetOrderResponse404Headers the declared response headers of an HTTP 404 response for GetOrder
 type GetOrderResponse404Headers struct {
-	CacheControl string
-	XRequestId   string
+	CacheControl    string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // GetOrderResponse429Headers the declared response headers of an HTTP 429 response for GetOrder
 type GetOrderResponse429Headers struct {
 	CacheControl    string
-	RateLimit       string
-	RateLimitPolicy string
+	RateLimit       *string
+	RateLimitPolicy *string
 	RetryAfter      int
 	XRequestId      string
 }
@@ -4877,14 +4857,18 @@ func (r GetOrderResponse) ContentType() string {
 
 // UpdateOrderResponse200Headers the declared response headers of an HTTP 200 response for UpdateOrder
 type UpdateOrderResponse200Headers struct {
-	ETag       string
-	XRequestId string
+	ETag            string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // UpdateOrderResponse400Headers the declared response headers of an HTTP 400 response for UpdateOrder
 type UpdateOrderResponse400Headers struct {
-	CacheControl string
-	XRequestId   string
+	CacheControl    string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // UpdateOrderResponse401Headers the declared response headers of an HTTP 401 response for UpdateOrder
@@ -4896,39 +4880,49 @@ type UpdateOrderResponse401Headers struct {
 
 // UpdateOrderResponse404Headers the declared response headers of an HTTP 404 response for UpdateOrder
 type UpdateOrderResponse404Headers struct {
-	CacheControl string
-	XRequestId   string
+	CacheControl    string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // UpdateOrderResponse412Headers the declared response headers of an HTTP 412 response for UpdateOrder
 type UpdateOrderResponse412Headers struct {
-	CacheControl string
-	XRequestId   string
+	CacheControl    string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // UpdateOrderResponse413Headers the declared response headers of an HTTP 413 response for UpdateOrder
 type UpdateOrderResponse413Headers struct {
-	CacheControl string
-	XRequestId   string
+	CacheControl    string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // UpdateOrderResponse415Headers the declared response headers of an HTTP 415 response for UpdateOrder
 type UpdateOrderResponse415Headers struct {
-	CacheControl string
-	XRequestId   string
+	CacheControl    string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // UpdateOrderResponse428Headers the declared response headers of an HTTP 428 response for UpdateOrder
 type UpdateOrderResponse428Headers struct {
-	CacheControl string
-	XRequestId   string
+	CacheControl    string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // UpdateOrderResponse429Headers the declared response headers of an HTTP 429 response for UpdateOrder
 type UpdateOrderResponse429Headers struct {
 	CacheControl    string
-	RateLimit       string
-	RateLimitPolicy string
+	RateLimit       *string
+	RateLimitPolicy *string
 	RetryAfter      int
 	XRequestId      string
 }
@@ -5081,13 +5075,17 @@ func (r UpdateOrderResponse) ContentType() string {
 
 // ListPaymentsResponse200Headers the declared response headers of an HTTP 200 response for ListPayments
 type ListPaymentsResponse200Headers struct {
-	XRequestId string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // ListPaymentsResponse400Headers the declared response headers of an HTTP 400 response for ListPayments
 type ListPaymentsResponse400Headers struct {
-	CacheControl string
-	XRequestId   string
+	CacheControl    string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // ListPaymentsResponse401Headers the declared response headers of an HTTP 401 response for ListPayments
@@ -5100,8 +5098,8 @@ type ListPaymentsResponse401Headers struct {
 // ListPaymentsResponse429Headers the declared response headers of an HTTP 429 response for ListPayments
 type ListPaymentsResponse429Headers struct {
 	CacheControl    string
-	RateLimit       string
-	RateLimitPolicy string
+	RateLimit       *string
+	RateLimitPolicy *string
 	RetryAfter      int
 	XRequestId      string
 }
@@ -5212,6 +5210,8 @@ type CreatePaymentResponse201Headers struct {
 	IdempotencyExpires string
 	IdempotentReplayed *string
 	Location           string
+	RateLimit          *string
+	RateLimitPolicy    *string
 	XRequestId         string
 }
 
@@ -5219,6 +5219,8 @@ type CreatePaymentResponse201Headers struct {
 type CreatePaymentResponse400Headers struct {
 	CacheControl       string
 	IdempotentReplayed *string
+	RateLimit          *string
+	RateLimitPolicy    *string
 	XRequestId         string
 }
 
@@ -5233,6 +5235,8 @@ type CreatePaymentResponse401Headers struct {
 type CreatePaymentResponse402Headers struct {
 	CacheControl       string
 	IdempotentReplayed *string
+	RateLimit          *string
+	RateLimitPolicy    *string
 	XRequestId         string
 }
 
@@ -5240,34 +5244,42 @@ type CreatePaymentResponse402Headers struct {
 type CreatePaymentResponse409Headers struct {
 	CacheControl       string
 	IdempotentReplayed *string
+	RateLimit          *string
+	RateLimitPolicy    *string
 	RetryAfter         *int
 	XRequestId         string
 }
 
 // CreatePaymentResponse413Headers the declared response headers of an HTTP 413 response for CreatePayment
 type CreatePaymentResponse413Headers struct {
-	CacheControl string
-	XRequestId   string
+	CacheControl    string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // CreatePaymentResponse415Headers the declared response headers of an HTTP 415 response for CreatePayment
 type CreatePaymentResponse415Headers struct {
-	CacheControl string
-	XRequestId   string
+	CacheControl    string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // CreatePaymentResponse422Headers the declared response headers of an HTTP 422 response for CreatePayment
 type CreatePaymentResponse422Headers struct {
 	CacheControl       string
 	IdempotentReplayed *string
+	RateLimit          *string
+	RateLimitPolicy    *string
 	XRequestId         string
 }
 
 // CreatePaymentResponse429Headers the declared response headers of an HTTP 429 response for CreatePayment
 type CreatePaymentResponse429Headers struct {
 	CacheControl    string
-	RateLimit       string
-	RateLimitPolicy string
+	RateLimit       *string
+	RateLimitPolicy *string
 	RetryAfter      int
 	XRequestId      string
 }
@@ -5420,7 +5432,9 @@ func (r CreatePaymentResponse) ContentType() string {
 
 // GetPaymentResponse200Headers the declared response headers of an HTTP 200 response for GetPayment
 type GetPaymentResponse200Headers struct {
-	XRequestId string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // GetPaymentResponse401Headers the declared response headers of an HTTP 401 response for GetPayment
@@ -5432,15 +5446,17 @@ type GetPaymentResponse401Headers struct {
 
 // GetPaymentResponse404Headers the declared response headers of an HTTP 404 response for GetPayment
 type GetPaymentResponse404Headers struct {
-	CacheControl string
-	XRequestId   string
+	CacheControl    string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // GetPaymentResponse429Headers the declared response headers of an HTTP 429 response for GetPayment
 type GetPaymentResponse429Headers struct {
 	CacheControl    string
-	RateLimit       string
-	RateLimitPolicy string
+	RateLimit       *string
+	RateLimitPolicy *string
 	RetryAfter      int
 	XRequestId      string
 }
@@ -5551,6 +5567,8 @@ type CreateRefundResponse201Headers struct {
 	IdempotencyExpires string
 	IdempotentReplayed *string
 	Location           string
+	RateLimit          *string
+	RateLimitPolicy    *string
 	XRequestId         string
 }
 
@@ -5558,6 +5576,8 @@ type CreateRefundResponse201Headers struct {
 type CreateRefundResponse400Headers struct {
 	CacheControl       string
 	IdempotentReplayed *string
+	RateLimit          *string
+	RateLimitPolicy    *string
 	XRequestId         string
 }
 
@@ -5572,6 +5592,8 @@ type CreateRefundResponse401Headers struct {
 type CreateRefundResponse404Headers struct {
 	CacheControl       string
 	IdempotentReplayed *string
+	RateLimit          *string
+	RateLimitPolicy    *string
 	XRequestId         string
 }
 
@@ -5579,34 +5601,42 @@ type CreateRefundResponse404Headers struct {
 type CreateRefundResponse409Headers struct {
 	CacheControl       string
 	IdempotentReplayed *string
+	RateLimit          *string
+	RateLimitPolicy    *string
 	RetryAfter         *int
 	XRequestId         string
 }
 
 // CreateRefundResponse413Headers the declared response headers of an HTTP 413 response for CreateRefund
 type CreateRefundResponse413Headers struct {
-	CacheControl string
-	XRequestId   string
+	CacheControl    string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // CreateRefundResponse415Headers the declared response headers of an HTTP 415 response for CreateRefund
 type CreateRefundResponse415Headers struct {
-	CacheControl string
-	XRequestId   string
+	CacheControl    string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // CreateRefundResponse422Headers the declared response headers of an HTTP 422 response for CreateRefund
 type CreateRefundResponse422Headers struct {
 	CacheControl       string
 	IdempotentReplayed *string
+	RateLimit          *string
+	RateLimitPolicy    *string
 	XRequestId         string
 }
 
 // CreateRefundResponse429Headers the declared response headers of an HTTP 429 response for CreateRefund
 type CreateRefundResponse429Headers struct {
 	CacheControl    string
-	RateLimit       string
-	RateLimitPolicy string
+	RateLimit       *string
+	RateLimitPolicy *string
 	RetryAfter      int
 	XRequestId      string
 }
@@ -5759,7 +5789,9 @@ func (r CreateRefundResponse) ContentType() string {
 
 // GetRefundResponse200Headers the declared response headers of an HTTP 200 response for GetRefund
 type GetRefundResponse200Headers struct {
-	XRequestId string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // GetRefundResponse401Headers the declared response headers of an HTTP 401 response for GetRefund
@@ -5771,15 +5803,17 @@ type GetRefundResponse401Headers struct {
 
 // GetRefundResponse404Headers the declared response headers of an HTTP 404 response for GetRefund
 type GetRefundResponse404Headers struct {
-	CacheControl string
-	XRequestId   string
+	CacheControl    string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
 }
 
 // GetRefundResponse429Headers the declared response headers of an HTTP 429 response for GetRefund
 type GetRefundResponse429Headers struct {
 	CacheControl    string
-	RateLimit       string
-	RateLimitPolicy string
+	RateLimit       *string
+	RateLimitPolicy *string
 	RetryAfter      int
 	XRequestId      string
 }
@@ -5886,6 +5920,10 @@ func (r GetRefundResponse) ContentType() string {
 }
 
 // GetCustomerWithResponse Get a customer
+//
+// Returns one of the caller's customers as the last `PUT` left it. An
+// unknown id, an id that is not a UUID, and another tenant's customer
+// all answer `404 not_found`.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -6531,6 +6569,20 @@ func ParseGetCustomerResponse(rsp *http.Response) (*GetCustomerResponse, error) 
 	switch {
 	case rsp.StatusCode == 200:
 		var headers GetCustomerResponse200Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -6572,6 +6624,20 @@ func ParseGetCustomerResponse(rsp *http.Response) (*GetCustomerResponse, error) 
 			}
 			headers.CacheControl = value
 		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -6591,21 +6657,21 @@ func ParseGetCustomerResponse(rsp *http.Response) (*GetCustomerResponse, error) 
 		}
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
 			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
-			headers.RateLimit = value
+			headers.RateLimit = &value
 		}
 		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
 			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
-			headers.RateLimitPolicy = value
+			headers.RateLimitPolicy = &value
 		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int64"}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -6646,7 +6712,7 @@ func ParseGetCustomerResponse(rsp *http.Response) (*GetCustomerResponse, error) 
 		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int64"}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -6746,6 +6812,20 @@ func ParsePutCustomerResponse(rsp *http.Response) (*PutCustomerResponse, error) 
 	switch {
 	case rsp.StatusCode == 200:
 		var headers PutCustomerResponse200Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -6763,6 +6843,20 @@ func ParsePutCustomerResponse(rsp *http.Response) (*PutCustomerResponse, error) 
 			}
 			headers.Location = value
 		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -6779,6 +6873,20 @@ func ParsePutCustomerResponse(rsp *http.Response) (*PutCustomerResponse, error) 
 				return nil, err
 			}
 			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
 		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
@@ -6821,6 +6929,20 @@ func ParsePutCustomerResponse(rsp *http.Response) (*PutCustomerResponse, error) 
 			}
 			headers.CacheControl = value
 		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -6837,6 +6959,20 @@ func ParsePutCustomerResponse(rsp *http.Response) (*PutCustomerResponse, error) 
 				return nil, err
 			}
 			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
 		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
@@ -6857,21 +6993,21 @@ func ParsePutCustomerResponse(rsp *http.Response) (*PutCustomerResponse, error) 
 		}
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
 			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
-			headers.RateLimit = value
+			headers.RateLimit = &value
 		}
 		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
 			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
-			headers.RateLimitPolicy = value
+			headers.RateLimitPolicy = &value
 		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int64"}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -6912,7 +7048,7 @@ func ParsePutCustomerResponse(rsp *http.Response) (*PutCustomerResponse, error) 
 		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int64"}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -7005,6 +7141,20 @@ func ParseGetIdempotencyKeyResponse(rsp *http.Response) (*GetIdempotencyKeyRespo
 			}
 			headers.CacheControl = value
 		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -7021,6 +7171,20 @@ func ParseGetIdempotencyKeyResponse(rsp *http.Response) (*GetIdempotencyKeyRespo
 				return nil, err
 			}
 			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
 		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
@@ -7063,6 +7227,20 @@ func ParseGetIdempotencyKeyResponse(rsp *http.Response) (*GetIdempotencyKeyRespo
 			}
 			headers.CacheControl = value
 		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -7082,21 +7260,21 @@ func ParseGetIdempotencyKeyResponse(rsp *http.Response) (*GetIdempotencyKeyRespo
 		}
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
 			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
-			headers.RateLimit = value
+			headers.RateLimit = &value
 		}
 		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
 			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
-			headers.RateLimitPolicy = value
+			headers.RateLimitPolicy = &value
 		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int64"}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -7137,7 +7315,7 @@ func ParseGetIdempotencyKeyResponse(rsp *http.Response) (*GetIdempotencyKeyRespo
 		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int64"}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -7216,6 +7394,20 @@ func ParseListOrdersResponse(rsp *http.Response) (*ListOrdersResponse, error) {
 	switch {
 	case rsp.StatusCode == 200:
 		var headers ListOrdersResponse200Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -7232,6 +7424,20 @@ func ParseListOrdersResponse(rsp *http.Response) (*ListOrdersResponse, error) {
 				return nil, err
 			}
 			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
 		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
@@ -7276,21 +7482,21 @@ func ParseListOrdersResponse(rsp *http.Response) (*ListOrdersResponse, error) {
 		}
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
 			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
-			headers.RateLimit = value
+			headers.RateLimit = &value
 		}
 		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
 			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
-			headers.RateLimitPolicy = value
+			headers.RateLimitPolicy = &value
 		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int64"}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -7331,7 +7537,7 @@ func ParseListOrdersResponse(rsp *http.Response) (*ListOrdersResponse, error) {
 		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int64"}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -7459,6 +7665,20 @@ func ParseCreateOrderResponse(rsp *http.Response) (*CreateOrderResponse, error) 
 			}
 			headers.Location = value
 		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -7482,6 +7702,20 @@ func ParseCreateOrderResponse(rsp *http.Response) (*CreateOrderResponse, error) 
 				return nil, err
 			}
 			headers.IdempotentReplayed = &value
+		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
 		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
@@ -7531,9 +7765,23 @@ func ParseCreateOrderResponse(rsp *http.Response) (*CreateOrderResponse, error) 
 			}
 			headers.IdempotentReplayed = &value
 		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: "int32"}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = &value
@@ -7555,6 +7803,20 @@ func ParseCreateOrderResponse(rsp *http.Response) (*CreateOrderResponse, error) 
 			}
 			headers.CacheControl = value
 		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -7572,6 +7834,20 @@ func ParseCreateOrderResponse(rsp *http.Response) (*CreateOrderResponse, error) 
 			}
 			headers.CacheControl = value
 		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -7588,6 +7864,20 @@ func ParseCreateOrderResponse(rsp *http.Response) (*CreateOrderResponse, error) 
 				return nil, err
 			}
 			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
 		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
@@ -7608,21 +7898,21 @@ func ParseCreateOrderResponse(rsp *http.Response) (*CreateOrderResponse, error) 
 		}
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
 			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
-			headers.RateLimit = value
+			headers.RateLimit = &value
 		}
 		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
 			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
-			headers.RateLimitPolicy = value
+			headers.RateLimitPolicy = &value
 		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int64"}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -7663,7 +7953,7 @@ func ParseCreateOrderResponse(rsp *http.Response) (*CreateOrderResponse, error) 
 		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int64"}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -7749,6 +8039,20 @@ func ParseGetOrderResponse(rsp *http.Response) (*GetOrderResponse, error) {
 			}
 			headers.ETag = value
 		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -7790,6 +8094,20 @@ func ParseGetOrderResponse(rsp *http.Response) (*GetOrderResponse, error) {
 			}
 			headers.CacheControl = value
 		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -7809,21 +8127,21 @@ func ParseGetOrderResponse(rsp *http.Response) (*GetOrderResponse, error) {
 		}
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
 			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
-			headers.RateLimit = value
+			headers.RateLimit = &value
 		}
 		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
 			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
-			headers.RateLimitPolicy = value
+			headers.RateLimitPolicy = &value
 		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int64"}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -7864,7 +8182,7 @@ func ParseGetOrderResponse(rsp *http.Response) (*GetOrderResponse, error) {
 		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int64"}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -7985,6 +8303,20 @@ func ParseUpdateOrderResponse(rsp *http.Response) (*UpdateOrderResponse, error) 
 			}
 			headers.ETag = value
 		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -8001,6 +8333,20 @@ func ParseUpdateOrderResponse(rsp *http.Response) (*UpdateOrderResponse, error) 
 				return nil, err
 			}
 			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
 		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
@@ -8043,6 +8389,20 @@ func ParseUpdateOrderResponse(rsp *http.Response) (*UpdateOrderResponse, error) 
 			}
 			headers.CacheControl = value
 		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -8059,6 +8419,20 @@ func ParseUpdateOrderResponse(rsp *http.Response) (*UpdateOrderResponse, error) 
 				return nil, err
 			}
 			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
 		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
@@ -8077,6 +8451,20 @@ func ParseUpdateOrderResponse(rsp *http.Response) (*UpdateOrderResponse, error) 
 			}
 			headers.CacheControl = value
 		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -8094,6 +8482,20 @@ func ParseUpdateOrderResponse(rsp *http.Response) (*UpdateOrderResponse, error) 
 			}
 			headers.CacheControl = value
 		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -8110,6 +8512,20 @@ func ParseUpdateOrderResponse(rsp *http.Response) (*UpdateOrderResponse, error) 
 				return nil, err
 			}
 			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
 		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
@@ -8130,21 +8546,21 @@ func ParseUpdateOrderResponse(rsp *http.Response) (*UpdateOrderResponse, error) 
 		}
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
 			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
-			headers.RateLimit = value
+			headers.RateLimit = &value
 		}
 		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
 			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
-			headers.RateLimitPolicy = value
+			headers.RateLimitPolicy = &value
 		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int64"}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -8185,7 +8601,7 @@ func ParseUpdateOrderResponse(rsp *http.Response) (*UpdateOrderResponse, error) 
 		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int64"}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -8264,6 +8680,20 @@ func ParseListPaymentsResponse(rsp *http.Response) (*ListPaymentsResponse, error
 	switch {
 	case rsp.StatusCode == 200:
 		var headers ListPaymentsResponse200Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -8280,6 +8710,20 @@ func ParseListPaymentsResponse(rsp *http.Response) (*ListPaymentsResponse, error
 				return nil, err
 			}
 			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
 		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
@@ -8324,21 +8768,21 @@ func ParseListPaymentsResponse(rsp *http.Response) (*ListPaymentsResponse, error
 		}
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
 			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
-			headers.RateLimit = value
+			headers.RateLimit = &value
 		}
 		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
 			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
-			headers.RateLimitPolicy = value
+			headers.RateLimitPolicy = &value
 		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int64"}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -8379,7 +8823,7 @@ func ParseListPaymentsResponse(rsp *http.Response) (*ListPaymentsResponse, error
 		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int64"}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -8514,6 +8958,20 @@ func ParseCreatePaymentResponse(rsp *http.Response) (*CreatePaymentResponse, err
 			}
 			headers.Location = value
 		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -8537,6 +8995,20 @@ func ParseCreatePaymentResponse(rsp *http.Response) (*CreatePaymentResponse, err
 				return nil, err
 			}
 			headers.IdempotentReplayed = &value
+		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
 		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
@@ -8586,6 +9058,20 @@ func ParseCreatePaymentResponse(rsp *http.Response) (*CreatePaymentResponse, err
 			}
 			headers.IdempotentReplayed = &value
 		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -8610,9 +9096,23 @@ func ParseCreatePaymentResponse(rsp *http.Response) (*CreatePaymentResponse, err
 			}
 			headers.IdempotentReplayed = &value
 		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: "int32"}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = &value
@@ -8634,6 +9134,20 @@ func ParseCreatePaymentResponse(rsp *http.Response) (*CreatePaymentResponse, err
 			}
 			headers.CacheControl = value
 		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -8650,6 +9164,20 @@ func ParseCreatePaymentResponse(rsp *http.Response) (*CreatePaymentResponse, err
 				return nil, err
 			}
 			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
 		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
@@ -8675,6 +9203,20 @@ func ParseCreatePaymentResponse(rsp *http.Response) (*CreatePaymentResponse, err
 			}
 			headers.IdempotentReplayed = &value
 		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -8694,21 +9236,21 @@ func ParseCreatePaymentResponse(rsp *http.Response) (*CreatePaymentResponse, err
 		}
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
 			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
-			headers.RateLimit = value
+			headers.RateLimit = &value
 		}
 		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
 			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
-			headers.RateLimitPolicy = value
+			headers.RateLimitPolicy = &value
 		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int64"}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -8749,7 +9291,7 @@ func ParseCreatePaymentResponse(rsp *http.Response) (*CreatePaymentResponse, err
 		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int64"}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -8828,6 +9370,20 @@ func ParseGetPaymentResponse(rsp *http.Response) (*GetPaymentResponse, error) {
 	switch {
 	case rsp.StatusCode == 200:
 		var headers GetPaymentResponse200Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -8869,6 +9425,20 @@ func ParseGetPaymentResponse(rsp *http.Response) (*GetPaymentResponse, error) {
 			}
 			headers.CacheControl = value
 		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -8888,21 +9458,21 @@ func ParseGetPaymentResponse(rsp *http.Response) (*GetPaymentResponse, error) {
 		}
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
 			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
-			headers.RateLimit = value
+			headers.RateLimit = &value
 		}
 		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
 			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
-			headers.RateLimitPolicy = value
+			headers.RateLimitPolicy = &value
 		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int64"}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -8943,7 +9513,7 @@ func ParseGetPaymentResponse(rsp *http.Response) (*GetPaymentResponse, error) {
 		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int64"}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -9078,6 +9648,20 @@ func ParseCreateRefundResponse(rsp *http.Response) (*CreateRefundResponse, error
 			}
 			headers.Location = value
 		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -9101,6 +9685,20 @@ func ParseCreateRefundResponse(rsp *http.Response) (*CreateRefundResponse, error
 				return nil, err
 			}
 			headers.IdempotentReplayed = &value
+		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
 		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
@@ -9150,6 +9748,20 @@ func ParseCreateRefundResponse(rsp *http.Response) (*CreateRefundResponse, error
 			}
 			headers.IdempotentReplayed = &value
 		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -9174,9 +9786,23 @@ func ParseCreateRefundResponse(rsp *http.Response) (*CreateRefundResponse, error
 			}
 			headers.IdempotentReplayed = &value
 		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: "int32"}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = &value
@@ -9198,6 +9824,20 @@ func ParseCreateRefundResponse(rsp *http.Response) (*CreateRefundResponse, error
 			}
 			headers.CacheControl = value
 		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -9214,6 +9854,20 @@ func ParseCreateRefundResponse(rsp *http.Response) (*CreateRefundResponse, error
 				return nil, err
 			}
 			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
 		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
@@ -9239,6 +9893,20 @@ func ParseCreateRefundResponse(rsp *http.Response) (*CreateRefundResponse, error
 			}
 			headers.IdempotentReplayed = &value
 		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -9258,21 +9926,21 @@ func ParseCreateRefundResponse(rsp *http.Response) (*CreateRefundResponse, error
 		}
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
 			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
-			headers.RateLimit = value
+			headers.RateLimit = &value
 		}
 		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
 			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
-			headers.RateLimitPolicy = value
+			headers.RateLimitPolicy = &value
 		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int64"}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -9313,7 +9981,7 @@ func ParseCreateRefundResponse(rsp *http.Response) (*CreateRefundResponse, error
 		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int64"}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -9392,6 +10060,20 @@ func ParseGetRefundResponse(rsp *http.Response) (*GetRefundResponse, error) {
 	switch {
 	case rsp.StatusCode == 200:
 		var headers GetRefundResponse200Headers
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -9433,6 +10115,20 @@ func ParseGetRefundResponse(rsp *http.Response) (*GetRefundResponse, error) {
 			}
 			headers.CacheControl = value
 		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
 		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
@@ -9452,21 +10148,21 @@ func ParseGetRefundResponse(rsp *http.Response) (*GetRefundResponse, error) {
 		}
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
 			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
-			headers.RateLimit = value
+			headers.RateLimit = &value
 		}
 		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
 			var value string
-			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
 				return nil, err
 			}
-			headers.RateLimitPolicy = value
+			headers.RateLimitPolicy = &value
 		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int64"}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
@@ -9507,7 +10203,7 @@ func ParseGetRefundResponse(rsp *http.Response) (*GetRefundResponse, error) {
 		}
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int64"}); err != nil {
 				return nil, err
 			}
 			headers.RetryAfter = value
