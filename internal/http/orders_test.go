@@ -290,9 +290,9 @@ func TestSystemEndpoints(t *testing.T) {
 	methodNotAllowed := []struct {
 		name, method, key, path, allow string
 	}{
-		{name: "DeleteOrders", method: http.MethodDelete, key: e.a.Key, path: "/v1/orders", allow: "GET, POST"},
-		{name: "PutOrder", method: http.MethodPut, key: e.a.Key, path: "/v1/orders/" + uuid.NewString(), allow: "GET, PATCH"},
-		{name: "PostHealthz", method: http.MethodPost, path: "/healthz", allow: "GET"},
+		{name: "DeleteOrders", method: http.MethodDelete, key: e.a.Key, path: "/v1/orders", allow: "GET, HEAD, POST"},
+		{name: "PutOrder", method: http.MethodPut, key: e.a.Key, path: "/v1/orders/" + uuid.NewString(), allow: "GET, HEAD, PATCH"},
+		{name: "PostHealthz", method: http.MethodPost, path: "/healthz", allow: "GET, HEAD"},
 	}
 	for _, tt := range methodNotAllowed {
 		t.Run(tt.name+"IsMethodNotAllowedProblem", func(t *testing.T) {

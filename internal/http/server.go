@@ -96,6 +96,7 @@ func NewHandler(cfg Config) http.Handler {
 	}
 	r := chi.NewRouter()
 	r.Use(requestContext(cfg.Logger, cfg.RequestTimeout))
+	r.Use(headAsGet)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) { writeError(w, r, errRouteNotFound) })
 	var allow *chi.Mux // built from the finished router, below
 	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
@@ -177,6 +178,22 @@ func (a *api) ready(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, body)
 }
 
+// headAsGet answers HEAD on every GET route (RFC 9110 section 9.3.2): the
+// request is routed as the GET it stands for, so it gets the same status
+// and headers, through the same authentication and rate limit, and
+// net/http drops the body, since the request it answers is a HEAD. It runs
+// after requestContext, so logs and metrics still say HEAD.
+func headAsGet(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodHead {
+			get := r.Clone(r.Context())
+			get.Method = http.MethodGet
+			r = get
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
 // routeIndex copies routes into one flat router, every route also without
 // its trailing slash. chi's own list of allowed methods is not exposed to a
 // custom 405 handler, and Match on the nested router cannot tell a mounted
@@ -185,9 +202,15 @@ func routeIndex(routes chi.Routes) *chi.Mux {
 	idx := chi.NewRouter()
 	noop := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
 	_ = chi.Walk(routes, func(method, route string, _ http.Handler, _ ...func(http.Handler) http.Handler) error {
-		idx.Method(method, route, noop)
-		if trimmed := strings.TrimSuffix(route, "/"); trimmed != "" && trimmed != route {
-			idx.Method(method, trimmed, noop)
+		methods := []string{method}
+		if method == http.MethodGet {
+			methods = append(methods, http.MethodHead) // headAsGet serves it
+		}
+		for _, m := range methods {
+			idx.Method(m, route, noop)
+			if trimmed := strings.TrimSuffix(route, "/"); trimmed != "" && trimmed != route {
+				idx.Method(m, trimmed, noop)
+			}
 		}
 		return nil
 	})
