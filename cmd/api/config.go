@@ -80,6 +80,8 @@ type config struct {
 	// WebhookSecrets verify processor webhooks (comma-separated in
 	// WEBHOOK_SECRETS; two during a rotation).
 	WebhookSecrets []string
+	// WebhookScheme is how the processor signs its webhooks.
+	WebhookScheme webhook.Scheme
 	// WebhookTolerance bounds a webhook signature's age.
 	WebhookTolerance time.Duration
 	// MaxConnections bounds the connections one process holds open (R3).
@@ -112,6 +114,19 @@ func loadConfig(getenv func(string) string) (config, error) {
 		if sec = strings.TrimSpace(sec); sec != "" {
 			cfg.WebhookSecrets = append(cfg.WebhookSecrets, sec)
 		}
+	}
+	cfg.WebhookScheme = webhook.SchemeProcessor
+	switch s := getenv("WEBHOOK_SCHEME"); s {
+	case "", string(webhook.SchemeProcessor):
+	case string(webhook.SchemeStandard):
+		cfg.WebhookScheme = webhook.SchemeStandard
+		for _, sec := range cfg.WebhookSecrets {
+			if _, err := webhook.StandardKey(sec); err != nil {
+				return config{}, fmt.Errorf("WEBHOOK_SECRETS: with WEBHOOK_SCHEME=standard each secret is whsec_ followed by the base64 of at least 16 bytes, as the processor shows it")
+			}
+		}
+	default:
+		return config{}, fmt.Errorf("WEBHOOK_SCHEME=%q: want processor (Processor-Signature, the default) or standard (Standard Webhooks)", s)
 	}
 	if cfg.Addr == "" {
 		cfg.Addr = ":8080"

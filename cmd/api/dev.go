@@ -24,6 +24,7 @@ import (
 	"github.com/idemref/payments/internal/pgtmp"
 	"github.com/idemref/payments/internal/processorsim"
 	"github.com/idemref/payments/internal/tenants"
+	"github.com/idemref/payments/internal/webhook"
 )
 
 // devDataDir holds the private development cluster (git-ignored).
@@ -38,6 +39,10 @@ const devKeyFile = ".dev/demo-api-key"
 
 // devWebhookSecret signs the simulator's webhooks in development mode.
 const devWebhookSecret = "whsec_dev"
+
+// devStandardWebhookSecret is the development secret under
+// WEBHOOK_SCHEME=standard, in the whsec_<base64> form that scheme needs.
+const devStandardWebhookSecret = "whsec_ZGV2ZWxvcG1lbnQtb25seS13ZWJob29rLXNlY3JldA=="
 
 // dev is `make run`: it needs nothing set up. Without DATABASE_URL it starts
 // a private PostgreSQL from the machine's server binaries (initdb the first
@@ -104,6 +109,9 @@ func dev(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer)
 		logger.Info("processor simulator running", slog.String("url", cfg.ProcessorURL))
 		if len(cfg.WebhookSecrets) == 0 {
 			cfg.WebhookSecrets = []string{devWebhookSecret}
+			if cfg.WebhookScheme == webhook.SchemeStandard {
+				cfg.WebhookSecrets = []string{devStandardWebhookSecret}
+			}
 		}
 	}
 	if err := dbmigrate.Up(ctx, cfg.DatabaseURL); err != nil {
@@ -127,7 +135,7 @@ func dev(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer)
 	return serve(ctx, cfg, logger, func(addr string) {
 		if sim != nil {
 			// The simulator's webhooks go to this API, signed with its secret.
-			sim.Simulator.SetWebhooks(processorsim.WebhookConfig{URL: "http://" + loopback(addr) + "/v1/webhooks/processor", Secrets: cfg.WebhookSecrets})
+			sim.Simulator.SetWebhooks(processorsim.WebhookConfig{URL: "http://" + loopback(addr) + "/v1/webhooks/processor", Secrets: cfg.WebhookSecrets, Scheme: cfg.WebhookScheme})
 		}
 		fmt.Fprint(stdout, devBanner(addr, key, created, psql, cfg.ProcessorURL, cfg.NatsURL))
 	})

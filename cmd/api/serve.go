@@ -72,6 +72,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 		OpenAPI:          apispec.OpenAPI,
 		WebhookSecrets:   cfg.WebhookSecrets,
 		WebhookTolerance: cfg.WebhookTolerance,
+		WebhookScheme:    cfg.WebhookScheme,
 		Events:           events,
 	})
 	srv := &http.Server{

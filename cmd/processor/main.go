@@ -18,6 +18,7 @@
 //	                                    http://localhost:8080/v1/webhooks/processor
 //	                                    (default: none, no webhooks)
 //	PROCESSOR_WEBHOOK_SECRETS           comma-separated signing secrets
+//	PROCESSOR_WEBHOOK_SCHEME            processor (default) or standard
 //
 // State is kept in memory: it survives restarts of the API, because this
 // is a separate process, and is lost when this process stops.
@@ -46,6 +47,7 @@ import (
 	"time"
 
 	"github.com/idemref/payments/internal/processorsim"
+	"github.com/idemref/payments/internal/webhook"
 )
 
 const usage = `usage: processor
@@ -56,6 +58,7 @@ Runs the payment processor simulator. Environment:
   PROCESSOR_LATENCY                   added to every call, e.g. 200ms (default 0, at most 30s)
   PROCESSOR_WEBHOOK_URL               deliver signed events there (default: no webhooks)
   PROCESSOR_WEBHOOK_SECRETS           comma-separated signing secrets
+  PROCESSOR_WEBHOOK_SCHEME            processor (Processor-Signature, default) or standard (Standard Webhooks)
 
 State is in memory: it survives restarts of the API, not of this process.
 Faults and modes can be changed at run time through /_sim/faults and /_sim/mode.
@@ -93,6 +96,18 @@ func loadConfig(getenv func(string) string) (config, error) {
 		if sec = strings.TrimSpace(sec); sec != "" {
 			cfg.Webhooks.Secrets = append(cfg.Webhooks.Secrets, sec)
 		}
+	}
+	switch scheme := getenv("PROCESSOR_WEBHOOK_SCHEME"); scheme {
+	case "", string(webhook.SchemeProcessor):
+	case string(webhook.SchemeStandard):
+		cfg.Webhooks.Scheme = webhook.SchemeStandard
+		for _, sec := range cfg.Webhooks.Secrets {
+			if _, err := webhook.StandardKey(sec); err != nil {
+				return config{}, fmt.Errorf("PROCESSOR_WEBHOOK_SECRETS: with PROCESSOR_WEBHOOK_SCHEME=standard each secret is whsec_ followed by the base64 of at least 16 bytes")
+			}
+		}
+	default:
+		return config{}, fmt.Errorf("PROCESSOR_WEBHOOK_SCHEME=%q: want processor (Processor-Signature, the default) or standard (Standard Webhooks)", scheme)
 	}
 	if cfg.Addr == "" {
 		cfg.Addr = ":8090"

@@ -29,6 +29,7 @@ import (
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/testdb"
 	"github.com/idemref/payments/internal/testkit"
+	"github.com/idemref/payments/internal/webhook"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
@@ -75,6 +76,9 @@ type setupOptions struct {
 	rateLimit    httpapi.RateLimit
 	wireCounter  bool
 	webhooks     []string // the simulator's signing secrets; nil: no webhooks
+	// webhookScheme is the scheme both the server and the simulator use;
+	// with SchemeStandard the server's secret is standardWebhookSecret.
+	webhookScheme webhook.Scheme
 }
 
 // withWireCounter routes the server's pool, one connection, through a
@@ -97,6 +101,16 @@ func withProcessor() setupOption { return func(o *setupOptions) { o.processor = 
 func withWebhooks(secrets ...string) setupOption {
 	return func(o *setupOptions) { o.webhooks = secrets }
 }
+
+// withStandardWebhooks has the simulator sign its webhooks the Standard
+// Webhooks way with secrets, and the server verify them that way with
+// standardWebhookSecret.
+func withStandardWebhooks(secrets ...string) setupOption {
+	return func(o *setupOptions) { o.webhooks, o.webhookScheme = secrets, webhook.SchemeStandard }
+}
+
+// standardWebhookSecret is the server's secret under Standard Webhooks.
+const standardWebhookSecret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
 // The server's webhook secret, and one it no longer knows (rotated out).
 const (
@@ -206,6 +220,10 @@ func setup(t *testing.T, opts ...setupOption) *bundle {
 			processor.NewClient(simSrv.URL, processorTimeout), httpapi.Renderer{}, logger,
 			payments.Config{SettleWindow: o.settleWindow})
 	}
+	serverSecret := webhookSecret
+	if o.webhookScheme == webhook.SchemeStandard {
+		serverSecret = standardWebhookSecret
+	}
 	e.handler = httpapi.NewHandler(httpapi.Config{
 		Pool:           serverPool,
 		Idem:           store,
@@ -215,13 +233,14 @@ func setup(t *testing.T, opts ...setupOption) *bundle {
 		OpenAPI:        apispec.OpenAPI,
 		RateLimit:      o.rateLimit,
 		AuthCacheTTL:   authCacheTTL,
-		WebhookSecrets: []string{webhookSecret},
+		WebhookSecrets: []string{serverSecret},
+		WebhookScheme:  o.webhookScheme,
 	})
 	e.srv = httptest.NewServer(e.handler)
 	if e.sim != nil && o.webhooks != nil {
 		// Fast retries, so a failed delivery is retried within the test.
 		e.sim.SetWebhooks(processorsim.WebhookConfig{
-			URL: e.srv.URL + "/v1/webhooks/processor", Secrets: o.webhooks,
+			URL: e.srv.URL + "/v1/webhooks/processor", Secrets: o.webhooks, Scheme: o.webhookScheme,
 			Retry: []time.Duration{50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond},
 		})
 	}

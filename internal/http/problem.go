@@ -153,7 +153,7 @@ func problemFor(err error) Problem {
 			"The signature's timestamp t is more than the tolerance away from now. Nothing was recorded; sign again and resend.")
 	case errors.As(err, &hookErr):
 		return newProblem(http.StatusBadRequest, CodeWebhookSignatureInvalid, "Invalid webhook signature",
-			"The "+webhook.Header+" header is missing, malformed, or no v1 signature matches the body with a current secret. Nothing was recorded.")
+			"The signature headers ("+webhook.Header+", or webhook-id, webhook-timestamp and webhook-signature under Standard Webhooks) are missing or malformed, or no v1 signature matches the body with a current secret. Nothing was recorded.")
 	case errors.Is(err, idem.ErrKeyMissing):
 		return newProblem(http.StatusBadRequest, CodeKeyMissing, "Idempotency-Key required", err.Error())
 	case errors.Is(err, idem.ErrKeyInvalid):

@@ -51,6 +51,9 @@ type Config struct {
 	// WebhookTolerance is how far a webhook's signature time may be from
 	// now; zero means webhook.DefaultTolerance (5 minutes).
 	WebhookTolerance time.Duration
+	// WebhookScheme is how the processor signs webhooks: Processor-Signature
+	// (the zero value) or Standard Webhooks, whose secrets are whsec_....
+	WebhookScheme webhook.Scheme
 	// Events, when set, reports whether this process's events flow (the
 	// broker reached, the outbox relayed, events consumed) and, when they
 	// do not, why; /readyz shows it.
@@ -68,6 +71,7 @@ type api struct {
 
 	webhookSecrets   []string
 	webhookTolerance time.Duration
+	webhookScheme    webhook.Scheme
 	events           func() (flowing bool, detail string)
 }
 
@@ -79,7 +83,7 @@ var buildRoutes []func(a *api, r chi.Router)
 // NewHandler returns the service's HTTP handler.
 func NewHandler(cfg Config) http.Handler {
 	a := &api{pool: cfg.Pool, idem: cfg.Idem, payments: cfg.Payments, auth: tenants.NewCache(cfg.Pool, cfg.AuthCacheTTL),
-		webhookSecrets: cfg.WebhookSecrets, webhookTolerance: cfg.WebhookTolerance, events: cfg.Events}
+		webhookSecrets: cfg.WebhookSecrets, webhookTolerance: cfg.WebhookTolerance, webhookScheme: cfg.WebhookScheme, events: cfg.Events}
 	if a.webhookTolerance <= 0 {
 		a.webhookTolerance = webhook.DefaultTolerance
 	}

@@ -45,7 +45,15 @@ func (a *api) processorWebhook(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// The bytes as received: the signature covers them, not a re-encoding.
-	if err := webhook.Verify(body, r.Header.Get(webhook.Header), a.webhookSecrets, time.Now(), a.webhookTolerance); err != nil {
+	verify := func() error {
+		return webhook.Verify(body, r.Header.Get(webhook.Header), a.webhookSecrets, time.Now(), a.webhookTolerance)
+	}
+	if a.webhookScheme == webhook.SchemeStandard {
+		verify = func() error {
+			return webhook.VerifyStandard(body, r.Header, a.webhookSecrets, time.Now(), a.webhookTolerance)
+		}
+	}
+	if err := verify(); err != nil {
 		writeError(w, r, &webhookError{err})
 		return
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -285,5 +286,74 @@ func TestWebhookLookupAndSweepRace(t *testing.T) {
 	}
 	if got := e.orderEvents(t, first.o.ID); got.Succeeded != 1 {
 		t.Errorf("payment.succeeded events after the duplicate = %d, want 1", got.Succeeded)
+	}
+}
+
+// The Standard Webhooks scheme, chosen by configuration: the simulator
+// signs its deliveries with webhook-id, webhook-timestamp and
+// webhook-signature during a rotation (a retired and the current secret),
+// the server verifies them and confirms the payment once; a delivery
+// signed the other way, with the wrong secret, stale or altered is a 400
+// and writes nothing.
+func TestStandardWebhooks(t *testing.T) {
+	t.Parallel()
+	const retired = "whsec_" + "cmV0aXJlZC1zZWNyZXQtcmV0aXJlZC1zZWNyZXQ="
+	e := setup(t, withProcessor(), withStandardWebhooks(retired, standardWebhookSecret))
+	o := e.newOrder(t, e.a, "standard-hooked")
+	ch := e.lostCharge(t, o, "pay-standard")
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := e.sim.WaitWebhooks(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range e.sim.Deliveries() {
+		if d.Status != http.StatusOK {
+			t.Errorf("delivery %+v was not answered 200", d)
+		}
+	}
+	if status, chargeID := e.paymentStatusOfOrder(t, o.ID); status != "succeeded" || chargeID != ch.ID {
+		t.Errorf("payment = %s with %s, want succeeded with %s (confirmed by the webhook)", status, chargeID, ch.ID)
+	}
+
+	// The simulator stops delivering: the test sends the next deliveries.
+	e.sim.SetWebhooks(processorsim.WebhookConfig{})
+	other := e.newOrder(t, e.a, "standard-refused")
+	och := e.lostCharge(t, other, "pay-standard-refused")
+	body := chargeEvent(t, och)
+	inbox := e.count(t, `SELECT count(*) FROM processed_messages`)
+	now := time.Now()
+	standard := func(id string, at time.Time, secret string, payload []byte) reqOption {
+		sig, err := webhook.SignStandard(id, at, payload, secret)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return func(r *http.Request) {
+			r.Header.Set(webhook.StandardIDHeader, id)
+			r.Header.Set(webhook.StandardTimestampHeader, strconv.FormatInt(at.Unix(), 10))
+			r.Header.Set(webhook.StandardSignatureHeader, sig)
+		}
+	}
+	for name, tt := range map[string]struct {
+		opt  reqOption
+		code string
+	}{
+		"ProcessorSignature": {withHeader(webhook.Header, webhook.Sign(body, now, standardWebhookSecret)), "webhook_signature_invalid"},
+		"WrongSecret":        {standard("msg_1", now, retired, body), "webhook_signature_invalid"},
+		"SignedOtherBody":    {standard("msg_1", now, standardWebhookSecret, []byte(`{}`)), "webhook_signature_invalid"},
+		"Stale":              {standard("msg_1", now.Add(-time.Hour), standardWebhookSecret, body), "webhook_timestamp_out_of_tolerance"},
+	} {
+		res := e.do(t, http.MethodPost, webhookPath, "", body, tt.opt)
+		if res.status != http.StatusBadRequest || !strings.Contains(string(res.body), tt.code) {
+			t.Errorf("%s: %d %s, want 400 %s", name, res.status, res.body, tt.code)
+		}
+	}
+	if n := e.count(t, `SELECT count(*) FROM processed_messages`); n != inbox {
+		t.Errorf("inbox rows went from %d to %d after refused deliveries", inbox, n)
+	}
+	if status, _ := e.paymentStatusOfOrder(t, other.ID); status != "charge_sent" {
+		t.Errorf("the payment of the refused deliveries is %s, want charge_sent", status)
+	}
+	if res := e.do(t, http.MethodPost, webhookPath, "", body, standard("msg_2", now, standardWebhookSecret, body)); res.status != http.StatusOK {
+		t.Errorf("a delivery signed right = %d %s, want 200", res.status, res.body)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
@@ -58,6 +59,11 @@ type WebhookConfig struct {
 	URL string
 	// Secrets sign every delivery, one v1 signature each.
 	Secrets []string
+	// Scheme is how deliveries are signed: webhook.SchemeProcessor (the
+	// default: Processor-Signature) or webhook.SchemeStandard (Standard
+	// Webhooks: webhook-id, webhook-timestamp, webhook-signature, with
+	// whsec_ secrets).
+	Scheme webhook.Scheme
 	// Retry is the wait before each retry; nil means DefaultWebhookRetry.
 	Retry []time.Duration
 	// Timeout bounds each attempt; zero means 5 s.
@@ -194,7 +200,7 @@ func (s *Simulator) deliver(ctx context.Context, cfg WebhookConfig, ev processor
 		timeout = defaultWebhookTimeout
 	}
 	for attempt := 1; ; attempt++ {
-		status := s.attempt(ctx, cfg, body, timeout)
+		status := s.attempt(ctx, cfg, ev.ID, body, timeout)
 		s.mu.Lock()
 		s.webhooks.deliveries = append(s.webhooks.deliveries, Delivery{
 			EventID: ev.ID, Type: ev.Type, Copy: copyNo, Attempt: attempt, Status: status, At: time.Now(),
@@ -213,8 +219,9 @@ func (s *Simulator) deliver(ctx context.Context, cfg WebhookConfig, ev processor
 	}
 }
 
-// attempt POSTs body once, signed now, and returns the status (0: none).
-func (s *Simulator) attempt(ctx context.Context, cfg WebhookConfig, body []byte, timeout time.Duration) int {
+// attempt POSTs body (the event id's) once, signed now, and returns the
+// status (0: none).
+func (s *Simulator) attempt(ctx context.Context, cfg WebhookConfig, id string, body []byte, timeout time.Duration) int {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, cfg.URL, bytes.NewReader(body))
@@ -222,7 +229,21 @@ func (s *Simulator) attempt(ctx context.Context, cfg WebhookConfig, body []byte,
 		return 0
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(webhook.Header, webhook.Sign(body, time.Now(), cfg.Secrets...))
+	now := time.Now()
+	if cfg.Scheme == webhook.SchemeStandard {
+		// The message id is the event's: the same on every retry, as the
+		// scheme asks.
+		sig, err := webhook.SignStandard(id, now, body, cfg.Secrets...)
+		if err != nil {
+			s.logger.Error("webhook not signed", slog.Any("error", err))
+			return 0
+		}
+		req.Header.Set(webhook.StandardIDHeader, id)
+		req.Header.Set(webhook.StandardTimestampHeader, strconv.FormatInt(now.Unix(), 10))
+		req.Header.Set(webhook.StandardSignatureHeader, sig)
+	} else {
+		req.Header.Set(webhook.Header, webhook.Sign(body, now, cfg.Secrets...))
+	}
 	res, err := s.webhooks.client.Do(req)
 	if err != nil {
 		return 0
