@@ -57,10 +57,10 @@ type keyBudget struct {
 }
 
 type keyUsage struct {
-	mu        sync.Mutex // one count of a tenant at a time
-	counted   int64      // the tenant's key rows at the last count
-	claimed   int64      // keys this process claimed since
-	countedAt time.Time  // zero: never counted
+	mu        sync.Mutex
+	counted   int64     // the tenant's key rows at the last count
+	claimed   int64     // keys this process claimed since
+	countedAt time.Time // zero: never counted
 }
 
 func newKeyBudget(pool *pgxpool.Pool, limit int64) *keyBudget {
@@ -80,18 +80,30 @@ func (b *keyBudget) usage(tenant uuid.UUID) *keyUsage {
 
 // below reports whether tenant is below its budget: by the estimate, and,
 // when the estimate is at the budget, by a fresh count.
+//
+// The count runs without the tenant's lock held, so no request waits on
+// another's query: two requests may both count, and the later result
+// stands. A claim made while a count runs may be counted twice (in the
+// count and in claimed) or, rarely, not at all; either way by one.
 func (b *keyBudget) below(ctx context.Context, tenant uuid.UUID) (bool, error) {
 	u := b.usage(tenant)
-	u.mu.Lock()
-	defer u.mu.Unlock()
 	now := b.now()
-	if u.countedAt.IsZero() || (u.counted+u.claimed >= b.limit && now.Sub(u.countedAt) >= budgetRecount) {
+	u.mu.Lock()
+	stale := u.countedAt.IsZero() || (u.counted+u.claimed >= b.limit && now.Sub(u.countedAt) >= budgetRecount)
+	u.mu.Unlock()
+	if stale {
 		n, err := dbsqlc.New(b.pool).IdemKeyCountForTenant(ctx, tenant)
 		if err != nil {
 			return false, err
 		}
-		u.counted, u.claimed, u.countedAt = n, 0, now
+		u.mu.Lock()
+		if !u.countedAt.After(now) {
+			u.counted, u.claimed, u.countedAt = n, 0, now
+		}
+		u.mu.Unlock()
 	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
 	return u.counted+u.claimed < b.limit, nil
 }
 

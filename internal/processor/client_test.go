@@ -229,3 +229,24 @@ func hangUp(w http.ResponseWriter, _ *http.Request) {
 	}
 	conn.Close()
 }
+
+// A lookup answered 2xx with something that is no list ({}, or a list
+// without data) is no answer: taken for an empty page, it would read as
+// "nothing under this key", and after the settle window the caller would
+// send again (found by the schedule explorer).
+func TestClientRefusesALookupThatIsNoList(t *testing.T) {
+	t.Parallel()
+	for _, body := range []string{`{}`, `{"object":"list"}`, `{"data":[]}`, `{"object":"charge","data":[]}`} {
+		srv := httptest.NewServer(reply(200, body))
+		_, err := NewClient(srv.URL, 0).ChargesByIdempotencyKey(context.Background(), "k1")
+		srv.Close()
+		if ClassOf(err) != ClassOutcomeUnknown {
+			t.Errorf("a lookup answered 200 %s = %v (%v), want outcome unknown", body, err, ClassOf(err))
+		}
+	}
+	srv := httptest.NewServer(reply(200, `{"object":"list","data":[],"has_more":false}`))
+	defer srv.Close()
+	if charges, err := NewClient(srv.URL, 0).ChargesByIdempotencyKey(context.Background(), "k1"); err != nil || len(charges) != 0 {
+		t.Errorf("an empty list = %v, %v; want no charges and no error", charges, err)
+	}
+}

@@ -175,8 +175,15 @@ func (re Refund) complete() error {
 	return nil
 }
 
-// complete checks every item of a page.
+// complete checks that a page is one, and every item of it. An answer that
+// parses but is no list ({}) must not read as an empty page: a lookup
+// would take it for "nothing under this key" and, once the settle window
+// passed, send again, a second charge or refund at a processor that
+// ignores keys.
 func (l List[T]) complete() error {
+	if l.Object != "list" || l.Data == nil {
+		return errors.New(`the answer is no list (want "object":"list" and "data")`)
+	}
 	for _, item := range l.Data {
 		if c, ok := any(item).(completer); ok {
 			if err := c.complete(); err != nil {

@@ -290,7 +290,7 @@ func (s *Simulator) hold(reqCtx context.Context, h *heldCall) bool {
 	defer cancel()
 	stop := context.AfterFunc(h.forgotten, cancel)
 	defer stop()
-	timer := s.cfg.holdTimer(h.fault.Latency)
+	timer := s.cfg.HoldTimer(h.fault.Latency)
 	select {
 	case <-timer:
 		return ctx.Err() == nil

@@ -44,15 +44,17 @@ type Config struct {
 	// Webhooks is where and how events are delivered (webhooks.go);
 	// Reset keeps the current webhook configuration.
 	Webhooks WebhookConfig
+	// HoldTimer, when set, replaces the timer of a call held by a latency
+	// or late_execution fault: it is called once the call is held (its key
+	// in flight), and the hold ends when the returned channel delivers.
+	// Tests use it to act while the key is in flight and to decide when
+	// the delay has passed, without sleeping: the schedule explorer of
+	// internal/payments lands each held call as one step of a schedule.
+	HoldTimer func(time.Duration) <-chan time.Time
 
 	// onBlock is called when a call starts waiting in a timeout fault, so
 	// tests can act while it is in flight without sleeping.
 	onBlock func()
-	// holdTimer, when set, replaces the timer of a call held by a latency
-	// or late_execution fault: it is called once the call is held, and the
-	// hold ends when the returned channel delivers. Tests use it to act
-	// while the key is in flight and to decide when the delay has passed.
-	holdTimer func(time.Duration) <-chan time.Time
 	// maxExecution, when set, replaces MaxExecution, so tests can watch a
 	// call reach it.
 	maxExecution time.Duration
@@ -132,8 +134,8 @@ func New(cfg Config) *Simulator {
 	if cfg.maxExecution == 0 {
 		cfg.maxExecution = MaxExecution
 	}
-	if cfg.holdTimer == nil {
-		cfg.holdTimer = time.After
+	if cfg.HoldTimer == nil {
+		cfg.HoldTimer = time.After
 	}
 	s := &Simulator{cfg: cfg, logger: logger, lifetime: context.Background(), idle: make(chan struct{})}
 	close(s.idle)

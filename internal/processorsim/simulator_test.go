@@ -840,7 +840,7 @@ type holdControl struct {
 
 func newHoldControl(cfg Config) (*holdControl, Config) {
 	hc := &holdControl{held: make(chan struct{}, 8), release: make(chan time.Time)}
-	cfg.holdTimer = func(time.Duration) <-chan time.Time {
+	cfg.HoldTimer = func(time.Duration) <-chan time.Time {
 		hc.held <- struct{}{}
 		return hc.release
 	}
