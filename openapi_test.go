@@ -22,6 +22,7 @@ const (
 // problemStatus is the contract between problem codes and HTTP status codes.
 var problemStatus = map[string]int{
 	"idempotency_key_budget_exceeded": 429,
+	"refund_exists":                   409,
 	"unauthorized":                    401,
 	"idempotency_key_missing":         400,
 	"idempotency_key_invalid":         400,

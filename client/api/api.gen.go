@@ -439,6 +439,7 @@ type PaymentList struct {
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
+// | `refund_exists` | 409 |
 // | `body_too_large` | 413 |
 // | `unsupported_media_type` | 415 |
 // | `idempotency_key_reused` | 422 |
@@ -575,6 +576,7 @@ type PaymentId = Uuid
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
+// | `refund_exists` | 409 |
 // | `body_too_large` | 413 |
 // | `unsupported_media_type` | 415 |
 // | `idempotency_key_reused` | 422 |
@@ -614,6 +616,7 @@ type BodyTooLarge = Problem
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
+// | `refund_exists` | 409 |
 // | `body_too_large` | 413 |
 // | `unsupported_media_type` | 415 |
 // | `idempotency_key_reused` | 422 |
@@ -653,6 +656,7 @@ type CardDeclined = Problem
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
+// | `refund_exists` | 409 |
 // | `body_too_large` | 413 |
 // | `unsupported_media_type` | 415 |
 // | `idempotency_key_reused` | 422 |
@@ -692,6 +696,7 @@ type CreateOrderBadRequest = Problem
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
+// | `refund_exists` | 409 |
 // | `body_too_large` | 413 |
 // | `unsupported_media_type` | 415 |
 // | `idempotency_key_reused` | 422 |
@@ -731,6 +736,7 @@ type CreateOrderConflict = Problem
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
+// | `refund_exists` | 409 |
 // | `body_too_large` | 413 |
 // | `unsupported_media_type` | 415 |
 // | `idempotency_key_reused` | 422 |
@@ -770,6 +776,7 @@ type CreatePaymentBadRequest = Problem
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
+// | `refund_exists` | 409 |
 // | `body_too_large` | 413 |
 // | `unsupported_media_type` | 415 |
 // | `idempotency_key_reused` | 422 |
@@ -809,6 +816,7 @@ type CreatePaymentConflict = Problem
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
+// | `refund_exists` | 409 |
 // | `body_too_large` | 413 |
 // | `unsupported_media_type` | 415 |
 // | `idempotency_key_reused` | 422 |
@@ -848,6 +856,7 @@ type CreatePaymentUnprocessable = Problem
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
+// | `refund_exists` | 409 |
 // | `body_too_large` | 413 |
 // | `unsupported_media_type` | 415 |
 // | `idempotency_key_reused` | 422 |
@@ -887,6 +896,7 @@ type CreateRefundBadRequest = Problem
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
+// | `refund_exists` | 409 |
 // | `body_too_large` | 413 |
 // | `unsupported_media_type` | 415 |
 // | `idempotency_key_reused` | 422 |
@@ -926,6 +936,7 @@ type CreateRefundConflict = Problem
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
+// | `refund_exists` | 409 |
 // | `body_too_large` | 413 |
 // | `unsupported_media_type` | 415 |
 // | `idempotency_key_reused` | 422 |
@@ -965,6 +976,7 @@ type CreateRefundUnprocessable = Problem
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
+// | `refund_exists` | 409 |
 // | `body_too_large` | 413 |
 // | `unsupported_media_type` | 415 |
 // | `idempotency_key_reused` | 422 |
@@ -1004,6 +1016,7 @@ type IdempotencyKeyReused = Problem
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
+// | `refund_exists` | 409 |
 // | `body_too_large` | 413 |
 // | `unsupported_media_type` | 415 |
 // | `idempotency_key_reused` | 422 |
@@ -1043,6 +1056,7 @@ type InternalError = Problem
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
+// | `refund_exists` | 409 |
 // | `body_too_large` | 413 |
 // | `unsupported_media_type` | 415 |
 // | `idempotency_key_reused` | 422 |
@@ -1082,6 +1096,7 @@ type InvalidQuery = Problem
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
+// | `refund_exists` | 409 |
 // | `body_too_large` | 413 |
 // | `unsupported_media_type` | 415 |
 // | `idempotency_key_reused` | 422 |
@@ -1121,6 +1136,7 @@ type NotFound = Problem
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
+// | `refund_exists` | 409 |
 // | `body_too_large` | 413 |
 // | `unsupported_media_type` | 415 |
 // | `idempotency_key_reused` | 422 |
@@ -1160,6 +1176,7 @@ type PaymentServiceUnavailable = Problem
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
+// | `refund_exists` | 409 |
 // | `body_too_large` | 413 |
 // | `unsupported_media_type` | 415 |
 // | `idempotency_key_reused` | 422 |
@@ -1199,6 +1216,7 @@ type PlainBadRequest = Problem
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
+// | `refund_exists` | 409 |
 // | `body_too_large` | 413 |
 // | `unsupported_media_type` | 415 |
 // | `idempotency_key_reused` | 422 |
@@ -1238,6 +1256,7 @@ type PreconditionFailed = Problem
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
+// | `refund_exists` | 409 |
 // | `body_too_large` | 413 |
 // | `unsupported_media_type` | 415 |
 // | `idempotency_key_reused` | 422 |
@@ -1277,6 +1296,7 @@ type PreconditionRequired = Problem
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
+// | `refund_exists` | 409 |
 // | `body_too_large` | 413 |
 // | `unsupported_media_type` | 415 |
 // | `idempotency_key_reused` | 422 |
@@ -1316,6 +1336,7 @@ type RefundPaymentNotFound = Problem
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
+// | `refund_exists` | 409 |
 // | `body_too_large` | 413 |
 // | `unsupported_media_type` | 415 |
 // | `idempotency_key_reused` | 422 |
@@ -1355,6 +1376,7 @@ type ServiceUnavailable = Problem
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
+// | `refund_exists` | 409 |
 // | `body_too_large` | 413 |
 // | `unsupported_media_type` | 415 |
 // | `idempotency_key_reused` | 422 |
@@ -1394,6 +1416,7 @@ type TooManyRequests = Problem
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
+// | `refund_exists` | 409 |
 // | `body_too_large` | 413 |
 // | `unsupported_media_type` | 415 |
 // | `idempotency_key_reused` | 422 |
@@ -1433,6 +1456,7 @@ type Unauthorized = Problem
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
+// | `refund_exists` | 409 |
 // | `body_too_large` | 413 |
 // | `unsupported_media_type` | 415 |
 // | `idempotency_key_reused` | 422 |
@@ -2045,8 +2069,10 @@ type ClientInterface interface {
 	//    (`404 not_found`), must have succeeded
 	//    (`409 payment_not_refundable`), and the refunds so far (those in
 	//    flight included) plus this one must not exceed its amount
-	//    (`422 refund_exceeds_payment`). These failures are recorded and
-	//    nothing is sent to the processor.
+	//    (`422 refund_exceeds_payment`). The same request sent again under
+	//    a key past its retention gets `409 refund_exists` naming the refund
+	//    it made: one refund per derived key. These failures are recorded
+	//    and nothing is sent to the processor.
 	// 2. `refund_sent`: the refund becomes `refund_sent`, then the processor
 	//    is called with a derived key (step name `refund`), which differs
 	//    from the payment's charge key.
@@ -2088,8 +2114,10 @@ type ClientInterface interface {
 	//    (`404 not_found`), must have succeeded
 	//    (`409 payment_not_refundable`), and the refunds so far (those in
 	//    flight included) plus this one must not exceed its amount
-	//    (`422 refund_exceeds_payment`). These failures are recorded and
-	//    nothing is sent to the processor.
+	//    (`422 refund_exceeds_payment`). The same request sent again under
+	//    a key past its retention gets `409 refund_exists` naming the refund
+	//    it made: one refund per derived key. These failures are recorded
+	//    and nothing is sent to the processor.
 	// 2. `refund_sent`: the refund becomes `refund_sent`, then the processor
 	//    is called with a derived key (step name `refund`), which differs
 	//    from the payment's charge key.
@@ -2659,8 +2687,10 @@ func (c *Client) GetPayment(ctx context.Context, id PaymentId, reqEditors ...Req
 //     (`404 not_found`), must have succeeded
 //     (`409 payment_not_refundable`), and the refunds so far (those in
 //     flight included) plus this one must not exceed its amount
-//     (`422 refund_exceeds_payment`). These failures are recorded and
-//     nothing is sent to the processor.
+//     (`422 refund_exceeds_payment`). The same request sent again under
+//     a key past its retention gets `409 refund_exists` naming the refund
+//     it made: one refund per derived key. These failures are recorded
+//     and nothing is sent to the processor.
 //  2. `refund_sent`: the refund becomes `refund_sent`, then the processor
 //     is called with a derived key (step name `refund`), which differs
 //     from the payment's charge key.
@@ -2712,8 +2742,10 @@ func (c *Client) CreateRefundWithBody(ctx context.Context, id PaymentId, params 
 //     (`404 not_found`), must have succeeded
 //     (`409 payment_not_refundable`), and the refunds so far (those in
 //     flight included) plus this one must not exceed its amount
-//     (`422 refund_exceeds_payment`). These failures are recorded and
-//     nothing is sent to the processor.
+//     (`422 refund_exceeds_payment`). The same request sent again under
+//     a key past its retention gets `409 refund_exists` naming the refund
+//     it made: one refund per derived key. These failures are recorded
+//     and nothing is sent to the processor.
 //  2. `refund_sent`: the refund becomes `refund_sent`, then the processor
 //     is called with a derived key (step name `refund`), which differs
 //     from the payment's charge key.
@@ -3835,8 +3867,10 @@ type ClientWithResponsesInterface interface {
 	//    (`404 not_found`), must have succeeded
 	//    (`409 payment_not_refundable`), and the refunds so far (those in
 	//    flight included) plus this one must not exceed its amount
-	//    (`422 refund_exceeds_payment`). These failures are recorded and
-	//    nothing is sent to the processor.
+	//    (`422 refund_exceeds_payment`). The same request sent again under
+	//    a key past its retention gets `409 refund_exists` naming the refund
+	//    it made: one refund per derived key. These failures are recorded
+	//    and nothing is sent to the processor.
 	// 2. `refund_sent`: the refund becomes `refund_sent`, then the processor
 	//    is called with a derived key (step name `refund`), which differs
 	//    from the payment's charge key.
@@ -3878,8 +3912,10 @@ type ClientWithResponsesInterface interface {
 	//    (`404 not_found`), must have succeeded
 	//    (`409 payment_not_refundable`), and the refunds so far (those in
 	//    flight included) plus this one must not exceed its amount
-	//    (`422 refund_exceeds_payment`). These failures are recorded and
-	//    nothing is sent to the processor.
+	//    (`422 refund_exceeds_payment`). The same request sent again under
+	//    a key past its retention gets `409 refund_exists` naming the refund
+	//    it made: one refund per derived key. These failures are recorded
+	//    and nothing is sent to the processor.
 	// 2. `refund_sent`: the refund becomes `refund_sent`, then the processor
 	//    is called with a derived key (step name `refund`), which differs
 	//    from the payment's charge key.
@@ -6407,8 +6443,10 @@ func (c *ClientWithResponses) GetPaymentWithResponse(ctx context.Context, id Pay
 //     (`404 not_found`), must have succeeded
 //     (`409 payment_not_refundable`), and the refunds so far (those in
 //     flight included) plus this one must not exceed its amount
-//     (`422 refund_exceeds_payment`). These failures are recorded and
-//     nothing is sent to the processor.
+//     (`422 refund_exceeds_payment`). The same request sent again under
+//     a key past its retention gets `409 refund_exists` naming the refund
+//     it made: one refund per derived key. These failures are recorded
+//     and nothing is sent to the processor.
 //  2. `refund_sent`: the refund becomes `refund_sent`, then the processor
 //     is called with a derived key (step name `refund`), which differs
 //     from the payment's charge key.
@@ -6456,8 +6494,10 @@ func (c *ClientWithResponses) CreateRefundWithBodyWithResponse(ctx context.Conte
 //     (`404 not_found`), must have succeeded
 //     (`409 payment_not_refundable`), and the refunds so far (those in
 //     flight included) plus this one must not exceed its amount
-//     (`422 refund_exceeds_payment`). These failures are recorded and
-//     nothing is sent to the processor.
+//     (`422 refund_exceeds_payment`). The same request sent again under
+//     a key past its retention gets `409 refund_exists` naming the refund
+//     it made: one refund per derived key. These failures are recorded
+//     and nothing is sent to the processor.
 //  2. `refund_sent`: the refund becomes `refund_sent`, then the processor
 //     is called with a derived key (step name `refund`), which differs
 //     from the payment's charge key.

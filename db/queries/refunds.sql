@@ -1,9 +1,14 @@
 -- name: RefundCreate :one
--- refunds_refund_key_key allows one refund per derived refund key: a
--- second insert under it is a second execution of one request, and fails.
+-- One refund per derived refund key (refunds_refund_key_key): no row back
+-- means this request made its refund already, under a key the server has
+-- since forgotten (RefundGetByRefundKey names it).
 INSERT INTO refunds (tenant_id, id, payment_id, amount, refund_key)
 VALUES (@tenant_id, @id, @payment_id, @amount, @refund_key)
+ON CONFLICT (refund_key) DO NOTHING
 RETURNING *;
+
+-- name: RefundGetByRefundKey :one
+SELECT * FROM refunds WHERE tenant_id = @tenant_id AND refund_key = @refund_key;
 
 -- name: RefundGet :one
 SELECT * FROM refunds WHERE tenant_id = @tenant_id AND id = @id;

@@ -42,6 +42,7 @@ const (
 	CodeMethodNotAllowed     = "method_not_allowed"
 	CodeInvalidQuery         = "invalid_query"
 	CodeKeyBudgetExceeded    = "idempotency_key_budget_exceeded"
+	CodeRefundExists         = "refund_exists"
 	CodeUnavailable          = "service_unavailable"
 	CodeInternal             = "internal_error"
 	CodeOrderNotFound        = "order_not_found"
@@ -118,6 +119,7 @@ func problemFor(err error) Problem {
 		declined  *payments.DeclinedError
 		rejected  *payments.ProcessorRejectedError
 		exceeds   *payments.RefundExceedsError
+		refundDup *payments.RefundExistsError
 		hookErr   *webhookError
 	)
 	switch {
@@ -204,6 +206,9 @@ func problemFor(err error) Problem {
 		return newProblem(http.StatusUnprocessableEntity, CodeProcessorRejected, "Rejected by the processor", rejected.Message)
 	case errors.Is(err, payments.ErrNotRefundable):
 		return newProblem(http.StatusConflict, CodeNotRefundable, "Payment not refundable", err.Error())
+	case errors.As(err, &refundDup):
+		return newProblem(http.StatusConflict, CodeRefundExists, "Refund exists",
+			fmt.Sprintf("This request made refund %s already, under an Idempotency-Key past its retention: GET /v1/payments/{id}/refunds/%s shows it.", refundDup.RefundID, refundDup.RefundID))
 	case errors.As(err, &exceeds):
 		return newProblem(http.StatusUnprocessableEntity, CodeRefundExceeds, "Refund exceeds the payment",
 			fmt.Sprintf("At most %d can still be refunded.", exceeds.Refundable))

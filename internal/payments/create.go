@@ -117,11 +117,22 @@ func createRefund(ctx context.Context, tx pgx.Tx, c idem.Claim, paymentID uuid.U
 	if err != nil {
 		return dbsqlc.Refund{}, err
 	}
-	return q.RefundCreate(ctx, dbsqlc.RefundCreateParams{
+	key := idem.DeriveKey(c, stepRefund)
+	r, err := q.RefundCreate(ctx, dbsqlc.RefundCreateParams{
 		TenantID:  c.TenantID,
 		ID:        id,
 		PaymentID: paymentID,
 		Amount:    amount,
-		RefundKey: idem.DeriveKey(c, stepRefund),
+		RefundKey: key,
 	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		// The same request made a refund already, under a key past its
+		// retention: never a second refund under one derived key.
+		mine, err := q.RefundGetByRefundKey(ctx, dbsqlc.RefundGetByRefundKeyParams{TenantID: c.TenantID, RefundKey: key})
+		if err != nil {
+			return dbsqlc.Refund{}, err
+		}
+		return dbsqlc.Refund{}, &RefundExistsError{RefundID: mine.ID}
+	}
+	return r, err
 }

@@ -101,6 +101,14 @@ func (e *ProcessorRejectedError) Error() string {
 	return "the processor rejected the request: " + e.Message
 }
 
+// RefundExistsError: this request made a refund already, under an
+// idempotency key the server has since forgotten (past its retention).
+type RefundExistsError struct{ RefundID uuid.UUID }
+
+func (e *RefundExistsError) Error() string {
+	return fmt.Sprintf("this request made refund %s already", e.RefundID)
+}
+
 // RefundExceedsError: the refund would take the refunded total above the
 // payment's amount.
 type RefundExceedsError struct{ Refundable int64 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -301,5 +302,39 @@ func TestARefusedCompensationIsRecordedAndTriedAgain(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, gotCharges); diff != "" {
 		t.Errorf("refunded charges (-want +got):\n%s", diff)
+	}
+}
+
+// The refund's derived key names one refund only: the same refund request
+// sent again under a key past its retention gets 409 refund_exists naming
+// the refund it made, never a second refund.
+func TestAForgottenKeyNeverMakesASecondRefund(t *testing.T) {
+	t.Parallel()
+	w := setup(t, shortLease, shortTimeout)
+	bound := deadline(t)
+	p := w.newPayment(t, "pay-refunded", 1000)
+	if res, _, err := w.svc.Pay(bound, p.claim, p.in); err != nil || res.Status != http.StatusCreated {
+		t.Fatalf("Pay = %d %s, %v", res.Status, res.Body, err)
+	}
+	pay := w.onePayment(t, p)
+	c := refundClaim(t, w, "refund-forgotten", pay.ID, 300)
+	if res, _, err := w.svc.Refund(bound, c, pay.ID, 300); err != nil || res.Status != http.StatusCreated {
+		t.Fatalf("Refund = %d %s, %v", res.Status, res.Body, err)
+	}
+	if _, err := w.pool.Exec(bound, `UPDATE idempotency_keys
+		SET created_at = now() - interval '100 hours', expires_at = now() - interval '1 second', retain_until = now() - interval '1 second'
+		WHERE tenant_id = $1 AND idem_key = 'refund-forgotten'`, w.tenant); err != nil {
+		t.Fatal(err)
+	}
+	res, replayed, err := w.svc.Refund(bound, c, pay.ID, 300)
+	if err != nil || replayed || res.Status != http.StatusConflict || !strings.Contains(string(res.Body), `"code":"refund_exists"`) {
+		t.Fatalf("the same refund under the forgotten key = %d %s, replayed %v, %v; want a fresh 409 refund_exists", res.Status, res.Body, replayed, err)
+	}
+	var refunds int
+	if err := w.pool.QueryRow(bound, `SELECT count(*) FROM refunds WHERE tenant_id = $1`, w.tenant).Scan(&refunds); err != nil {
+		t.Fatal(err)
+	}
+	if refunds != 1 || len(w.sim.Refunds()) != 1 {
+		t.Errorf("refunds: %d rows, %d at the processor; want 1 and 1", refunds, len(w.sim.Refunds()))
 	}
 }

@@ -15,6 +15,7 @@ import (
 const refundCreate = `-- name: RefundCreate :one
 INSERT INTO refunds (tenant_id, id, payment_id, amount, refund_key)
 VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (refund_key) DO NOTHING
 RETURNING tenant_id, id, payment_id, amount, status, refund_key, processor_refund_id, failure_message, created_at, updated_at, refund_sent_at, refund_calls, sweep_at, duplicate_amount
 `
 
@@ -26,8 +27,9 @@ type RefundCreateParams struct {
 	RefundKey string
 }
 
-// refunds_refund_key_key allows one refund per derived refund key: a
-// second insert under it is a second execution of one request, and fails.
+// One refund per derived refund key (refunds_refund_key_key): no row back
+// means this request made its refund already, under a key the server has
+// since forgotten (RefundGetByRefundKey names it).
 func (q *Queries) RefundCreate(ctx context.Context, arg RefundCreateParams) (Refund, error) {
 	row := q.db.QueryRow(ctx, refundCreate,
 		arg.TenantID,
@@ -139,6 +141,37 @@ type RefundGetParams struct {
 
 func (q *Queries) RefundGet(ctx context.Context, arg RefundGetParams) (Refund, error) {
 	row := q.db.QueryRow(ctx, refundGet, arg.TenantID, arg.ID)
+	var i Refund
+	err := row.Scan(
+		&i.TenantID,
+		&i.ID,
+		&i.PaymentID,
+		&i.Amount,
+		&i.Status,
+		&i.RefundKey,
+		&i.ProcessorRefundID,
+		&i.FailureMessage,
+		&i.CreatedAt,
+		&i.UpdatedAt,
+		&i.RefundSentAt,
+		&i.RefundCalls,
+		&i.SweepAt,
+		&i.DuplicateAmount,
+	)
+	return i, err
+}
+
+const refundGetByRefundKey = `-- name: RefundGetByRefundKey :one
+SELECT tenant_id, id, payment_id, amount, status, refund_key, processor_refund_id, failure_message, created_at, updated_at, refund_sent_at, refund_calls, sweep_at, duplicate_amount FROM refunds WHERE tenant_id = $1 AND refund_key = $2
+`
+
+type RefundGetByRefundKeyParams struct {
+	TenantID  uuid.UUID
+	RefundKey string
+}
+
+func (q *Queries) RefundGetByRefundKey(ctx context.Context, arg RefundGetByRefundKeyParams) (Refund, error) {
+	row := q.db.QueryRow(ctx, refundGetByRefundKey, arg.TenantID, arg.RefundKey)
 	var i Refund
 	err := row.Scan(
 		&i.TenantID,
