@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"strings"
@@ -29,7 +30,7 @@ func runDeadLetters(t *testing.T, natsURL, action string) (stdout, stderr string
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	err := cmd.Run()
-	if _, exited := err.(*exec.ExitError); err != nil && !exited {
+	if exitErr := (*exec.ExitError)(nil); err != nil && !errors.As(err, &exitErr) {
 		t.Fatal(err)
 	}
 	return out.String(), errOut.String(), err == nil

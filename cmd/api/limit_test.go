@@ -136,7 +136,7 @@ func startManaged(t *testing.T, limit int, observe func(net.Conn, http.ConnState
 	m := newConnManager(inner, limit)
 	srv := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			io.WriteString(w, "served")
+			_, _ = io.WriteString(w, "served")
 		}),
 		ConnState: func(c net.Conn, s http.ConnState) {
 			m.track(c, s)

@@ -116,18 +116,6 @@ func (e *bundle) payUntilDone(t *testing.T, base, key string) response {
 	}
 }
 
-// succeededCharges counts the charges the processor made and did not
-// refund in full: the money actually taken.
-func (e *bundle) netCharges() int {
-	n := 0
-	for _, ch := range e.sim.Charges() {
-		if ch.Status == "succeeded" && ch.RefundedAmount < ch.Amount {
-			n++
-		}
-	}
-	return n
-}
-
 // assertPaidOnce checks the side effects of one payment: one charge at the
 // processor, one succeeded payment row, the order paid once.
 func (e *bundle) assertPaidOnce(t *testing.T) {

@@ -99,6 +99,9 @@ type expectation func(res *vegeta.Result) string
 // fixed and the rate is what the server sustains. Every answer is checked
 // with expect; a single unexpected one fails the benchmark.
 func (l *load) attack(name string, workers int, d time.Duration, tr vegeta.Targeter, expect expectation, keepBodies bool) (outcome, error) {
+	if workers < 1 {
+		return outcome{}, fmt.Errorf("%s: %d concurrent clients; want at least 1 (-c, -storm)", name, workers)
+	}
 	atk := vegeta.NewAttacker(
 		vegeta.Client(l.client),
 		vegeta.Workers(uint64(workers)),

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -146,7 +147,7 @@ func pgbenchFill(table string) string {
 		"now() + interval '1 day', now() + interval '3 days' FROM generate_series(1, 50000) AS i"
 }
 
-func runPgbench(ctx context.Context, o options, stdout io.Writer) error {
+func runPgbench(ctx context.Context, o options, stdout io.Writer) (err error) {
 	pgbench, err := exec.LookPath("pgbench")
 	if err != nil {
 		return fmt.Errorf("-pgbench needs pgbench on PATH (Debian: postgresql-client): %w", err)
@@ -168,7 +169,11 @@ func runPgbench(ctx context.Context, o options, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer cluster.Stop()
+	defer func() {
+		if serr := cluster.Stop(); serr != nil {
+			err = errors.Join(err, serr)
+		}
+	}()
 	conn, err := pgx.Connect(ctx, cluster.URL("postgres"))
 	if err != nil {
 		return err
@@ -208,7 +213,7 @@ func runPgbench(ctx context.Context, o options, stdout io.Writer) error {
 
 	variants := pgbenchVariants()
 	for _, v := range variants {
-		if err := os.WriteFile(filepath.Join(work, v.name+".sql"), []byte(v.script), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(work, v.name+".sql"), []byte(v.script), 0o600); err != nil {
 			return err
 		}
 	}
@@ -238,7 +243,7 @@ func runPgbench(ctx context.Context, o options, stdout io.Writer) error {
 			cmd.Env = append(os.Environ(), "PGOPTIONS=-c plan_cache_mode=force_generic_plan")
 			out, err := cmd.CombinedOutput()
 			if err != nil || strings.Contains(string(out), "error") {
-				return fmt.Errorf("pgbench %s: %v\n%s", v.name, err, out)
+				return fmt.Errorf("pgbench %s: %w\n%s", v.name, err, out)
 			}
 			after, err := childrenCPU(postmaster)
 			if err != nil {

@@ -179,7 +179,7 @@ func (c *Consumer) process(ctx context.Context, msg jetstream.Msg) {
 	case err != nil:
 		// Nothing committed: the redelivery applies it. Nak (not waiting
 		// out the ack wait) with the delay of the backoff's next step.
-		delay := c.backoff[min(int(md.NumDelivered), len(c.backoff))-1]
+		delay := c.backoff[min(md.NumDelivered, uint64(len(c.backoff)))-1]
 		log.WarnContext(ctx, "apply event; it will be redelivered", slog.Any("error", err), slog.Duration("delay", delay))
 		failuresTotal.WithLabelValues(c.cfg.Name).Inc()
 		_ = msg.NakWithDelay(delay)

@@ -85,7 +85,7 @@ func clientFrom(local string) *http.Client {
 	return &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext, MaxIdleConnsPerHost: 64}}
 }
 
-func getOrders(t testing.TB, client *http.Client, url, apiKey string) *http.Response {
+func getOrders(t testing.TB, client *http.Client, url, apiKey string) response {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodGet, url+"/v1/orders", nil)
 	if err != nil {
@@ -97,7 +97,7 @@ func getOrders(t testing.TB, client *http.Client, url, apiKey string) *http.Resp
 		t.Fatal(err)
 	}
 	res.Body.Close()
-	return res
+	return response{status: res.StatusCode, header: res.Header}
 }
 
 func TestUnknownKeysCostNoQueryOnceTheAddressIsThrottled(t *testing.T) {
@@ -112,8 +112,8 @@ func TestUnknownKeysCostNoQueryOnceTheAddressIsThrottled(t *testing.T) {
 	wrong := unknownKey()
 	before := queries.n.Load()
 	for range 20 {
-		if res := getOrders(t, attacker, url, wrong); res.StatusCode != http.StatusUnauthorized {
-			t.Fatalf("a repeated wrong key = %d, want 401", res.StatusCode)
+		if res := getOrders(t, attacker, url, wrong); res.status != http.StatusUnauthorized {
+			t.Fatalf("a repeated wrong key = %d, want 401", res.status)
 		}
 	}
 	if n := queries.n.Load() - before; n != 1 {
@@ -126,16 +126,16 @@ func TestUnknownKeysCostNoQueryOnceTheAddressIsThrottled(t *testing.T) {
 	var unauthorized, throttled int
 	for range 200 {
 		res := getOrders(t, attacker, url, unknownKey())
-		switch res.StatusCode {
+		switch res.status {
 		case http.StatusUnauthorized:
 			unauthorized++
 		case http.StatusTooManyRequests:
 			throttled++
-			if res.Header.Get("Retry-After") == "" {
+			if res.header.Get("Retry-After") == "" {
 				t.Fatal("429 without Retry-After")
 			}
 		default:
-			t.Fatalf("a made-up key = %d", res.StatusCode)
+			t.Fatalf("a made-up key = %d", res.status)
 		}
 	}
 	if n := queries.n.Load() - before; unauthorized != 4 || throttled != 196 || n != 4 {
@@ -144,11 +144,11 @@ func TestUnknownKeysCostNoQueryOnceTheAddressIsThrottled(t *testing.T) {
 
 	// Another address is not held back, and a tenant's valid key works
 	// from it.
-	if res := getOrders(t, bystander, url, unknownKey()); res.StatusCode != http.StatusUnauthorized {
-		t.Errorf("a made-up key from another address = %d, want 401", res.StatusCode)
+	if res := getOrders(t, bystander, url, unknownKey()); res.status != http.StatusUnauthorized {
+		t.Errorf("a made-up key from another address = %d, want 401", res.status)
 	}
-	if res := getOrders(t, bystander, url, valid); res.StatusCode != http.StatusOK {
-		t.Errorf("a valid key from another address = %d, want 200", res.StatusCode)
+	if res := getOrders(t, bystander, url, valid); res.status != http.StatusOK {
+		t.Errorf("a valid key from another address = %d, want 200", res.status)
 	}
 }
 
@@ -179,13 +179,13 @@ func BenchmarkUnknownKeyFlood(b *testing.B) {
 			for range 8 {
 				wg.Go(func() {
 					for next.Add(1) <= int64(b.N) {
-						switch res := getOrders(b, client, url, unknownKey()); res.StatusCode {
+						switch res := getOrders(b, client, url, unknownKey()); res.status {
 						case http.StatusUnauthorized:
 							unauthorized.Add(1)
 						case http.StatusTooManyRequests:
 							throttled.Add(1)
 						default:
-							b.Errorf("a made-up key = %d", res.StatusCode)
+							b.Errorf("a made-up key = %d", res.status)
 						}
 					}
 				})

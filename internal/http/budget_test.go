@@ -36,7 +36,7 @@ func TestKeyBudgetRefusal(t *testing.T) {
 		RequestTimeout: 10 * time.Second, OpenAPI: apispec.OpenAPI,
 	}))
 	t.Cleanup(srv.Close)
-	create := func(key, ref string) (*http.Response, []byte) {
+	create := func(key, ref string) (response, []byte) {
 		t.Helper()
 		req, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/orders", strings.NewReader(fmt.Sprintf(
 			`{"reference":%q,"customer_id":"cus_1","amount":1000,"currency":"EUR"}`, ref)))
@@ -55,7 +55,7 @@ func TestKeyBudgetRefusal(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return res, body
+		return response{status: res.StatusCode, header: res.Header, body: body}, body
 	}
 	count := func(table string) int {
 		var n int
@@ -65,8 +65,8 @@ func TestKeyBudgetRefusal(t *testing.T) {
 		return n
 	}
 	for i := range 2 {
-		if res, body := create(fmt.Sprintf("k-%d", i), fmt.Sprintf("ref-%d", i)); res.StatusCode != http.StatusCreated {
-			t.Fatalf("create %d = %d %s", i, res.StatusCode, body)
+		if res, body := create(fmt.Sprintf("k-%d", i), fmt.Sprintf("ref-%d", i)); res.status != http.StatusCreated {
+			t.Fatalf("create %d = %d %s", i, res.status, body)
 		}
 	}
 	res, body := create("k-2", "ref-2")
@@ -76,15 +76,15 @@ func TestKeyBudgetRefusal(t *testing.T) {
 	if err := json.Unmarshal(body, &p); err != nil {
 		t.Fatal(err)
 	}
-	if res.StatusCode != http.StatusTooManyRequests || p.Code != httpapi.CodeKeyBudgetExceeded || res.Header.Get("Retry-After") != "60" ||
-		res.Header.Get("Content-Type") != "application/problem+json" {
+	if res.status != http.StatusTooManyRequests || p.Code != httpapi.CodeKeyBudgetExceeded || res.header.Get("Retry-After") != "60" ||
+		res.header.Get("Content-Type") != "application/problem+json" {
 		t.Errorf("a new key past the budget = %d %s (Retry-After %q); want 429 %s with Retry-After 60",
-			res.StatusCode, body, res.Header.Get("Retry-After"), httpapi.CodeKeyBudgetExceeded)
+			res.status, body, res.header.Get("Retry-After"), httpapi.CodeKeyBudgetExceeded)
 	}
 	if keys, orders := count("idempotency_keys"), count("orders"); keys != 2 || orders != 2 {
 		t.Errorf("rows after the refusal: %d keys, %d orders; want 2 and 2", keys, orders)
 	}
-	if res, body := create("k-0", "ref-0"); res.StatusCode != http.StatusCreated || res.Header.Get(httpapi.ReplayedHeader) != "true" {
-		t.Errorf("a held key past the budget = %d %s, want its replay", res.StatusCode, body)
+	if res, body := create("k-0", "ref-0"); res.status != http.StatusCreated || res.header.Get(httpapi.ReplayedHeader) != "true" {
+		t.Errorf("a held key past the budget = %d %s, want its replay", res.status, body)
 	}
 }

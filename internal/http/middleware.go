@@ -91,7 +91,7 @@ func requestContext(base *slog.Logger, timeout time.Duration) func(http.Handler)
 
 			defer func() {
 				if v := recover(); v != nil {
-					if v == http.ErrAbortHandler {
+					if err, ok := v.(error); ok && errors.Is(err, http.ErrAbortHandler) {
 						panic(v)
 					}
 					logger.ErrorContext(ctx, "panic", slog.Any("panic", v), slog.String("stack", string(debug.Stack())))

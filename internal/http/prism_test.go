@@ -101,8 +101,12 @@ func startPrism(t *testing.T, bin, spec, upstream string, errors bool) (*prismPr
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start prism: %w", err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	exited := make(chan struct{})
+	var waitErr error // cmd.Wait's result, set before exited is closed
+	go func() {
+		waitErr = cmd.Wait()
+		close(exited)
+	}()
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(os.Interrupt)
 		select {
@@ -116,9 +120,11 @@ func startPrism(t *testing.T, bin, spec, upstream string, errors bool) (*prismPr
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		select {
-		case err := <-exited:
-			exited <- err // for the cleanup
-			return nil, fmt.Errorf("prism exited before listening: %v\n%s", err, p.log.String())
+		case <-exited:
+			if waitErr == nil {
+				return nil, fmt.Errorf("prism exited (status 0) before listening:\n%s", p.log.String())
+			}
+			return nil, fmt.Errorf("prism exited before listening: %w\n%s", waitErr, p.log.String())
 		default:
 		}
 		if c, err := net.DialTimeout("tcp", ln.Addr().String(), time.Second); err == nil {

@@ -289,7 +289,7 @@ func jsonFields(t reflect.Type) map[string]reflect.Type {
 }
 
 func syntaxError(err error) error {
-	if err == io.EOF || err == io.ErrUnexpectedEOF {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 		return errors.New("the JSON document is incomplete")
 	}
 	if err != nil {
@@ -318,6 +318,7 @@ func describeType(t reflect.Type) string {
 		return "an array"
 	case reflect.Float32, reflect.Float64:
 		return "a number"
+	default:
+		return t.String()
 	}
-	return t.String()
 }

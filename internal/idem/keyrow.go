@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/db/dbsqlc"
 )
 
@@ -137,7 +138,7 @@ func encodeRecord(res Response) (record, error) {
 	if body == nil {
 		body = []byte{}
 	}
-	rec := record{status: int32(res.Status), headers: headers, body: body}
+	rec := record{status: db.Int32(res.Status), headers: headers, body: body}
 	if loc := res.Header.Get("Location"); loc != "" {
 		rec.location = &loc
 	}

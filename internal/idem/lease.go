@@ -324,7 +324,7 @@ func (s *Store) TakeOverExpired(ctx context.Context, endpoints []string, max int
 	var leases []Lease
 	err := db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
 		q := dbsqlc.New(tx)
-		rows, err := q.IdemKeyListExpiredLeases(ctx, dbsqlc.IdemKeyListExpiredLeasesParams{Endpoints: endpoints, MaxRows: int32(max)})
+		rows, err := q.IdemKeyListExpiredLeases(ctx, dbsqlc.IdemKeyListExpiredLeasesParams{Endpoints: endpoints, MaxRows: db.Int32(max)})
 		if err != nil {
 			return err
 		}

@@ -511,7 +511,7 @@ func TestExecuteRecordsDeterministicFailure(t *testing.T) {
 				_, err := tx.Exec(ctx, `INSERT INTO scratch_unique (v) VALUES ('taken')`)
 				var pgErr *pgconn.PgError
 				if !errors.As(err, &pgErr) || pgErr.Code != "23505" {
-					return Response{}, fmt.Errorf("want a unique violation, got %v", err)
+					return Response{}, fmt.Errorf("want a unique violation, got %w", err)
 				}
 				return problem(http.StatusConflict, "duplicate_reference"), nil
 			},

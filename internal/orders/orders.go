@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemref/payments/internal/cursor"
+	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/db/dbsqlc"
 	"github.com/idemref/payments/internal/validation"
 )
@@ -209,7 +210,7 @@ func List(ctx context.Context, q dbsqlc.DBTX, tenantID uuid.UUID, after string, 
 	if limit < 1 {
 		return Page{}, fmt.Errorf("orders: page size %d must be positive", limit)
 	}
-	params := dbsqlc.OrderListParams{TenantID: tenantID, RowLimit: int32(limit) + 1}
+	params := dbsqlc.OrderListParams{TenantID: tenantID, RowLimit: db.Int32(limit + 1)}
 	if after != "" {
 		at, id, err := cursor.Decode(after)
 		if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/db/dbsqlc"
 	"github.com/idemref/payments/internal/failpoint"
 )
@@ -172,7 +173,7 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	// Taken before the claim is sent, so the batch's deadline falls no
 	// later than the claim's: the claim's clock starts later.
 	deadline := time.Now().Add(r.cfg.ClaimHold - r.cfg.ClaimHold/5)
-	rows, err := q.OutboxClaim(ctx, dbsqlc.OutboxClaimParams{HoldSeconds: r.cfg.ClaimHold.Seconds(), MaxRows: int32(r.cfg.Batch)})
+	rows, err := q.OutboxClaim(ctx, dbsqlc.OutboxClaimParams{HoldSeconds: r.cfg.ClaimHold.Seconds(), MaxRows: db.Int32(r.cfg.Batch)})
 	if err != nil || len(rows) == 0 {
 		return 0, err
 	}

@@ -491,6 +491,9 @@ func (tr *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		tr.sim.InjectFault(processorsim.Fault{Path: req.URL.Path, Kind: processorsim.FaultStatus, Status: http.StatusTooManyRequests})
 	case faultReset:
 		return nil, errNoAnswer
+	default:
+		// faultNone, and faultLost and faultMalformed, which act once the
+		// simulator has answered (below).
 	}
 	rec := httptest.NewRecorder()
 	tr.sim.Handler().ServeHTTP(rec, in)

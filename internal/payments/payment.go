@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemref/payments/internal/cursor"
+	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/db/dbsqlc"
 	"github.com/idemref/payments/internal/validation"
 )
@@ -120,7 +121,7 @@ func (s *Service) List(ctx context.Context, tenantID, orderID uuid.UUID, after s
 	if limit < 1 {
 		return Page{}, fmt.Errorf("payments: page size %d must be positive", limit)
 	}
-	params := dbsqlc.PaymentListParams{TenantID: tenantID, RowLimit: int32(limit) + 1}
+	params := dbsqlc.PaymentListParams{TenantID: tenantID, RowLimit: db.Int32(limit + 1)}
 	if orderID != uuid.Nil {
 		params.OrderID = &orderID
 	}

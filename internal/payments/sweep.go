@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/db/dbsqlc"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/processor"
@@ -48,7 +49,7 @@ const refusedRetry = time.Hour
 // is due, and returns how many it looked at.
 func (s *Service) Sweep(ctx context.Context, max int) (int, error) {
 	q := dbsqlc.New(s.pool)
-	payments, err := q.PaymentsClaimSweep(ctx, dbsqlc.PaymentsClaimSweepParams{HoldSeconds: sweepHold.Seconds(), MaxRows: int32(max)})
+	payments, err := q.PaymentsClaimSweep(ctx, dbsqlc.PaymentsClaimSweepParams{HoldSeconds: sweepHold.Seconds(), MaxRows: db.Int32(max)})
 	if err != nil {
 		return 0, err
 	}
@@ -62,7 +63,7 @@ func (s *Service) Sweep(ctx context.Context, max int) (int, error) {
 			return 0, err
 		}
 	}
-	refunds, err := q.RefundsClaimSweep(ctx, dbsqlc.RefundsClaimSweepParams{HoldSeconds: sweepHold.Seconds(), MaxRows: int32(max)})
+	refunds, err := q.RefundsClaimSweep(ctx, dbsqlc.RefundsClaimSweepParams{HoldSeconds: sweepHold.Seconds(), MaxRows: db.Int32(max)})
 	if err != nil {
 		return len(payments), err
 	}

@@ -151,11 +151,21 @@ func (c *Cluster) Stop() error {
 	return c.stopErr
 }
 
+// exitErr is why postgres exited, once exited is closed: cmd.Wait's
+// error, or a stand-in for an exit with status 0 (which Wait reports as
+// nil), so the message reads the same either way.
+func (c *Cluster) exitErr() error {
+	if c.waitErr != nil {
+		return c.waitErr
+	}
+	return errors.New("exit status 0")
+}
+
 func (c *Cluster) stop() error {
 	defer removeTemp(c.tempSocket)
 	select {
 	case <-c.exited:
-		return fmt.Errorf("pgtmp: postgres had already exited (%v); see %s", c.waitErr, c.logPath)
+		return fmt.Errorf("pgtmp: postgres had already exited (%w); see %s", c.exitErr(), c.logPath)
 	default:
 	}
 	if err := c.cmd.Process.Signal(syscall.SIGINT); err != nil && !errors.Is(err, os.ErrProcessDone) {
@@ -164,7 +174,7 @@ func (c *Cluster) stop() error {
 	select {
 	case <-c.exited:
 		if c.waitErr != nil {
-			return fmt.Errorf("pgtmp: postgres exited with %v; see %s", c.waitErr, c.logPath)
+			return fmt.Errorf("pgtmp: postgres exited with %w; see %s", c.waitErr, c.logPath)
 		}
 		c.log.Info("PostgreSQL stopped", "dir", c.dir)
 		return nil
@@ -377,7 +387,7 @@ func (c *Cluster) waitReady(ctx context.Context) error {
 		lastErr = err
 		select {
 		case <-c.exited:
-			return fmt.Errorf("postgres exited during startup: %v", c.waitErr)
+			return fmt.Errorf("postgres exited during startup: %w", c.exitErr())
 		case <-ctx.Done():
 			return fmt.Errorf("postgres did not accept connections within %s: %w", readyTimeout, lastErr)
 		case <-time.After(50 * time.Millisecond):

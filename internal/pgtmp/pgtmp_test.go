@@ -60,7 +60,7 @@ func TestStartStopRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Stop()
+	defer stop(t, c)
 	conn, err := pgx.Connect(ctx, c.URL("postgres"))
 	if err != nil {
 		t.Fatal(err)
@@ -93,7 +93,7 @@ func TestStaleServerIsReported(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Stop()
+	defer stop(t, c)
 
 	// A second server on the same directory, as after a crashed dev run
 	// whose server survived, must fail with a clear message.
@@ -122,5 +122,13 @@ func exec(t *testing.T, ctx context.Context, url, sql string) {
 	defer conn.Close(ctx)
 	if _, err := conn.Exec(ctx, sql); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// stop stops c and fails the test if it did not stop cleanly.
+func stop(t *testing.T, c *pgtmp.Cluster) {
+	t.Helper()
+	if err := c.Stop(); err != nil {
+		t.Error(err)
 	}
 }

@@ -2,6 +2,7 @@ package pgwire
 
 import (
 	"encoding/binary"
+	"errors"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -78,7 +79,7 @@ func TestFramerUntypedAndRaw(t *testing.T) {
 func TestFramerRejectsImpossibleLength(t *testing.T) {
 	t.Parallel()
 	f := framer{keep: func(byte) bool { return false }}
-	if err := f.feed([]byte{'Q', 0, 0, 0, 3}, &seen{}); err != errFraming {
+	if err := f.feed([]byte{'Q', 0, 0, 0, 3}, &seen{}); !errors.Is(err, errFraming) {
 		t.Errorf("err = %v, want errFraming", err)
 	}
 }

@@ -110,6 +110,9 @@ func (s *Simulator) serveMutation(w http.ResponseWriter, r *http.Request, path s
 	case FaultServerError, FaultStatus:
 		s.respond(w, call, faultOutcome(fault))
 		return
+	default:
+		// No fault, or one that acts once the call is accepted (lost
+		// response, latency, late execution): below.
 	}
 
 	key := strings.TrimSpace(r.Header.Get("Idempotency-Key"))

@@ -53,6 +53,7 @@ func TestWebhooksRetryDuplicateAndSign(t *testing.T) {
 	if err != nil || res.StatusCode != http.StatusNoContent {
 		t.Fatalf("queue the webhook fault: %v %v", err, res)
 	}
+	res.Body.Close()
 	ch, err := client.CreateCharge(t.Context(), visa(500), "wh-key")
 	if err != nil {
 		t.Fatal(err)

@@ -216,7 +216,7 @@ func (r *Reaper) drain(ctx context.Context, what, action string, step func(*dbsq
 		n := r.batch
 		batchSize.Set(float64(n))
 		started := time.Now()
-		rows, err := r.batchTx(ctx, func(q *dbsqlc.Queries) (int64, error) { return step(q, int32(n)) })
+		rows, err := r.batchTx(ctx, func(q *dbsqlc.Queries) (int64, error) { return step(q, db.Int32(n)) })
 		worked := time.Since(started)
 		switch {
 		case isStatementTimeout(err) && ctx.Err() == nil:

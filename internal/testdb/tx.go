@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemref/payments/internal/db"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -104,7 +105,7 @@ func openShared(admin string) (*pgxpool.Pool, error) {
 	// Every running test holds one connection for its whole duration, and
 	// a parallel parent test keeps its own while its parallel subtests
 	// run, so the pool needs more connections than -parallel allows tests.
-	cfg.MaxConns = int32(max(16, 4*runtime.GOMAXPROCS(0)))
+	cfg.MaxConns = db.Int32(max(16, 4*runtime.GOMAXPROCS(0)))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)

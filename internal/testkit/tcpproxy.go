@@ -29,7 +29,7 @@ func DatabaseProxy(t testing.TB, databaseURL string) (*TCPProxy, *pgxpool.Config
 	}
 	p := newTCPProxy(t, network, target)
 	host, port, _ := net.SplitHostPort(p.Addr())
-	n, _ := strconv.Atoi(port)
+	n, _ := strconv.ParseUint(port, 10, 16)
 	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(n)
 	cfg.ConnConfig.Fallbacks = nil
 	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
