@@ -56,20 +56,20 @@ WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key;
 
 -- name: IdemKeyComplete :one
 -- The record step (L3): the exact response, in the claim's transaction.
--- The response is stamped with Idempotency-Expires, when its replay ends
--- (E4), taken from the row itself, so the answer and every replay say the
--- same instant.
+-- The headers stored are only those no column holds already (R6: a
+-- smaller row): Location is resource_location, and Idempotency-Expires
+-- (E4) is expires_at, returned here to stamp the answer and read again by
+-- every replay, so the two say the same instant (keyrow.go, httpDate).
 UPDATE idempotency_keys
 SET state = 'completed',
     response_status = @response_status,
-    response_headers = @response_headers::jsonb || jsonb_build_object('Idempotency-Expires',
-        jsonb_build_array(to_char(expires_at AT TIME ZONE 'UTC', 'Dy, DD Mon YYYY HH24:MI:SS "GMT"'))),
+    response_headers = @response_headers,
     response_body = @response_body,
     resource_location = sqlc.narg('resource_location'),
     completed_at = now()
 WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key
   AND state = 'in_progress'
-RETURNING to_char(expires_at AT TIME ZONE 'UTC', 'Dy, DD Mon YYYY HH24:MI:SS "GMT"')::text AS result_expires;
+RETURNING expires_at;
 
 -- name: IdemKeyGetForUpdate :one
 -- Locks the key row for the rest of a phase's transaction: a takeover
@@ -107,7 +107,7 @@ WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key
 
 -- name: IdemKeyCompleteLease :one
 -- The record step (L3) for a multi-step key, fenced like every step, and
--- stamped like IdemKeyComplete. No row: the lease was lost.
+-- stored like IdemKeyComplete. No row: the lease was lost.
 --
 -- The horizons are counted from the record, never shortened: a payment
 -- that finished (the completer, after an outage) later than the TTL or the
@@ -118,8 +118,7 @@ SET state = 'completed',
     recovery_point = 'finished',
     locked_until = NULL,
     response_status = @response_status,
-    response_headers = @response_headers::jsonb || jsonb_build_object('Idempotency-Expires',
-        jsonb_build_array(to_char(h.expires_at AT TIME ZONE 'UTC', 'Dy, DD Mon YYYY HH24:MI:SS "GMT"'))),
+    response_headers = @response_headers,
     response_body = @response_body,
     resource_location = sqlc.narg('resource_location'),
     completed_at = now(),
@@ -133,7 +132,7 @@ FROM (
 ) h
 WHERE k.tenant_id = @tenant_id AND k.endpoint = @endpoint AND k.idem_key = @idem_key
   AND k.state = 'in_progress' AND k.lease_generation = @generation AND k.recovery_point = @from_point
-RETURNING to_char(h.expires_at AT TIME ZONE 'UTC', 'Dy, DD Mon YYYY HH24:MI:SS "GMT"')::text AS result_expires;
+RETURNING k.expires_at;
 
 -- name: IdemKeyRelease :execrows
 -- Gives the key back at its recovery point after a transient failure (O2):

@@ -19,18 +19,22 @@ import (
 // in lease.go): claiming it, deciding what an existing one means, and the
 // response in the form its columns store.
 
-// stampExpiry puts the recorded expiry on the response being answered.
+// stampExpiry puts the recorded expiry on the response being answered:
+// the row's expires_at, the same instant every replay reads (E4).
 //
 // It stamps a copy: the header map came from the caller's exec, which may
 // share it with other responses, and must not be written behind its back.
-func stampExpiry(res *Response, httpDate string) {
+func stampExpiry(res *Response, expiresAt time.Time) {
 	h := res.Header.Clone()
 	if h == nil {
 		h = http.Header{}
 	}
-	h.Set(ExpiresHeader, httpDate)
+	h.Set(ExpiresHeader, httpDate(expiresAt))
 	res.Header = h
 }
+
+// httpDate is t as an HTTP-date (RFC 9110 section 5.6.7), to the second.
+func httpDate(t time.Time) string { return t.UTC().Format(http.TimeFormat) }
 
 // existing handles a key that is already claimed: replay, 409 or 422.
 // createdAt is the record's creation time, for the replay age metric.
@@ -108,12 +112,23 @@ func settled(row dbsqlc.IdempotencyKey, resultExpired bool, c Claim) (*Response,
 	return &res, err
 }
 
-// storedResponse decodes a completed row's stored response.
+// storedResponse decodes a completed row's stored response. The headers
+// that columns of the row hold are not stored twice (R6: a smaller row):
+// Location is resource_location, Idempotency-Expires is expires_at. Rows
+// recorded before that carry both in their stored headers too, with the
+// same values.
 func storedResponse(row dbsqlc.IdempotencyKey) (Response, error) {
 	var header http.Header
 	if err := json.Unmarshal(row.ResponseHeaders, &header); err != nil {
 		return Response{}, fmt.Errorf("idem: decode recorded headers: %w", err)
 	}
+	if header == nil {
+		header = http.Header{}
+	}
+	if row.ResourceLocation != nil {
+		header.Set("Location", *row.ResourceLocation)
+	}
+	header.Set(ExpiresHeader, httpDate(row.ExpiresAt))
 	return Response{Status: int(*row.ResponseStatus), Header: header, Body: row.ResponseBody}, nil
 }
 
@@ -145,9 +160,14 @@ func encodeRecord(res Response) (record, error) {
 	return rec, nil
 }
 
+// pickHeaders keeps the RecordedHeaders that no column of the row holds:
+// Location goes to resource_location (see storedResponse).
 func pickHeaders(h http.Header) http.Header {
 	kept := http.Header{}
 	for _, name := range RecordedHeaders {
+		if name == "Location" {
+			continue
+		}
 		if v := h.Values(name); len(v) > 0 {
 			kept[name] = v
 		}

@@ -101,13 +101,14 @@ type keyRow struct {
 	ResponseBody       []byte
 	CompletedAt        *time.Time
 	ExpiresAt          time.Time
+	ResourceLocation   *string
 }
 
 func (h *bundle) keyRows(t *testing.T) []keyRow {
 	t.Helper()
 	rows, err := h.pool.Query(t.Context(), `
 		SELECT tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, state,
-		       response_status, response_headers, response_body, completed_at, expires_at
+		       response_status, response_headers, response_body, completed_at, expires_at, resource_location
 		FROM idempotency_keys ORDER BY tenant_id, endpoint, idem_key`)
 	if err != nil {
 		t.Fatal(err)
@@ -180,6 +181,13 @@ func recorded(t *testing.T, row keyRow) Response {
 		if err := json.Unmarshal(row.ResponseHeaders, &res.Header); err != nil {
 			t.Fatalf("decode response_headers %s: %v", row.ResponseHeaders, err)
 		}
+	}
+	// Location is stored once, in resource_location, not among the headers.
+	if row.ResourceLocation != nil {
+		if res.Header == nil {
+			res.Header = http.Header{}
+		}
+		res.Header.Set("Location", *row.ResourceLocation)
 	}
 	res.Body = row.ResponseBody
 	return res

@@ -83,7 +83,7 @@ BEGIN
         IF NEW.state = 'completed' THEN
             INSERT INTO explorer_key_records (tenant_id, endpoint, idem_key, status, location, body)
             VALUES (NEW.tenant_id, NEW.endpoint, NEW.idem_key, NEW.response_status,
-                    coalesce(NEW.response_headers -> 'Location' ->> 0, ''), NEW.response_body);
+                    coalesce(NEW.resource_location, ''), NEW.response_body);
         END IF;
         IF TG_OP = 'UPDATE' THEN
             INSERT INTO explorer_transitions (tenant_id, machine, row_id, from_state, to_state)

@@ -226,10 +226,11 @@ func (w *bundle) recorded(t *testing.T, c idem.Claim) (idem.Response, uuid.UUID)
 	var body []byte
 	var resource *uuid.UUID
 	var location *string
+	var expires time.Time
 	err := w.pool.QueryRow(context.Background(), `
-		SELECT response_status, response_headers, response_body, resource_id, resource_location
+		SELECT response_status, response_headers, response_body, resource_id, resource_location, expires_at
 		FROM idempotency_keys WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3`,
-		c.TenantID, c.Endpoint, c.Key).Scan(&status, &headers, &body, &resource, &location)
+		c.TenantID, c.Endpoint, c.Key).Scan(&status, &headers, &body, &resource, &location, &expires)
 	if err != nil {
 		t.Fatalf("read recorded response of %q: %v", c.Key, err)
 	}
@@ -240,10 +241,12 @@ func (w *bundle) recorded(t *testing.T, c idem.Claim) (idem.Response, uuid.UUID)
 	if err := json.Unmarshal(headers, &res.Header); err != nil {
 		t.Fatalf("decode recorded headers %s: %v", headers, err)
 	}
-	// Location is stored once, in resource_location (idem's storedResponse).
+	// Location and Idempotency-Expires are stored once, in resource_location
+	// and expires_at (idem's storedResponse), not among the headers.
 	if location != nil {
 		res.Header.Set("Location", *location)
 	}
+	res.Header.Set(idem.ExpiresHeader, expires.UTC().Format(http.TimeFormat))
 	return res, *resource
 }
 

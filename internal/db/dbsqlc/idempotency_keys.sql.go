@@ -128,14 +128,13 @@ const idemKeyComplete = `-- name: IdemKeyComplete :one
 UPDATE idempotency_keys
 SET state = 'completed',
     response_status = $1,
-    response_headers = $2::jsonb || jsonb_build_object('Idempotency-Expires',
-        jsonb_build_array(to_char(expires_at AT TIME ZONE 'UTC', 'Dy, DD Mon YYYY HH24:MI:SS "GMT"'))),
+    response_headers = $2,
     response_body = $3,
     resource_location = $4,
     completed_at = now()
 WHERE tenant_id = $5 AND endpoint = $6 AND idem_key = $7
   AND state = 'in_progress'
-RETURNING to_char(expires_at AT TIME ZONE 'UTC', 'Dy, DD Mon YYYY HH24:MI:SS "GMT"')::text AS result_expires
+RETURNING expires_at
 `
 
 type IdemKeyCompleteParams struct {
@@ -149,10 +148,11 @@ type IdemKeyCompleteParams struct {
 }
 
 // The record step (L3): the exact response, in the claim's transaction.
-// The response is stamped with Idempotency-Expires, when its replay ends
-// (E4), taken from the row itself, so the answer and every replay say the
-// same instant.
-func (q *Queries) IdemKeyComplete(ctx context.Context, arg IdemKeyCompleteParams) (string, error) {
+// The headers stored are only those no column holds already (R6: a
+// smaller row): Location is resource_location, and Idempotency-Expires
+// (E4) is expires_at, returned here to stamp the answer and read again by
+// every replay, so the two say the same instant (keyrow.go, httpDate).
+func (q *Queries) IdemKeyComplete(ctx context.Context, arg IdemKeyCompleteParams) (time.Time, error) {
 	row := q.db.QueryRow(ctx, idemKeyComplete,
 		arg.ResponseStatus,
 		arg.ResponseHeaders,
@@ -162,9 +162,9 @@ func (q *Queries) IdemKeyComplete(ctx context.Context, arg IdemKeyCompleteParams
 		arg.Endpoint,
 		arg.IdemKey,
 	)
-	var result_expires string
-	err := row.Scan(&result_expires)
-	return result_expires, err
+	var expires_at time.Time
+	err := row.Scan(&expires_at)
+	return expires_at, err
 }
 
 const idemKeyCompleteLease = `-- name: IdemKeyCompleteLease :one
@@ -173,8 +173,7 @@ SET state = 'completed',
     recovery_point = 'finished',
     locked_until = NULL,
     response_status = $1,
-    response_headers = $2::jsonb || jsonb_build_object('Idempotency-Expires',
-        jsonb_build_array(to_char(h.expires_at AT TIME ZONE 'UTC', 'Dy, DD Mon YYYY HH24:MI:SS "GMT"'))),
+    response_headers = $2,
     response_body = $3,
     resource_location = $4,
     completed_at = now(),
@@ -188,7 +187,7 @@ FROM (
 ) h
 WHERE k.tenant_id = $5 AND k.endpoint = $6 AND k.idem_key = $7
   AND k.state = 'in_progress' AND k.lease_generation = $8 AND k.recovery_point = $9
-RETURNING to_char(h.expires_at AT TIME ZONE 'UTC', 'Dy, DD Mon YYYY HH24:MI:SS "GMT"')::text AS result_expires
+RETURNING k.expires_at
 `
 
 type IdemKeyCompleteLeaseParams struct {
@@ -206,13 +205,13 @@ type IdemKeyCompleteLeaseParams struct {
 }
 
 // The record step (L3) for a multi-step key, fenced like every step, and
-// stamped like IdemKeyComplete. No row: the lease was lost.
+// stored like IdemKeyComplete. No row: the lease was lost.
 //
 // The horizons are counted from the record, never shortened: a payment
 // that finished (the completer, after an outage) later than the TTL or the
 // retention set at its claim would otherwise be pruned and forgotten the
 // moment it completes, and the client's retry would run it again (E3).
-func (q *Queries) IdemKeyCompleteLease(ctx context.Context, arg IdemKeyCompleteLeaseParams) (string, error) {
+func (q *Queries) IdemKeyCompleteLease(ctx context.Context, arg IdemKeyCompleteLeaseParams) (time.Time, error) {
 	row := q.db.QueryRow(ctx, idemKeyCompleteLease,
 		arg.ResponseStatus,
 		arg.ResponseHeaders,
@@ -226,9 +225,9 @@ func (q *Queries) IdemKeyCompleteLease(ctx context.Context, arg IdemKeyCompleteL
 		arg.TtlSeconds,
 		arg.RetentionSeconds,
 	)
-	var result_expires string
-	err := row.Scan(&result_expires)
-	return result_expires, err
+	var expires_at time.Time
+	err := row.Scan(&expires_at)
+	return expires_at, err
 }
 
 const idemKeyCountForTenant = `-- name: IdemKeyCountForTenant :one
