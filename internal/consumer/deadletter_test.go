@@ -15,6 +15,7 @@ import (
 	"github.com/idemref/payments/internal/events"
 	"github.com/idemref/payments/internal/orders"
 	"github.com/idemref/payments/internal/testdb"
+	"github.com/idemref/payments/internal/testkit"
 )
 
 // Messages a consumer gives up on are kept: an unreadable one at once, one
@@ -24,20 +25,8 @@ func TestDeadLetters(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	pool, _ := testdb.NewPool(t)
-	ns, err := broker.StartEmbedded(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ns.Shutdown)
-	nc, js, err := broker.Connect(ns.URL(), "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
 	bcfg := broker.Config{AckWait: 100 * time.Millisecond, MaxDeliver: 3}
-	if err := broker.Ensure(ctx, js, bcfg); err != nil {
-		t.Fatal(err)
-	}
+	_, nc, js := testkit.Broker(t, bcfg)
 	dead, err := consumer.StartDeadLetters(nc, js, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -48,19 +48,7 @@ func setupOutage(t *testing.T) *outageBundle {
 		t.Fatal(err)
 	}
 	t.Cleanup(proxied.Close)
-	ns, err := broker.StartEmbedded(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ns.Shutdown)
-	nc, js, err := broker.Connect(ns.URL(), "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	if err := broker.Ensure(t.Context(), js, fastRedelivery); err != nil {
-		t.Fatal(err)
-	}
+	_, nc, js := testkit.Broker(t, fastRedelivery)
 	dead, err := consumer.StartDeadLetters(nc, js, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -39,21 +39,9 @@ func TestOrdersConsumerAppliesEachEventOnce(t *testing.T) {
 		VALUES ($1, $2, 'twice', 'cus', 1000, 'EUR')`, tenant, order); err != nil {
 		t.Fatal(err)
 	}
-	ns, err := broker.StartEmbedded(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ns.Shutdown)
-	nc, js, err := broker.Connect(ns.URL(), "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
 	// A short duplicates window, so that a copy can get past it.
 	bcfg := broker.Config{DuplicateWindow: 100 * time.Millisecond}
-	if err := broker.Ensure(ctx, js, bcfg); err != nil {
-		t.Fatal(err)
-	}
+	_, _, js := testkit.Broker(t, bcfg)
 	c, err := consumer.Start(ctx, pool, js, consumer.Config{Name: orders.ConsumerName, Subjects: orders.Subjects, Broker: bcfg}, orders.ApplyEvent)
 	if err != nil {
 		t.Fatal(err)

@@ -34,19 +34,7 @@ type bundle struct {
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	pool, _ := testdb.NewPool(t)
-	ns, err := broker.StartEmbedded(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(ns.Shutdown)
-	nc, js, err := broker.Connect(ns.URL(), "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	if err := broker.Ensure(t.Context(), js, broker.Config{}); err != nil {
-		t.Fatal(err)
-	}
+	_, _, js := testkit.Broker(t, broker.Config{})
 	tenant, _, err := tenants.Create(t.Context(), pool, "outbox")
 	if err != nil {
 		t.Fatal(err)
