@@ -89,8 +89,11 @@ build: ## Build bin/api
 	$(GO) build -o $(BIN)/api ./cmd/api
 
 migrate-new: ## Create the next pair of migration files: make migrate-new NAME=add_things
-	@test -n "$(NAME)" || { echo "usage: make migrate-new NAME=add_things"; exit 2; }
-	@last=$$(ls db/migrations/*.up.sql | sed 's|.*/\([0-9]*\)_.*|\1|' | sort -n | tail -1); \
-	next=$$(printf '%06d' $$((10#$$last + 1))); \
-	touch db/migrations/$${next}_$(NAME).up.sql db/migrations/$${next}_$(NAME).down.sql; \
-	echo "created db/migrations/$${next}_$(NAME).{up,down}.sql"
+	@# POSIX sh only (Debian's /bin/sh is dash): expr reads the zero-padded
+	@# number as decimal. Nothing is created unless every step succeeded.
+	@echo "$(NAME)" | grep -Eq '^[a-z0-9_]+$$' || { echo "usage: make migrate-new NAME=add_things (lower case letters, digits and _)"; exit 2; }
+	@last=$$(ls db/migrations/*.up.sql | sed 's|.*/\([0-9]*\)_.*|\1|' | sort -n | tail -1) && \
+	next=$$(printf '%06d' "$$(expr "$$last" + 1)") && \
+	test "$$next" != 000000 && \
+	touch db/migrations/$${next}_$(NAME).up.sql db/migrations/$${next}_$(NAME).down.sql && \
+	echo "created db/migrations/$${next}_$(NAME).up.sql and .down.sql"
