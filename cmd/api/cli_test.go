@@ -82,13 +82,17 @@ func TestConfigurationErrorsAreClear(t *testing.T) {
 		{"BadEventWorkers", []string{"serve"}, map[string]string{"EVENT_WORKERS": "sometimes"}, "EVENT_WORKERS"},
 		{"ReapWithoutDatabaseURL", []string{"reap"}, nil, "DATABASE_URL is not set"},
 		{"ReapLoopDisabled", []string{"reap", "--loop"}, map[string]string{"DATABASE_URL": "postgres://x/y", "REAPER_INTERVAL": "0"}, "REAPER_INTERVAL"},
-		{"ReapUnknownFlag", []string{"reap", "--forever"}, nil, "invalid command line"},
-		{"UnknownCommand", []string{"launch"}, nil, "invalid command line"},
+		{"ReapUnknownFlag", []string{"reap", "--forever"}, nil, `reap takes --loop or nothing, got "--forever"`},
+		{"UnknownCommand", []string{"launch"}, nil, `unknown command "launch"`},
+		{"BareMigrate", []string{"migrate"}, nil, "migrate needs up, down N or down --all"},
+		{"MigrateUpWithoutDatabaseURL", []string{"migrate", "up"}, nil, "DATABASE_URL is not set: point it at PostgreSQL"},
+		{"TenantCreateWithoutName", []string{"tenant", "create"}, nil, "tenant create needs the tenant's name"},
+		{"ServeWithArguments", []string{"serve", "now"}, nil, `serve takes no arguments, got "now"`},
 		{"BareMigrateDown", []string{"migrate", "down"}, map[string]string{"DATABASE_URL": "postgres://x/y"}, "--all"},
 		{"MigrateDownZero", []string{"migrate", "down", "0"}, map[string]string{"DATABASE_URL": "postgres://x/y"}, "positive number"},
-		{"NoCommand", nil, nil, "invalid command line"},
+		{"NoCommand", nil, nil, "no command given"},
 		{"DeadLettersWithoutNatsURL", []string{"deadletters", "redrive"}, nil, "NATS_URL is not set"},
-		{"DeadLettersUnknownAction", []string{"deadletters", "purge"}, nil, "invalid command line"},
+		{"DeadLettersUnknownAction", []string{"deadletters", "purge"}, nil, `deadletters needs list or redrive, got "purge"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

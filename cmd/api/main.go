@@ -33,6 +33,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 
 	apispec "github.com/idemref/payments"
@@ -68,6 +69,35 @@ func main() {
 
 var errUsage = errors.New("invalid command line")
 
+// errNoDatabaseURL is what every command that needs PostgreSQL says
+// without it.
+var errNoDatabaseURL = errors.New("DATABASE_URL is not set: point it at PostgreSQL, such as postgres://user:password@host:5432/payments (for a zero-setup local run use 'make run')")
+
+// commandLineError says what is wrong with args, which no case of run
+// accepted; main prints the usage after it.
+func commandLineError(args []string) error {
+	if len(args) == 0 {
+		return fmt.Errorf("%w: no command given", errUsage)
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "serve", "dev", "completer":
+		return fmt.Errorf("%w: %s takes no arguments, got %q", errUsage, cmd, strings.Join(rest, " "))
+	case "reap":
+		return fmt.Errorf("%w: reap takes --loop or nothing, got %q", errUsage, strings.Join(rest, " "))
+	case "migrate":
+		return fmt.Errorf("%w: migrate needs up, down N or down --all, got %q", errUsage, strings.Join(rest, " "))
+	case "tenant":
+		if len(rest) == 1 && rest[0] == "create" {
+			return fmt.Errorf("%w: tenant create needs the tenant's name: api tenant create acme", errUsage)
+		}
+		return fmt.Errorf("%w: tenant needs create NAME, got %q", errUsage, strings.Join(rest, " "))
+	case "deadletters":
+		return fmt.Errorf("%w: deadletters needs list or redrive, got %q", errUsage, strings.Join(rest, " "))
+	}
+	return fmt.Errorf("%w: unknown command %q", errUsage, cmd)
+}
+
 // wantsHelp: "api help", or -h / --help anywhere on the line.
 func wantsHelp(args []string) bool {
 	if args[0] == "help" {
@@ -88,7 +118,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	logger := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
 	if len(args) == 0 {
-		return errUsage
+		return commandLineError(args)
 	}
 	if wantsHelp(args) {
 		fmt.Fprint(stdout, usage, "\nConfiguration comes from the environment:\n\n", apispec.Configuration())
@@ -97,7 +127,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	switch cmd, rest := args[0], args[1:]; {
 	case cmd == "serve" && len(rest) == 0:
 		if cfg.DatabaseURL == "" {
-			return errors.New("DATABASE_URL is not set (for a zero-setup local run use 'make run')")
+			return errNoDatabaseURL
 		}
 		if cfg.NatsURL == "" {
 			return errors.New("NATS_URL is not set: serve publishes events to and consumes them from NATS JetStream (for a zero-setup local run use 'make run')")
@@ -108,7 +138,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return serve(ctx, cfg, logger, nil)
 	case cmd == "completer" && len(rest) == 0:
 		if cfg.DatabaseURL == "" {
-			return errors.New("DATABASE_URL is not set")
+			return errNoDatabaseURL
 		}
 		if cfg.ProcessorURL == "" {
 			cfg.ProcessorURL = defaultProcessorURL
@@ -116,14 +146,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return runCompleter(ctx, cfg, logger)
 	case cmd == "reap" && (len(rest) == 0 || len(rest) == 1 && rest[0] == "--loop"):
 		if cfg.DatabaseURL == "" {
-			return errors.New("DATABASE_URL is not set")
+			return errNoDatabaseURL
 		}
 		return runReaper(ctx, cfg, logger, len(rest) == 1, stdout)
 	case cmd == "dev" && len(rest) == 0:
 		return dev(ctx, cfg, logger, stdout)
 	case cmd == "migrate" && len(rest) == 1 && rest[0] == "up":
 		if cfg.DatabaseURL == "" {
-			return errors.New("DATABASE_URL is not set")
+			return errNoDatabaseURL
 		}
 		return migrate(ctx, cfg.DatabaseURL, "up", 0, logger)
 	case cmd == "migrate" && len(rest) >= 1 && rest[0] == "down":
@@ -141,12 +171,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			steps = n
 		}
 		if cfg.DatabaseURL == "" {
-			return errors.New("DATABASE_URL is not set")
+			return errNoDatabaseURL
 		}
 		return migrate(ctx, cfg.DatabaseURL, "down", steps, logger)
 	case cmd == "tenant" && len(rest) == 2 && rest[0] == "create":
 		if cfg.DatabaseURL == "" {
-			return errors.New("DATABASE_URL is not set")
+			return errNoDatabaseURL
 		}
 		return createTenant(ctx, cfg.DatabaseURL, rest[1], stdout)
 	case cmd == "deadletters" && len(rest) == 1 && (rest[0] == "list" || rest[0] == "redrive"):
@@ -155,5 +185,5 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 		return deadLetters(ctx, cfg, rest[0], stdout)
 	}
-	return errUsage
+	return commandLineError(args)
 }
