@@ -29,7 +29,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/signal"
 	"strconv"
@@ -37,6 +36,7 @@ import (
 	"syscall"
 
 	apispec "github.com/idemref/payments"
+	"github.com/idemref/payments/internal/logging"
 )
 
 const usage = `usage:
@@ -116,7 +116,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if err != nil {
 		return err
 	}
-	logger := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	logger := logging.New(stderr, cfg.LogLevel)
 	if len(args) == 0 {
 		return commandLineError(args)
 	}

@@ -46,6 +46,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/idemref/payments/internal/logging"
 	"github.com/idemref/payments/internal/processorsim"
 	"github.com/idemref/payments/internal/webhook"
 )
@@ -138,7 +139,7 @@ func run(ctx context.Context, getenv func(string) string, stderr io.Writer, read
 	if err != nil {
 		return err
 	}
-	logger := slog.New(slog.NewJSONHandler(stderr, nil))
+	logger := logging.New(stderr, slog.LevelInfo)
 	srv, err := processorsim.Start(cfg.Addr, processorsim.Config{
 		Logger:                logger,
 		IgnoreIdempotencyKeys: cfg.IgnoreIdempotencyKeys,
