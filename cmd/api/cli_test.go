@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
@@ -303,5 +305,27 @@ func TestEveryVariableIsDocumented(t *testing.T) {
 	}
 	if len(names) < 20 {
 		t.Fatalf("found only %d variables in config.go: the pattern no longer matches how it reads them", len(names))
+	}
+}
+
+// A busy port is reported at once, naming ADDR, before api dev starts
+// PostgreSQL, NATS and the simulator for nothing.
+func TestDevRefusesABusyPortFirst(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	dir := t.TempDir()
+	t.Chdir(dir) // .dev/ would be created here if dev got that far
+	var stdout, stderr bytes.Buffer
+	err = run(context.Background(), []string{"dev"}, func(k string) string {
+		return map[string]string{"ADDR": ln.Addr().String()}[k]
+	}, &stdout, &stderr)
+	if err == nil || !strings.Contains(err.Error(), "ADDR "+ln.Addr().String()) {
+		t.Fatalf("api dev on a busy port = %v, want an error naming ADDR", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, ".dev")); !os.IsNotExist(err) {
+		t.Errorf("api dev created .dev/ before finding the port busy (%v)", err)
 	}
 }

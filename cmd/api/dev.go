@@ -49,6 +49,11 @@ const devStandardWebhookSecret = "whsec_ZGV2ZWxvcG1lbnQtb25seS13ZWJob29rLXNlY3Jl
 // time only) and stops it on exit. Then it migrates, creates a demo tenant,
 // prints ready-to-paste curl commands and serves.
 func dev(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer) error {
+	// A busy port is found before PostgreSQL, NATS and the simulator are
+	// started for nothing: serve listens on the same address later.
+	if err := addrFree(cfg.Addr); err != nil {
+		return err
+	}
 	ownCluster := false
 	if cfg.DatabaseURL == "" {
 		if _, err := pgtmp.FindBinDir(); err != nil {
@@ -272,4 +277,14 @@ func devBanner(addr, key string, created bool, psql, processorURL, natsURL strin
 		"",
 	}
 	return strings.Join(lines, "\n")
+}
+
+// addrFree reports, naming ADDR, when the address the API would listen on
+// is taken.
+func addrFree(addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("ADDR %s cannot be listened on (%w): stop what uses it, or set ADDR to another address, such as ADDR=:8081", addr, err)
+	}
+	return ln.Close()
 }

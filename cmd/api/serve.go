@@ -88,7 +88,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 	// Listen synchronously: a port already in use is an error, not a log line.
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
-		return fmt.Errorf("listen on %s: %w", cfg.Addr, err)
+		return fmt.Errorf("ADDR %s cannot be listened on (%w): stop what uses it, or set ADDR to another address, such as ADDR=:8081", cfg.Addr, err)
 	}
 	// At the limit idle connections give way, and no client address holds
 	// more than its share (R4): see connManager.
