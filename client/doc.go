@@ -90,7 +90,12 @@
 // key-status endpoint what became of the key (completed, with the recorded
 // status and the resource created; in progress; or ErrKeyUnknown when no
 // attempt committed). Sending the same request with the same key again is
-// the other way to resolve it, for as long as the key is retained (24 h).
+// the other way to resolve it while the server replays the key's result
+// (its TTL, 24 h by default, from when the result was recorded: the
+// response's Idempotency-Expires says until when). Past that, until the
+// key's retention ends (72 h by default), the same request gets 409
+// idempotency_result_expired with the resource's link, never a second
+// execution.
 //
 // # Compared with other clients
 //
