@@ -18,7 +18,7 @@ VULNDB_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/govulndb/$(VULNDB_VERSION)
 BIN  := bin
 
 .DEFAULT_GOAL := help
-.PHONY: help run reset test bench loadtest loadtest-smoke loadtest-pgbench fuzz fuzz-ci generate verify lint vuln build migrate-new
+.PHONY: help run reset test bench loadtest loadtest-smoke loadtest-pgbench fuzz fuzz-ci generate verify lint vuln build migrate-new rename
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -97,3 +97,7 @@ migrate-new: ## Create the next pair of migration files: make migrate-new NAME=a
 	test "$$next" != 000000 && \
 	touch db/migrations/$${next}_$(NAME).up.sql db/migrations/$${next}_$(NAME).down.sql && \
 	echo "created db/migrations/$${next}_$(NAME).up.sql and .down.sql"
+
+rename: ## Give a fork its own module path and names: make rename MODULE=example.com/acme/orders [NAME= DOMAIN= KEY_PREFIX=]
+	@# Empty values take the command's defaults; it checks every value itself.
+	$(GO) run ./cmd/rename -module '$(MODULE)' -name '$(NAME)' -domain '$(DOMAIN)' -key-prefix '$(KEY_PREFIX)'

@@ -255,7 +255,7 @@ func stacks() string {
 	buf = buf[:runtime.Stack(buf, true)]
 	var keep []string
 	for g := range strings.SplitSeq(string(buf), "\n\n") {
-		if strings.Contains(g, "idemref/payments/internal/") && !strings.Contains(g, "(*run).await") {
+		if strings.Contains(g, "github.com/idemref/payments/internal/") && !strings.Contains(g, "(*run).await") {
 			keep = append(keep, g)
 		}
 	}
