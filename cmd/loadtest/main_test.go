@@ -1,6 +1,7 @@
 package main
 
 import (
+	"io/fs"
 	"net/http"
 	"os"
 	"os/exec"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	vegeta "github.com/tsenart/vegeta/v12/lib"
+
+	"github.com/idemref/payments/db/migrations"
 )
 
 func TestSeries(t *testing.T) {
@@ -136,7 +139,8 @@ func TestChildrenCPU(t *testing.T) {
 }
 
 // TestPgbenchVariantsDifferByOnePiece: each variant of the create leaves
-// out exactly what its name says, and keeps the create's round trips.
+// out exactly what its name says, and keeps the create's round trips; the
+// limit writes the order and the key row once, as the record leaves it.
 func TestPgbenchVariantsDifferByOnePiece(t *testing.T) {
 	scripts := map[string]string{}
 	for _, v := range pgbenchVariants() {
@@ -153,9 +157,65 @@ func TestPgbenchVariantsDifferByOnePiece(t *testing.T) {
 			t.Errorf("%s still has %q", name, gone)
 		}
 	}
+	for name, table := range map[string]string{"no-fk": "keys_nofk", "no-checks": "keys_nochecks", "no-guard-trigger": "keys_notrigger"} {
+		if want := strings.ReplaceAll(create, "idempotency_keys", table); scripts[name] != want {
+			t.Errorf("%s is not the create on %s", name, table)
+		}
+	}
+
+	limit := scripts["limit"]
+	for _, want := range []string{"INSERT INTO orders", "INSERT INTO idempotency_keys", "'completed', 201", `'{"Content-Type": ["application/json"]}'::jsonb`, "'/v1/orders/x', now()", "RETURNING expires_at"} {
+		if !strings.Contains(limit, want) {
+			t.Errorf("the limit script lacks %q", want)
+		}
+	}
+	// The same response as the create records, and nothing the floor does
+	// not need: no second write of the key row, no conflict handling.
+	body := "'\\x" + strings.Repeat("7b", 420) + "'"
+	if !strings.Contains(limit, body) || !strings.Contains(create, body) {
+		t.Error("the limit and the create do not record the same body")
+	}
+	for _, gone := range []string{"UPDATE", "ON CONFLICT (tenant_id, endpoint, idem_key)", "SAVEPOINT", "set_config"} {
+		if strings.Contains(limit, gone) {
+			t.Errorf("the limit has %q", gone)
+		}
+	}
+
 	for name, s := range scripts {
-		if n, want := strings.Count(s, `\startpipeline`), map[bool]int{true: 1, false: 3}[name == "baseline"]; n != want {
+		if n, want := strings.Count(s, `\startpipeline`), map[bool]int{true: 1, false: 3}[name == "baseline" || name == "limit"]; n != want {
 			t.Errorf("%s has %d round trips, want %d", name, n, want)
+		}
+	}
+}
+
+// TestPgbenchCopiesLackOnePiece: each copy of the key table gets back the
+// foreign key and the trigger that LIKE leaves behind, as the migrations
+// define them, except the one its variant measures.
+func TestPgbenchCopiesLackOnePiece(t *testing.T) {
+	words := func(s string) string { return strings.Join(strings.Fields(s), " ") }
+	migration, err := fs.ReadFile(migrations.FS, "000012_guarded_transitions.up.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for table, without := range map[string]string{"keys_nofk": "fk", "keys_nochecks": "checks", "keys_notrigger": "trigger"} {
+		setup := strings.Join(pgbenchCopy(table, without), ";\n")
+		has := map[string]bool{
+			"fk":      strings.Contains(setup, "ALTER TABLE "+table+" ADD FOREIGN KEY (tenant_id) REFERENCES tenants (id) ON DELETE CASCADE"),
+			"checks":  strings.Contains(setup, "INCLUDING ALL"),
+			"trigger": strings.Contains(setup, "CREATE TRIGGER"),
+		}
+		for piece, ok := range has {
+			if ok == (piece == without) {
+				t.Errorf("%s: has %s = %t", table, piece, ok)
+			}
+		}
+		for _, stmt := range pgbenchCopy(table, without) {
+			if strings.HasPrefix(stmt, "CREATE TRIGGER") {
+				orig := strings.ReplaceAll(strings.Replace(stmt, table+"_guard_state", "idempotency_keys_guard_state", 1), " ON "+table+" ", " ON idempotency_keys ")
+				if !strings.Contains(words(string(migration)), words(orig)) {
+					t.Errorf("the trigger on %s is not migration 000012's:\n%s", table, orig)
+				}
+			}
 		}
 	}
 }

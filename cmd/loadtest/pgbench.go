@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -34,7 +35,10 @@ import (
 //
 // The statements mirror IdemKeyClaim, OrderCreate and IdemKeyComplete in
 // db/queries, with the API's parameters written as literals; keep them in
-// step when those change.
+// step when those change. The variant limit is the least an idempotent
+// create can write: the order and the key row inserted once, already
+// completed with the response IdemKeyComplete records; create / limit is
+// what the pattern as built costs over that floor (P7).
 
 // pgbenchVariant is one transaction script.
 type pgbenchVariant struct {
@@ -69,12 +73,19 @@ func pgbenchVariants() []pgbenchVariant {
 	// An order's recorded response is about 420 bytes; its Location and
 	// Idempotency-Expires live in resource_location and expires_at.
 	body := `'\x` + strings.Repeat("7b", 420) + `'`
+	const headers = `'{"Content-Type": ["application/json"]}'::jsonb`
 	complete := func(table string) string {
-		return "UPDATE " + table + ` SET state = 'completed', response_status = 201, response_headers = '{"Content-Type": ["application/json"]}'::jsonb` +
+		return "UPDATE " + table + " SET state = 'completed', response_status = 201, response_headers = " + headers +
 			", response_body = " + body +
 			", resource_location = '/v1/orders/x', completed_at = now() WHERE tenant_id = " + pgbenchTenant +
 			" AND endpoint = 'POST /v1/orders' AND idem_key = " + pgbenchKey + " AND state = 'in_progress' RETURNING expires_at;"
 	}
+	// The key row as the record leaves it, written by one INSERT: a second
+	// request under the key fails on the primary key and rolls back.
+	completed := "INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, state, response_status, " +
+		"response_headers, response_body, resource_location, completed_at, expires_at, retain_until, recovery_point, locked_until, lease_generation) " +
+		"VALUES (" + pgbenchTenant + ", 'POST /v1/orders', " + pgbenchKey + ", decode(repeat('ab', 32), 'hex'), 1, 'completed', 201, " +
+		headers + ", " + body + ", '/v1/orders/x', now(), now() + interval '1 day', now() + interval '3 days', NULL, NULL, 0) RETURNING expires_at;"
 	// roundTrips joins the statements of each round trip into one pipeline.
 	roundTrips := func(trips ...[]string) string {
 		var b strings.Builder
@@ -106,35 +117,56 @@ func pgbenchVariants() []pgbenchVariant {
 	return []pgbenchVariant{
 		{"baseline", "BEGIN, insert the order, COMMIT, in 1 round trip", roundTrips([]string{"BEGIN;", order, "COMMIT;"})},
 		{"baseline-3rt", "the same in 3 round trips", roundTrips([]string{"BEGIN;", "SELECT 1;"}, []string{order}, []string{"SELECT 1;", "COMMIT;"})},
+		{"limit", "BEGIN, the order, the key row inserted completed, COMMIT: the floor", roundTrips([]string{"BEGIN;", order, completed, "COMMIT;"})},
 		{"create", "the idempotent create, as the API sends it", create("idempotency_keys", true, true, true)},
 		{"no-lock-timeout", "... without the lock_timeout statement", create("idempotency_keys", false, true, true)},
 		{"no-savepoint", "... without the savepoint", create("idempotency_keys", true, true, false)},
 		{"no-reclaim", "... with a claim without its reclaim branch (E3)", create("idempotency_keys", true, false, true)},
 		{"no-fk", "... without the key table's foreign key to tenants", create("keys_nofk", true, true, true)},
 		{"no-checks", "... without the key table's CHECK constraints", create("keys_nochecks", true, true, true)},
+		{"no-guard-trigger", "... without the state-transition trigger (000012)", create("keys_notrigger", true, true, true)},
 	}
+}
+
+// pgbenchCopy makes a copy of the key table without one piece: "fk",
+// "checks" or "trigger". LIKE copies neither the foreign key nor the
+// trigger, so every copy gets back those it keeps, as migrations 000002
+// and 000012 define them.
+func pgbenchCopy(table, without string) []string {
+	like := "INCLUDING ALL"
+	if without == "checks" {
+		like = "INCLUDING DEFAULTS INCLUDING INDEXES"
+	}
+	out := []string{"CREATE TABLE " + table + " (LIKE idempotency_keys " + like + ")"}
+	if without != "fk" {
+		out = append(out, "ALTER TABLE "+table+" ADD FOREIGN KEY (tenant_id) REFERENCES tenants (id) ON DELETE CASCADE")
+	}
+	if without != "trigger" {
+		out = append(out, "CREATE TRIGGER "+table+"_guard_state BEFORE UPDATE OF state ON "+table+
+			" FOR EACH ROW WHEN (OLD.state IS DISTINCT FROM NEW.state) EXECUTE FUNCTION guard_state_transition('key')")
+	}
+	return out
 }
 
 // pgbenchSetup makes the tables the variants write beside the schema's.
 // Autovacuum is off (its workers are children of the postmaster too, and
 // would be counted).
-var pgbenchSetup = []string{
-	"INSERT INTO tenants (id, name) VALUES (" + pgbenchTenant + ", 'pgbench')",
-	// LIKE copies no foreign key.
-	"CREATE TABLE keys_nofk (LIKE idempotency_keys INCLUDING ALL)",
-	"CREATE TABLE keys_nochecks (LIKE idempotency_keys INCLUDING DEFAULTS INCLUDING INDEXES)",
-	"ALTER TABLE keys_nochecks ADD FOREIGN KEY (tenant_id) REFERENCES tenants (id) ON DELETE CASCADE",
-}
+var pgbenchSetup = slices.Concat(
+	[]string{"INSERT INTO tenants (id, name) VALUES (" + pgbenchTenant + ", 'pgbench')"},
+	pgbenchCopy("keys_nofk", "fk"),
+	pgbenchCopy("keys_nochecks", "checks"),
+	pgbenchCopy("keys_notrigger", "trigger"),
+)
 
 // pgbenchReset refills the tables before each run with a few minutes'
 // worth of traffic and analyzes them, so the plans are those of a running
 // service (on an empty table the planner guesses otherwise).
 var pgbenchReset = []string{
-	"TRUNCATE orders, idempotency_keys, keys_nofk, keys_nochecks CASCADE",
+	"TRUNCATE orders, idempotency_keys, keys_nofk, keys_nochecks, keys_notrigger CASCADE",
 	"INSERT INTO orders (tenant_id, id, reference, customer_id, amount, currency) SELECT " + pgbenchTenant +
 		", gen_random_uuid(), 'fill-' || i, 'cus_1', 100, 'EUR' FROM generate_series(1, 50000) AS i",
-	pgbenchFill("idempotency_keys"), pgbenchFill("keys_nofk"), pgbenchFill("keys_nochecks"),
-	"VACUUM ANALYZE orders, idempotency_keys, keys_nofk, keys_nochecks",
+	pgbenchFill("idempotency_keys"), pgbenchFill("keys_nofk"), pgbenchFill("keys_nochecks"), pgbenchFill("keys_notrigger"),
+	"VACUUM ANALYZE orders, idempotency_keys, keys_nofk, keys_nochecks, keys_notrigger",
 	"CHECKPOINT",
 }
 
@@ -252,13 +284,27 @@ func runPgbench(ctx context.Context, o options, stdout io.Writer) (err error) {
 		fmt.Fprintf(stdout, "round %d/%d done\n", round, o.rounds)
 	}
 	fmt.Fprintf(stdout, "\nPostgreSQL CPU per transaction, µs, median (range) over %d rounds:\n", o.rounds)
+	us := make(map[string]series)
 	for _, v := range variants {
 		per := make(series, len(cpu[v.name]))
 		for i, seconds := range cpu[v.name] {
 			per[i] = seconds * 1e6 / float64(clients*tx)
 		}
+		us[v.name] = per
 		fmt.Fprintf(stdout, "  %-16s %-18s %s\n", v.name, per.format(0), v.what)
 	}
+	// Ratios and differences are taken within a round, like the load
+	// benchmark's: the variants of one round ran minutes apart at most.
+	overLimit := ratio(us["create"], us["limit"])
+	trigger := make(series, 0, o.rounds)
+	for i := range min(len(us["create"]), len(us["no-guard-trigger"])) {
+		trigger = append(trigger, us["create"][i]-us["no-guard-trigger"][i])
+	}
+	fmt.Fprintf(stdout, "\nper round, median (range):\n")
+	fmt.Fprintf(stdout, "  create / limit            %-18s target <= 1.15 (P7)\n", overLimit.format(2))
+	fmt.Fprintf(stdout, "  the trigger, µs / create  %-18s create - no-guard-trigger\n", trigger.format(0))
+	fmt.Fprintf(stdout, "\npgbench: baseline_us=%.0f limit_us=%.0f create_us=%.0f create_over_limit=%.2f\n",
+		us["baseline"].median(), us["limit"].median(), us["create"].median(), overLimit.median())
 	return nil
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemref/payments/internal/broker"
 	"github.com/idemref/payments/internal/consumer"
+	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/events"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
@@ -38,6 +39,7 @@ func openPool(t *testing.T, url string, size int32) *pgxpool.Pool {
 	if err != nil {
 		t.Fatal(err)
 	}
+	db.Configure(cfg)
 	cfg.MaxConns = size
 	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
 	if err != nil {

@@ -21,12 +21,14 @@ import (
 // Open creates a pool for databaseURL (postgres://...). Pool settings such
 // as pool_max_conns may be given as URL parameters. Open does not fail when
 // the database is down: the pool connects lazily, so the service starts and
-// answers 503 until the database is back (L6), and /readyz reports it.
+// answers 503 until the database is back (L6), and /readyz reports it. Every
+// connection it opens encodes uuid.UUID natively (Configure).
 func Open(ctx context.Context, databaseURL string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("parse DATABASE_URL: %w", redactErr(err))
 	}
+	Configure(cfg)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("create pool: %w", err)

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	apispec "github.com/idemref/payments"
+	"github.com/idemref/payments/internal/db"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/tenants"
@@ -50,6 +51,7 @@ func floodServer(tb testing.TB, lookups httpapi.RateLimit) (url string, queries 
 	if err != nil {
 		tb.Fatal(err)
 	}
+	db.Configure(cfg)
 	queries = &queryCounter{}
 	cfg.ConnConfig.Tracer = queries
 	pool, err := pgxpool.NewWithConfig(tb.Context(), cfg)

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	apispec "github.com/idemref/payments"
+	"github.com/idemref/payments/internal/db"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/payments"
@@ -190,6 +191,7 @@ func setup(t *testing.T, opts ...setupOption) *bundle {
 		if cfg, err = pgxpool.ParseConfig(url); err != nil {
 			t.Fatal(err)
 		}
+		db.Configure(cfg)
 		// One connection: every statement is prepared on it once, so a
 		// measured request pays what it pays in steady state.
 		cfg.MaxConns = 1

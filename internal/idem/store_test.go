@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/testdb"
 )
@@ -937,6 +938,7 @@ func TestExecuteConcurrentDuplicatesExecuteOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	db.Configure(cfg)
 	cfg.MaxConns = n + 2 // every duplicate on its own connection, plus the poller
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -1124,6 +1126,7 @@ func TestExecuteBoundsLockWait(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	db.Configure(cfg)
 	cfg.MaxConns = 1
 	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/processorsim"
 )
 
@@ -353,6 +354,7 @@ func hookedPool(ctx context.Context, dbURL string) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, err
 	}
+	db.Configure(cfg)
 	cfg.MaxConns = 16
 	cfg.PrepareConn = func(ctx context.Context, _ *pgx.Conn) (bool, error) {
 		if actorOf(ctx) == nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemref/payments/internal/db"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/orders"
@@ -79,7 +80,7 @@ func (w *bundle) service(pool *pgxpool.Pool) *payments.Service {
 // database and processor: its own pool, key store and processor client.
 func (w *bundle) process(t *testing.T) *payments.Service {
 	t.Helper()
-	pool, err := pgxpool.New(t.Context(), w.dbURL)
+	pool, err := db.Open(t.Context(), w.dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}

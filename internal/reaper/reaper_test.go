@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/reaper"
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/testdb"
@@ -144,7 +145,7 @@ func TestConcurrentReapers(t *testing.T) {
 	results := make([]reaper.Result, 2)
 	errs := make([]error, 2)
 	for i := range 2 {
-		p, err := pgxpool.New(t.Context(), url)
+		p, err := db.Open(t.Context(), url)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemref/payments/db/migrations"
+	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/dbmigrate"
 	"github.com/idemref/payments/internal/pgtmp"
 )
@@ -110,7 +111,8 @@ func NewPool(t testing.TB) (*pgxpool.Pool, string) {
 	dbURL := New(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	pool, err := pgxpool.New(ctx, dbURL)
+	// Opened as the service opens its pools (db.Open).
+	pool, err := db.Open(ctx, dbURL)
 	if err != nil {
 		t.Fatalf("testdb: open pool: %v", err)
 	}

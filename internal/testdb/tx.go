@@ -102,6 +102,7 @@ func openShared(admin string) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("testdb: shared database: %w", err)
 	}
+	db.Configure(cfg)
 	// Every running test holds one connection for its whole duration, and
 	// a parallel parent test keeps its own while its parallel subtests
 	// run, so the pool needs more connections than -parallel allows tests.

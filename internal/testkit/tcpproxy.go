@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemref/payments/internal/db"
 )
 
 // DatabaseProxy puts a TCP proxy the test can cut between a pool and the
@@ -23,6 +25,7 @@ func DatabaseProxy(t testing.TB, databaseURL string) (*TCPProxy, *pgxpool.Config
 	if err != nil {
 		t.Fatalf("parse database URL: %v", err)
 	}
+	db.Configure(cfg)
 	network, target := "tcp", net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
 	if strings.HasPrefix(cfg.ConnConfig.Host, "/") {
 		network, target = "unix", fmt.Sprintf("%s/.s.PGSQL.%d", cfg.ConnConfig.Host, cfg.ConnConfig.Port)
