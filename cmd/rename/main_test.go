@@ -199,7 +199,10 @@ func goCmd(t *testing.T, dir string, args ...string) string {
 	start := time.Now()
 	cmd := exec.Command("go", args...)
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly")
+	// CI is unset in the copy: it has no .tools/node_modules, so the tests
+	// that need the Node tools (Spectral, Prism) skip there, as they do on a
+	// machine without them, instead of failing as CI makes them.
+	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly", "CI=")
 	out, err := cmd.CombinedOutput()
 	t.Logf("go %s (%s)", strings.Join(args, " "), time.Since(start).Round(time.Millisecond))
 	if err != nil {
