@@ -109,7 +109,7 @@ func (s *Service) sendRefund(ctx context.Context, l *idem.Lease, fresh bool) (re
 			if err != nil {
 				return nil, err
 			}
-			return refundFound(mine), nil
+			return refundFound(mine)
 		},
 		mark: func(ctx context.Context) error {
 			return s.stayAt(ctx, l, func(ctx context.Context, tx pgx.Tx) error { return markRefundSent(ctx, tx, l) })
@@ -130,14 +130,21 @@ func (s *Service) sendRefund(ctx context.Context, l *idem.Lease, fresh bool) (re
 	})
 }
 
+// errRefundPending: the lookup found the refund still pending at the
+// processor. The call landed, so nothing may be sent again; its outcome
+// is not known yet, so nothing is final: the key is released and the
+// retry (or the completer) looks again.
+var errRefundPending = errors.New("the refund is pending at the processor")
+
 // refundFound is what the refunds made under one key say, as a lookup's
 // outcome. A succeeded one is the outcome (more than one: money went back
-// twice, which the sweep reports). A pending one may still succeed or
-// fail: nothing is final yet (nil, as if nothing were found, so the settle
-// window rules). Only failed or canceled ones: the refund did not happen,
-// and the processor said so, which is a final failure. A failed refund is
-// never recorded as succeeded.
-func refundFound(mine []processor.Refund) *refundOutcome {
+// twice, which the sweep reports). A pending one landed but may still
+// succeed or fail: errRefundPending, never "nothing found", which would
+// let a resend go out once the settle window passed. Only failed or
+// canceled ones: the refund did not happen, and the processor said so, a
+// final failure. A failed refund is never recorded as succeeded. None:
+// nil.
+func refundFound(mine []processor.Refund) (*refundOutcome, error) {
 	var out *refundOutcome
 	var pending, failed *processor.Refund
 	for i, re := range mine {
@@ -156,14 +163,16 @@ func refundFound(mine []processor.Refund) *refundOutcome {
 	}
 	switch {
 	case out != nil:
-		return out
-	case pending != nil || failed == nil:
-		return nil
+		return out, nil
+	case pending != nil:
+		return nil, fmt.Errorf("%w: %s", errRefundPending, pending.ID)
+	case failed == nil:
+		return nil, nil
 	}
 	return &refundOutcome{rejected: &processor.RequestError{
 		Status: 402, Code: "refund_" + failed.Status,
 		Message: "the processor reports refund " + failed.ID + " as " + failed.Status,
-	}}
+	}}, nil
 }
 
 // refundsUnder lists the refunds of chargeID made under key, every page.

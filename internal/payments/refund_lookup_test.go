@@ -1,6 +1,7 @@
 package payments
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -9,9 +10,10 @@ import (
 )
 
 // Suspicion b: a refund lookup reads every refund made under the key by
-// its status. Only a succeeded one is a success; a pending one may still
-// succeed or fail, so nothing is final; only failed or canceled ones are a
-// final failure. Real processors report failed and pending refunds (the
+// its status. Only a succeeded one is a success; a pending one landed and
+// may still succeed or fail, so nothing is final and nothing may be sent
+// again (an error, never "nothing found"); only failed or canceled ones
+// are a final failure. Real processors report failed and pending refunds (the
 // simulator's never fail), so this is checked on the processor's answers
 // directly.
 func TestRefundFoundReadsEachStatus(t *testing.T) {
@@ -20,13 +22,18 @@ func TestRefundFoundReadsEachStatus(t *testing.T) {
 		return processor.Refund{ID: id, Object: "refund", Charge: "ch_1", Amount: 100, Status: status}
 	}
 	type got struct {
+		Pending  bool
 		Nothing  bool
 		Refund   string
 		Rejected string
 		Extra    bool
 	}
-	describe := func(o *refundOutcome) got {
+	describe := func(o *refundOutcome, err error) got {
 		switch {
+		case errors.Is(err, errRefundPending):
+			return got{Pending: true}
+		case err != nil:
+			t.Fatalf("refundFound: %v", err)
 		case o == nil:
 			return got{Nothing: true}
 		case o.rejected != nil:
@@ -43,8 +50,8 @@ func TestRefundFoundReadsEachStatus(t *testing.T) {
 		{"Succeeded", []processor.Refund{re("re_1", processor.StatusSucceeded)}, got{Refund: "re_1"}},
 		{"FailedIsAFailureNeverASuccess", []processor.Refund{re("re_1", processor.StatusFailed)}, got{Rejected: "refund_failed"}},
 		{"CanceledIsAFailure", []processor.Refund{re("re_1", processor.StatusCanceled)}, got{Rejected: "refund_canceled"}},
-		{"PendingIsNotFinal", []processor.Refund{re("re_1", processor.StatusPending)}, got{Nothing: true}},
-		{"PendingBesideFailedIsNotFinal", []processor.Refund{re("re_1", processor.StatusFailed), re("re_2", processor.StatusPending)}, got{Nothing: true}},
+		{"PendingIsNotFinalAndNoResend", []processor.Refund{re("re_1", processor.StatusPending)}, got{Pending: true}},
+		{"PendingBesideFailedIsNotFinal", []processor.Refund{re("re_1", processor.StatusFailed), re("re_2", processor.StatusPending)}, got{Pending: true}},
 		{"FailedThenSucceeded", []processor.Refund{re("re_1", processor.StatusFailed), re("re_2", processor.StatusSucceeded)}, got{Refund: "re_2"}},
 		{"TwoSucceeded", []processor.Refund{re("re_1", processor.StatusSucceeded), re("re_2", processor.StatusSucceeded)}, got{Refund: "re_1", Extra: true}},
 	}
