@@ -81,6 +81,8 @@ func TestConfigurationErrorsAreClear(t *testing.T) {
 		{"BadReaperInterval", []string{"serve"}, map[string]string{"REAPER_INTERVAL": "often"}, "REAPER_INTERVAL"},
 		{"BadReaperBatch", []string{"serve"}, map[string]string{"REAPER_BATCH": "0"}, "REAPER_BATCH"},
 		{"BadReaperDuty", []string{"serve"}, map[string]string{"REAPER_DUTY": "1.5"}, "REAPER_DUTY"},
+		{"BadEventsReplicas", []string{"serve"}, map[string]string{"EVENTS_REPLICAS": "0"}, "EVENTS_REPLICAS"},
+		{"TooManyEventsReplicas", []string{"serve"}, map[string]string{"EVENTS_REPLICAS": "7"}, "1 to 5"},
 		{"BadEventWorkers", []string{"serve"}, map[string]string{"EVENT_WORKERS": "sometimes"}, "EVENT_WORKERS"},
 		{"ReapWithoutDatabaseURL", []string{"reap"}, nil, "DATABASE_URL is not set"},
 		{"ReapLoopDisabled", []string{"reap", "--loop"}, map[string]string{"DATABASE_URL": "postgres://x/y", "REAPER_INTERVAL": "0"}, "REAPER_INTERVAL"},

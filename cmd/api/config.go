@@ -23,7 +23,12 @@ import (
 // config is read from the environment. Every variable has a documented
 // default (README, "Configuration") except DATABASE_URL for serve.
 type config struct {
-	DatabaseURL       string
+	DatabaseURL string
+	// DatabaseDirectURL reaches PostgreSQL without a pooler in
+	// transaction mode, for what needs a session of its own (D3): the
+	// outbox relay's LISTEN and the migrations' advisory lock. Read it
+	// through directURL, which falls back to DatabaseURL.
+	DatabaseDirectURL string
 	Addr              string
 	RequestTimeout    time.Duration
 	ReadHeaderTimeout time.Duration
@@ -103,12 +108,21 @@ const defaultMaxConnections = 1024
 // defaultProcessorURL is where `go run ./cmd/processor` listens.
 const defaultProcessorURL = "http://localhost:8090"
 
+// directURL is DATABASE_DIRECT_URL, or DATABASE_URL when that is unset.
+func (c config) directURL() string {
+	if c.DatabaseDirectURL != "" {
+		return c.DatabaseDirectURL
+	}
+	return c.DatabaseURL
+}
+
 func loadConfig(getenv func(string) string) (config, error) {
 	cfg := config{
-		DatabaseURL:  getenv("DATABASE_URL"),
-		Addr:         getenv("ADDR"),
-		ProcessorURL: getenv("PROCESSOR_URL"),
-		NatsURL:      getenv("NATS_URL"),
+		DatabaseURL:       getenv("DATABASE_URL"),
+		DatabaseDirectURL: getenv("DATABASE_DIRECT_URL"),
+		Addr:              getenv("ADDR"),
+		ProcessorURL:      getenv("PROCESSOR_URL"),
+		NatsURL:           getenv("NATS_URL"),
 	}
 	for sec := range strings.SplitSeq(getenv("WEBHOOK_SECRETS"), ",") {
 		if sec = strings.TrimSpace(sec); sec != "" {
@@ -131,6 +145,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 	if cfg.Addr == "" {
 		cfg.Addr = ":8080"
 	}
+
 	durations := []struct {
 		name string
 		dst  *time.Duration
@@ -184,6 +199,14 @@ func loadConfig(getenv func(string) string) (config, error) {
 	// A call can land after we stopped waiting for it, never before.
 	if cfg.SettleWindow <= cfg.ProcessorTimeout {
 		return config{}, fmt.Errorf("PROCESSOR_SETTLE_WINDOW (%s) must be longer than PROCESSOR_TIMEOUT (%s)", cfg.SettleWindow, cfg.ProcessorTimeout)
+	}
+	cfg.Broker.Replicas = 1
+	if s := getenv("EVENTS_REPLICAS"); s != "" {
+		v, err := strconv.Atoi(s)
+		if err != nil || v < 1 || v > broker.MaxReplicas {
+			return config{}, fmt.Errorf("EVENTS_REPLICAS=%q: want the number of NATS servers that keep each stream, 1 to %d (3 in a cluster of three)", s, broker.MaxReplicas)
+		}
+		cfg.Broker.Replicas = v
 	}
 	cfg.Broker.MaxDeliver = broker.DefaultMaxDeliver
 	if s := getenv("EVENTS_MAX_DELIVER"); s != "" {

@@ -155,7 +155,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		if cfg.DatabaseURL == "" {
 			return errNoDatabaseURL
 		}
-		return migrate(ctx, cfg.DatabaseURL, "up", 0, logger)
+		return migrate(ctx, cfg.directURL(), "up", 0, logger)
 	case cmd == "migrate" && len(rest) >= 1 && rest[0] == "down":
 		// Rolling back everything drops every table and row: it is never
 		// what a bare "down" does.
@@ -173,7 +173,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		if cfg.DatabaseURL == "" {
 			return errNoDatabaseURL
 		}
-		return migrate(ctx, cfg.DatabaseURL, "down", steps, logger)
+		return migrate(ctx, cfg.directURL(), "down", steps, logger)
 	case cmd == "tenant" && len(rest) == 2 && rest[0] == "create":
 		if cfg.DatabaseURL == "" {
 			return errNoDatabaseURL

@@ -89,7 +89,7 @@ func (s *eventsState) status() (flowing bool, detail string) {
 // by itself, and state follows it. stop ends what runs, in order (the
 // relay, the consumer finishing the message in hand, the connection), or
 // the attempts to connect.
-func startMessaging(ctx context.Context, pool *pgxpool.Pool, cfg config, logger *slog.Logger, state *eventsState) (stop func()) {
+func startMessaging(ctx context.Context, pool, listenPool *pgxpool.Pool, cfg config, logger *slog.Logger, state *eventsState) (stop func()) {
 	if window, needed := cfg.Broker.DuplicateWindow, cfg.OutboxClaimHold+outbox.DefaultPublishTimeout; window < needed {
 		logger.Warn("EVENTS_DUPLICATE_WINDOW is shorter than OUTBOX_CLAIM_HOLD plus the publish timeout: a row republished after a relay crash reaches the consumers, whose inboxes drop it",
 			slog.Duration("window", window), slog.Duration("needed", needed))
@@ -101,7 +101,7 @@ func startMessaging(ctx context.Context, pool *pgxpool.Pool, cfg config, logger 
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		runMessaging(ctx, pool, cfg, logger, state)
+		runMessaging(ctx, pool, listenPool, cfg, logger, state)
 	}()
 	return func() {
 		cancel()
@@ -110,7 +110,7 @@ func startMessaging(ctx context.Context, pool *pgxpool.Pool, cfg config, logger 
 }
 
 // runMessaging is startMessaging's background work, until ctx is done.
-func runMessaging(ctx context.Context, pool *pgxpool.Pool, cfg config, logger *slog.Logger, state *eventsState) {
+func runMessaging(ctx context.Context, pool, listenPool *pgxpool.Pool, cfg config, logger *slog.Logger, state *eventsState) {
 	// The handlers report a lost connection only once everything runs:
 	// before that, the attempts below report their own failures.
 	var running atomic.Bool
@@ -159,14 +159,14 @@ func runMessaging(ctx context.Context, pool *pgxpool.Pool, cfg config, logger *s
 	defer dead.Stop()
 
 	relayDone := make(chan struct{})
-	relay := outbox.NewRelay(pool, js, outbox.RelayConfig{ClaimHold: cfg.OutboxClaimHold, Logger: logger})
+	relay := outbox.NewRelay(pool, js, outbox.RelayConfig{ClaimHold: cfg.OutboxClaimHold, ListenPool: listenPool, Logger: logger})
 	go func() {
 		defer close(relayDone)
 		relay.Run(ctx)
 	}()
 	running.Store(true)
 	state.set("")
-	logger.Info("messaging running", slog.String("nats_url", redactURL(cfg.NatsURL)), slog.String("stream", broker.StreamEvents),
+	logger.Info("messaging running", slog.String("nats_url", redactURL(cfg.NatsURL)), slog.String("stream", broker.StreamEvents), slog.Int("replicas", cfg.Broker.Replicas),
 		slog.String("consumer", orders.ConsumerName), slog.Duration("duplicate_window", cfg.Broker.DuplicateWindow),
 		slog.Duration("redelivery_horizon", cfg.Broker.RedeliveryHorizon()))
 	<-ctx.Done()

@@ -106,7 +106,12 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 	// unless EVENT_WORKERS leaves them to other processes. They connect to
 	// the broker in the background: the server does not wait for it.
 	if cfg.EventWorkers {
-		defer startMessaging(ctx, pool, cfg, logger, messaging)()
+		listenPool, closeListenPool, err := directPool(ctx, pool, cfg)
+		if err != nil {
+			return err
+		}
+		defer closeListenPool()
+		defer startMessaging(ctx, pool, listenPool, cfg, logger, messaging)()
 	}
 
 	// The completer runs beside the server and stops with it.
@@ -155,6 +160,21 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 	}
 	logger.Info("stopped")
 	return nil
+}
+
+// directPool is the pool for the relay's LISTEN connection: pool itself
+// when DATABASE_DIRECT_URL is DATABASE_URL, else a pool of its own on the
+// direct URL, as small as the one connection needs (D3), which release
+// closes.
+func directPool(ctx context.Context, pool *pgxpool.Pool, cfg config) (direct *pgxpool.Pool, release func(), err error) {
+	if cfg.directURL() == cfg.DatabaseURL {
+		return pool, func() {}, nil
+	}
+	direct, err = db.Open(ctx, cfg.directURL(), db.MaxConns(2))
+	if err != nil {
+		return nil, nil, fmt.Errorf("DATABASE_DIRECT_URL: %w", err)
+	}
+	return direct, direct.Close, nil
 }
 
 // services builds the idempotency store and the payments service from cfg.
@@ -215,7 +235,9 @@ func runReaper(ctx context.Context, cfg config, logger *slog.Logger, loop bool, 
 }
 
 // migrate applies every migration ("up"), or rolls back steps of them
-// (steps > 0) or all of them (steps < 0, "down --all").
+// (steps > 0) or all of them (steps < 0, "down --all"). databaseURL must
+// reach PostgreSQL directly: the migrations hold a session advisory lock,
+// which a pooler in transaction mode would lose between statements.
 func migrate(ctx context.Context, databaseURL, direction string, steps int, logger *slog.Logger) error {
 	var err error
 	switch {

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemref/payments/internal/broker"
+	"github.com/idemref/payments/internal/harness"
 	"github.com/idemref/payments/internal/pgtmp"
 	"github.com/idemref/payments/internal/pgwire"
 )
@@ -23,9 +24,9 @@ type environment struct {
 	cluster   *pgtmp.Cluster
 	dirs      []string // temporary directories to remove
 	keep      bool
-	processor *process
-	loadAPI   *process // the API under load, straight to PostgreSQL
-	probeAPI  *process // the API measured at the wire, through the proxy
+	processor *harness.Process
+	loadAPI   *harness.Process // the API under load, straight to PostgreSQL
+	probeAPI  *harness.Process // the API measured at the wire, through the proxy
 	proxy     *pgwire.Proxy
 	db        *pgxpool.Pool    // straight to PostgreSQL, for the checks
 	nats      *broker.Embedded // the events broker both APIs publish to
@@ -41,7 +42,7 @@ type environment struct {
 // returned environment for stop.
 func start(ctx context.Context, o options) (*environment, error) {
 	env := &environment{keep: o.keep, runID: randomHex(4)}
-	root, err := moduleRoot()
+	root, err := harness.ModuleRoot()
 	if err != nil {
 		return nil, err
 	}
@@ -58,11 +59,11 @@ func start(ctx context.Context, o options) (*environment, error) {
 	}
 	env.dirs = append(env.dirs, dataDir)
 
-	apiBin, err := build(root, work, "api", "./cmd/api", "loadtest")
+	apiBin, err := harness.Build(root, work, "api", "./cmd/api", "loadtest")
 	if err != nil {
 		return env, err
 	}
-	processorBin, err := build(root, work, "processor", "./cmd/processor", "")
+	processorBin, err := harness.Build(root, work, "processor", "./cmd/processor", "")
 	if err != nil {
 		return env, err
 	}
@@ -77,11 +78,11 @@ func start(ctx context.Context, o options) (*environment, error) {
 	if out, err := migrate.CombinedOutput(); err != nil {
 		return env, fmt.Errorf("api migrate up: %w\n%s", err, out)
 	}
-	if env.apiKey, err = createTenant(apiBin, dbURL, "loadtest"); err != nil {
+	if env.apiKey, err = harness.CreateTenant(apiBin, dbURL, "loadtest"); err != nil {
 		return env, err
 	}
 	for i := range env.unusedKeys {
-		if env.unusedKeys[i], err = createTenant(apiBin, dbURL, "loadtest-unused-"+strconv.Itoa(i)); err != nil {
+		if env.unusedKeys[i], err = harness.CreateTenant(apiBin, dbURL, "loadtest-unused-"+strconv.Itoa(i)); err != nil {
 			return env, err
 		}
 	}
@@ -101,7 +102,7 @@ func start(ctx context.Context, o options) (*environment, error) {
 	}
 
 	var addr string
-	env.processor, addr, err = startProcess(ctx, work, "processor", processorBin, nil,
+	env.processor, addr, err = harness.StartProcess(ctx, work, "processor", processorBin, nil,
 		[]string{"PROCESSOR_ADDR=127.0.0.1:0"}, "processor simulator listening")
 	if err != nil {
 		return env, err
@@ -113,7 +114,7 @@ func start(ctx context.Context, o options) (*environment, error) {
 	// fast as it can) and the pool size is fixed.
 	apiURL := dbURL + "&pool_max_conns=" + strconv.Itoa(o.pool)
 	common := []string{"ADDR=127.0.0.1:0", "PROCESSOR_URL=" + env.processorURL, "RATE_LIMIT_RPS=0", "NATS_URL=" + env.nats.URL()}
-	env.loadAPI, addr, err = startProcess(ctx, work, "api-load", apiBin, []string{"serve"},
+	env.loadAPI, addr, err = harness.StartProcess(ctx, work, "api-load", apiBin, []string{"serve"},
 		append(common, "DATABASE_URL="+apiURL), "listening")
 	if err != nil {
 		return env, err
@@ -130,7 +131,7 @@ func start(ctx context.Context, o options) (*environment, error) {
 	// The probe's background jobs (completer, reaper, outbox relay, orders
 	// consumer) are off, so that every round trip the proxy counts belongs
 	// to the request being measured; the load API relays its events.
-	env.probeAPI, addr, err = startProcess(ctx, work, "api-probe", apiBin, []string{"serve"},
+	env.probeAPI, addr, err = harness.StartProcess(ctx, work, "api-probe", apiBin, []string{"serve"},
 		append(common, "DATABASE_URL="+proxied, "COMPLETER_INTERVAL=0", "REAPER_INTERVAL=0", "EVENT_WORKERS=false"), "listening")
 	if err != nil {
 		return env, err
@@ -142,9 +143,9 @@ func start(ctx context.Context, o options) (*environment, error) {
 // stop ends every process, the proxy and PostgreSQL, and removes the
 // temporary directories (unless -keep).
 func (env *environment) stop() {
-	for _, p := range []*process{env.probeAPI, env.loadAPI, env.processor} {
+	for _, p := range []*harness.Process{env.probeAPI, env.loadAPI, env.processor} {
 		if p != nil {
-			p.stop()
+			p.Stop()
 		}
 	}
 	if env.proxy != nil {

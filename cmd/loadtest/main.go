@@ -41,6 +41,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/idemref/payments/internal/harness"
 )
 
 func main() {
@@ -128,9 +130,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		runtime.NumCPU(), o.concurrency, o.pool, o.rounds, o.duration, o.storm)
 	res, err := measureAll(ctx, o, env, stdout)
 	if err != nil {
-		for _, p := range []*process{env.loadAPI, env.probeAPI} {
-			if lines := errorLines(p.logPath, 10); len(lines) > 0 {
-				fmt.Fprintf(os.Stderr, "loadtest: the last errors %s logged:\n%s\n", p.name, strings.Join(lines, "\n"))
+		for _, p := range []*harness.Process{env.loadAPI, env.probeAPI} {
+			if lines := harness.ErrorLines(p.LogPath, 10); len(lines) > 0 {
+				fmt.Fprintf(os.Stderr, "loadtest: the last errors %s logged:\n%s\n", p.Name, strings.Join(lines, "\n"))
 			}
 		}
 		return err

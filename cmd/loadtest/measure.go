@@ -56,7 +56,7 @@ func measureAll(ctx context.Context, o options, env *environment, stdout io.Writ
 	}
 
 	var err error
-	if res.rssPeak, res.rssEnd, err = env.loadAPI.memory(); err != nil {
+	if res.rssPeak, res.rssEnd, err = memory(env.loadAPI); err != nil {
 		return nil, err
 	}
 

@@ -29,6 +29,9 @@ const (
 	DeadLetterPrefix = "payments.dead."
 )
 
+// MaxReplicas is the most replicas JetStream keeps of a stream.
+const MaxReplicas = 5
+
 // Defaults for Config.
 const (
 	// DefaultDuplicateWindow is the events stream's duplicates window. It
@@ -51,12 +54,20 @@ const (
 
 // Config is the streams' and consumers' configuration.
 type Config struct {
+	// Replicas is how many servers of a NATS cluster keep each stream
+	// (D4): 3 survives the loss of one server with nothing lost, since
+	// a publish is acknowledged only once a majority of them stored it.
+	// 1, the default, suits a single server.
+	Replicas        int
 	DuplicateWindow time.Duration
 	AckWait         time.Duration
 	MaxDeliver      int
 }
 
 func (c Config) withDefaults() Config {
+	if c.Replicas <= 0 {
+		c.Replicas = 1
+	}
 	if c.DuplicateWindow <= 0 {
 		c.DuplicateWindow = DefaultDuplicateWindow
 	}
@@ -105,6 +116,7 @@ func Ensure(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 		Retention:   jetstream.LimitsPolicy,
 		MaxAge:      DefaultMaxAge,
 		Duplicates:  cfg.DuplicateWindow,
+		Replicas:    cfg.Replicas,
 	}); err != nil {
 		return fmt.Errorf("broker: stream %s: %w", StreamEvents, err)
 	}
@@ -115,6 +127,7 @@ func Ensure(ctx context.Context, js jetstream.JetStream, cfg Config) error {
 		Storage:     jetstream.FileStorage,
 		Retention:   jetstream.LimitsPolicy,
 		Duplicates:  cfg.DuplicateWindow,
+		Replicas:    cfg.Replicas,
 	}); err != nil {
 		return fmt.Errorf("broker: stream %s: %w", StreamDeadLetters, err)
 	}

@@ -22,18 +22,30 @@ import (
 // as pool_max_conns may be given as URL parameters. Open does not fail when
 // the database is down: the pool connects lazily, so the service starts and
 // answers 503 until the database is back (L6), and /readyz reports it. Every
-// connection it opens encodes uuid.UUID natively (Configure).
-func Open(ctx context.Context, databaseURL string) (*pgxpool.Pool, error) {
+// connection it opens encodes uuid.UUID natively (Configure). Options
+// override what the URL says.
+func Open(ctx context.Context, databaseURL string, opts ...Option) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("parse DATABASE_URL: %w", redactErr(err))
 	}
 	Configure(cfg)
+	for _, opt := range opts {
+		opt(cfg)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("create pool: %w", err)
 	}
 	return pool, nil
+}
+
+// Option changes a pool's configuration.
+type Option func(*pgxpool.Config)
+
+// MaxConns bounds the pool to n connections.
+func MaxConns(n int32) Option {
+	return func(c *pgxpool.Config) { c.MaxConns = n }
 }
 
 // redactErr drops the parse error's wrapped detail, which can echo the URL

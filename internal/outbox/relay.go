@@ -51,7 +51,12 @@ type RelayConfig struct {
 	PollInterval time.Duration
 	// PublishTimeout bounds the wait for one publish acknowledgement.
 	PublishTimeout time.Duration
-	Logger         *slog.Logger
+	// ListenPool is where the relay's LISTEN connection comes from. It
+	// must reach PostgreSQL directly (D3): a pooler in transaction mode
+	// hands each transaction to any server connection, so a LISTEN there
+	// hears nothing. Nil: the relay's own pool.
+	ListenPool *pgxpool.Pool
+	Logger     *slog.Logger
 }
 
 // Relay publishes outbox rows to JetStream. Any number may run, in one
@@ -104,7 +109,11 @@ func (r *Relay) Run(ctx context.Context) {
 // notification and every poll interval until ctx is done or the
 // connection fails.
 func (r *Relay) listen(ctx context.Context) {
-	conn, err := r.pool.Acquire(ctx)
+	listenPool := r.pool
+	if r.cfg.ListenPool != nil {
+		listenPool = r.cfg.ListenPool
+	}
+	conn, err := listenPool.Acquire(ctx)
 	if err != nil {
 		r.log.WarnContext(ctx, "relay: acquire a connection to listen", slog.Any("error", err))
 		return
