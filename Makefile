@@ -18,7 +18,7 @@ VULNDB_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/govulndb/$(VULNDB_VERSION)
 BIN  := bin
 
 .DEFAULT_GOAL := help
-.PHONY: help run reset test bench loadtest loadtest-smoke loadtest-pgbench fuzz fuzz-ci generate verify lint vuln build migrate-new rename
+.PHONY: help run reset test bench loadtest loadtest-smoke loadtest-pgbench chaos fuzz fuzz-ci generate verify lint vuln build migrate-new rename
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -46,6 +46,9 @@ loadtest-smoke: ## The load benchmark's short mode (what CI runs): it must finis
 
 loadtest-pgbench: ## What one create costs PostgreSQL (CPU per transaction), and each piece of the pattern, driven by pgbench
 	$(GO) run ./cmd/loadtest -pgbench $(LOADTEST_FLAGS)
+
+chaos: ## Failover, pooler, NATS cluster and link faults against a local HA deployment, then the checker (CHAOS_FLAGS=-short: what CI runs)
+	$(GO) run ./cmd/chaos $(CHAOS_FLAGS)
 
 FUZZTIME ?= 30s
 fuzz: ## Fuzz the key parser, the canonicalizer, the strict decoder and the whole request path (FUZZTIME each)

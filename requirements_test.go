@@ -26,10 +26,10 @@ const requirementsHeader = "| id | rule | code | tests |"
 var (
 	// requirementID is the form of a requirement id: a letter of the spec's
 	// sections and a digit.
-	requirementID = regexp.MustCompile(`^[KFLOSMNERXTH][0-9]$`)
+	requirementID = regexp.MustCompile(`^[DKFLOSMNERXTH][0-9]$`)
 	// citedRequirement finds ids in a comment, and ranges such as "M1-M4"
 	// (every id between the two ends is cited).
-	citedRequirement = regexp.MustCompile(`\b([KFLOSMNERXTH])([0-9])\b(?:[-–]([KFLOSMNERXTH])([0-9])\b)?`)
+	citedRequirement = regexp.MustCompile(`\b([DKFLOSMNERXTH])([0-9])\b(?:[-–]([DKFLOSMNERXTH])([0-9])\b)?`)
 	backticked       = regexp.MustCompile("`([^`]+)`")
 	testDecl         = regexp.MustCompile(`(?m)^func (Test\w*)\(`)
 )
@@ -52,7 +52,7 @@ func TestRequirementsTable(t *testing.T) {
 	byID := map[string]requirementRow{}
 	for _, r := range rows {
 		if !requirementID.MatchString(r.id) {
-			t.Errorf("%s:%d: id %q is not a requirement id (a letter of K F L O S M N E R X T H and a digit, such as L5): fix the id", requirementsDoc, r.line, r.id)
+			t.Errorf("%s:%d: id %q is not a requirement id (a letter of D K F L O S M N E R X T H and a digit, such as L5): fix the id", requirementsDoc, r.line, r.id)
 			continue
 		}
 		if prev, dup := byID[r.id]; dup {

@@ -292,3 +292,70 @@ func TestRelayPublishesOnlyWhileItsClaimHolds(t *testing.T) {
 		t.Errorf("unpublished rows = %d (%v), want 0", unpublished, err)
 	}
 }
+
+// D3: the relay's LISTEN connection comes from RelayConfig.ListenPool,
+// the pool that reaches PostgreSQL directly, while its claims and marks
+// go through its own pool (behind a transaction-mode pooler in
+// production, where a LISTEN would hear nothing). The two pools name
+// their sessions apart in pg_stat_activity: the one session whose last
+// statement is a LISTEN is the listen pool's, the relay holds a
+// connection of that pool, and committed rows wake the relay within
+// seconds although it polls once a minute.
+func TestRelayListensOnItsListenPool(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	// pool opens a pool on the test's database whose sessions carry name.
+	pool := func(name string) *pgxpool.Pool {
+		cfg := f.pool.Config()
+		cfg.ConnConfig.RuntimeParams["application_name"] = name
+		p, err := pgxpool.NewWithConfig(t.Context(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Close)
+		return p
+	}
+	own, listen := pool("relay-own"), pool("relay-listen")
+	relay := outbox.NewRelay(own, f.js, outbox.RelayConfig{PollInterval: time.Minute, ListenPool: listen})
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		relay.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+
+	// The sessions whose last statement was a LISTEN, by pool. Every test
+	// has a database of its own: current_database() scopes them to this
+	// test.
+	var listeners []string
+	testkit.WaitFor(t, 10*time.Second, func() bool {
+		err := f.pool.QueryRow(t.Context(), `SELECT coalesce(array_agg(application_name ORDER BY application_name), '{}')
+			FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN%'`).Scan(&listeners)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(listeners) > 0
+	})
+	if !slices.Equal(listeners, []string{"relay-listen"}) {
+		t.Errorf("LISTEN sessions of pools %q, want one of the listen pool (relay-listen)", listeners)
+	}
+	if n := listen.Stat().AcquiredConns(); n != 1 {
+		t.Errorf("the relay holds %d connections of the listen pool, want 1", n)
+	}
+
+	// And the relay hears there: with polling at a minute, rows reach the
+	// stream within seconds. The second row is committed once the first
+	// is on the stream, when the relay is back to waiting on its LISTEN
+	// connection for the NOTIFY of the next commit.
+	first := f.write(t)
+	testkit.WaitFor(t, 10*time.Second, func() bool { return len(f.streamIDs(t)) == 1 })
+	second := f.write(t)
+	testkit.WaitFor(t, 10*time.Second, func() bool { return len(f.streamIDs(t)) == 2 })
+	if ids := f.streamIDs(t); ids[0] != first.String() || ids[1] != second.String() {
+		t.Errorf("stream = %v, want [%s %s]", ids, first, second)
+	}
+}

@@ -8,6 +8,11 @@
 // also gets a signal when its parent dies, so a killed test binary leaves no
 // server behind.
 //
+// For fault tests a server can also be a streaming standby of another one
+// (Options.Standby), run with extra settings, be stopped in PostgreSQL's
+// immediate mode or killed outright, and lend its user to helper processes
+// such as pgbouncer (Cluster.StartProcess).
+//
 // PostgreSQL refuses to run as root. When the caller is root, initdb and
 // postgres run as the user that owns an existing data directory, or else as
 // user postgres (created by Debian's package), or else as nobody; every

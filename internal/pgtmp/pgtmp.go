@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,6 +25,9 @@ import (
 const (
 	readyTimeout = 30 * time.Second
 	stopTimeout  = 30 * time.Second
+	// groupExitTimeout bounds the wait for killed backends, which exit as
+	// soon as the kernel schedules them.
+	groupExitTimeout = 5 * time.Second
 	// maxSocketPath keeps "<dir>/.s.PGSQL.<port>.lock" inside sun_path,
 	// which is 108 bytes on Linux and 104 on macOS.
 	maxSocketPath = 100
@@ -47,6 +51,27 @@ type Options struct {
 	Fast bool
 	// Logger receives progress and warnings; nil discards them.
 	Logger *slog.Logger
+	// Settings are extra server settings (name to value), passed as -c
+	// options after pgtmp's own so that they win.
+	Settings map[string]string
+	// Standby, when set and Dir is not initialized yet, fills Dir with a
+	// base backup of another server instead of running initdb, and makes
+	// it a standby that streams from that server. An initialized Dir is
+	// used as is, so a standby restarts with the same call.
+	Standby *Standby
+}
+
+// Standby names the server a new standby is copied from and how the
+// standby identifies itself there.
+type Standby struct {
+	// Primary is the host:port to copy from and then stream from. It may
+	// be a proxy in front of the primary.
+	Primary string
+	// Name is the standby's application_name on the primary, which is
+	// what synchronous_standby_names refers to, and the name of the
+	// physical replication slot made for it there, so that the primary
+	// keeps every WAL segment the standby has not received yet.
+	Name string
 }
 
 // Cluster is a running PostgreSQL server started by Start.
@@ -56,6 +81,7 @@ type Cluster struct {
 	logPath    string
 	tempSocket string // socket directory to remove at Stop, if we made one
 	log        *slog.Logger
+	acct       *account
 	cmd        *exec.Cmd
 
 	exited  chan struct{} // closed when the postmaster has exited
@@ -102,7 +128,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 		if err := acct.chown(dir); err != nil {
 			return nil, err
 		}
-		if err := initdb(ctx, bin, dir, acct, opts.Fast, log); err != nil {
+		if err := create(ctx, bin, dir, acct, opts, log); err != nil {
 			return nil, err
 		}
 	}
@@ -119,7 +145,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 				return nil, err
 			}
 		}
-		c, err := launch(ctx, bin, dir, socketDir, port, acct, opts.Fast, log)
+		c, err := launch(ctx, bin, dir, socketDir, port, acct, settingArgs(opts), log)
 		if err == nil {
 			c.tempSocket = tempSocket
 			log.Info("PostgreSQL started", "dir", dir, "port", port)
@@ -147,8 +173,52 @@ func (c *Cluster) Port() int { return c.port }
 // and waits for it to exit; after stopTimeout it kills the server's process
 // group. Stop is safe to call more than once.
 func (c *Cluster) Stop() error {
-	c.stopOnce.Do(func() { c.stopErr = c.stop() })
+	return c.StopMode("fast")
+}
+
+// shutdownSignals maps pg_ctl's shutdown modes to the signal the
+// postmaster takes for each.
+var shutdownSignals = map[string]syscall.Signal{
+	// Open transactions roll back, clients are disconnected, data is
+	// checkpointed.
+	"fast": syscall.SIGINT,
+	// Processes quit at once without a checkpoint; the next start runs
+	// crash recovery, as after a power loss, but WAL already flushed is
+	// kept.
+	"immediate": syscall.SIGQUIT,
+}
+
+// StopMode is Stop with pg_ctl's shutdown mode "fast" or "immediate", for
+// callers that test what a server restart does to its clients. Only the
+// first of Stop, StopMode and Kill acts; later calls return its result.
+func (c *Cluster) StopMode(mode string) error {
+	sig, ok := shutdownSignals[mode]
+	if !ok {
+		return fmt.Errorf("pgtmp: unknown shutdown mode %q (want fast or immediate)", mode)
+	}
+	c.stopOnce.Do(func() { c.stopErr = c.stop(sig) })
 	return c.stopErr
+}
+
+// Kill ends the server as a crash of its machine would: the postmaster
+// and every backend get SIGKILL at once, with no chance to write or
+// answer anything more. It returns when they are gone; the next Start on
+// the directory runs crash recovery.
+func (c *Cluster) Kill() {
+	c.stopOnce.Do(func() {
+		defer removeTemp(c.tempSocket)
+		c.kill()
+		c.log.Info("PostgreSQL killed", "dir", c.dir)
+	})
+}
+
+// StartProcess starts cmd as the user the server runs as, for helpers
+// that refuse root as PostgreSQL does (pgbouncer, say). Like the server,
+// cmd gets its own process group, so the caller can signal every process
+// it forks, and on Linux it is killed when this process dies.
+func (c *Cluster) StartProcess(cmd *exec.Cmd) error {
+	cmd.SysProcAttr = sysProcAttr(c.acct, syscall.SIGKILL)
+	return startOnFreshThread(cmd)
 }
 
 // exitErr is why postgres exited, once exited is closed: cmd.Wait's
@@ -161,14 +231,14 @@ func (c *Cluster) exitErr() error {
 	return errors.New("exit status 0")
 }
 
-func (c *Cluster) stop() error {
+func (c *Cluster) stop(sig syscall.Signal) error {
 	defer removeTemp(c.tempSocket)
 	select {
 	case <-c.exited:
 		return fmt.Errorf("pgtmp: postgres had already exited (%w); see %s", c.exitErr(), c.logPath)
 	default:
 	}
-	if err := c.cmd.Process.Signal(syscall.SIGINT); err != nil && !errors.Is(err, os.ErrProcessDone) {
+	if err := c.cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		return fmt.Errorf("pgtmp: signal postgres: %w", err)
 	}
 	select {
@@ -186,10 +256,16 @@ func (c *Cluster) stop() error {
 }
 
 // kill ends the whole process group, backends included, and waits for the
-// postmaster to be reaped.
+// postmaster to be reaped and, for at most groupExitTimeout, for the
+// backends to be gone too (we are not their parent, so we cannot wait for
+// them directly).
 func (c *Cluster) kill() {
-	_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
+	pgid := c.cmd.Process.Pid
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
 	<-c.exited
+	for deadline := time.Now().Add(groupExitTimeout); groupAlive(pgid) && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 func initialized(dir string) bool {
@@ -209,6 +285,15 @@ func makeDataDir(dir string) error {
 	return nil
 }
 
+// create fills the empty data directory dir: a new cluster, or a copy of
+// the primary for a standby.
+func create(ctx context.Context, bin, dir string, acct *account, opts Options, log *slog.Logger) error {
+	if opts.Standby != nil {
+		return baseBackup(ctx, bin, dir, acct, *opts.Standby, opts.Fast, log)
+	}
+	return initdb(ctx, bin, dir, acct, opts.Fast, log)
+}
+
 func initdb(ctx context.Context, bin, dir string, acct *account, fast bool, log *slog.Logger) error {
 	args := []string{"-D", dir, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C"}
 	if fast {
@@ -223,6 +308,37 @@ func initdb(ctx context.Context, bin, dir string, acct *account, fast bool, log 
 		return fmt.Errorf("pgtmp: initdb %s: %w\n%s", dir, err, out)
 	}
 	log.Info("PostgreSQL data directory initialized", "dir", dir, "took", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// baseBackup copies the server at s.Primary into dir with pg_basebackup,
+// which also creates the replication slot s.Name there and writes the
+// standby settings (-R): standby.signal, and primary_conninfo and
+// primary_slot_name in postgresql.auto.conf. primary_conninfo keeps every
+// connection option given here, so the standby streams from s.Primary
+// under the application_name s.Name.
+func baseBackup(ctx context.Context, bin, dir string, acct *account, s Standby, fast bool, log *slog.Logger) error {
+	host, port, err := net.SplitHostPort(s.Primary)
+	if err != nil {
+		return fmt.Errorf("pgtmp: standby of %q: %w", s.Primary, err)
+	}
+	conninfo := fmt.Sprintf("host=%s port=%s user=postgres application_name=%s", host, port, s.Name)
+	args := []string{"-D", dir, "-d", conninfo, "-R", "-C", "-S", s.Name, "-X", "stream", "--checkpoint=fast"}
+	if fast {
+		args = append(args, "--no-sync")
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "pg_basebackup"), args...)
+	cmd.Dir = dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: acct.credential()}
+	start := time.Now()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("pgtmp: pg_basebackup from %s into %s: %w\n%s", s.Primary, dir, err, out)
+	}
+	// The primary's own log came along with its data directory.
+	if err := os.Remove(filepath.Join(dir, "postgres.log")); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("pgtmp: %w", err)
+	}
+	log.Info("PostgreSQL standby copied", "dir", dir, "primary", s.Primary, "took", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 
@@ -298,8 +414,27 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// launch starts postgres on port and waits until it accepts connections.
-func launch(ctx context.Context, bin, dir, socketDir string, port int, acct *account, fast bool, log *slog.Logger) (*Cluster, error) {
+// settingArgs returns the -c options for opts: crash safety off when
+// Fast, then opts.Settings in name order.
+func settingArgs(opts Options) []string {
+	var args []string
+	if opts.Fast {
+		args = append(args, "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
+	}
+	names := make([]string, 0, len(opts.Settings))
+	for name := range opts.Settings {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		args = append(args, "-c", name+"="+opts.Settings[name])
+	}
+	return args
+}
+
+// launch starts postgres on port with the extra arguments settings and
+// waits until it accepts connections.
+func launch(ctx context.Context, bin, dir, socketDir string, port int, acct *account, settings []string, log *slog.Logger) (*Cluster, error) {
 	logPath := filepath.Join(dir, "postgres.log")
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -324,19 +459,19 @@ func launch(ctx context.Context, bin, dir, socketDir string, port int, acct *acc
 		// Tests run many databases and pools in parallel.
 		"-c", "max_connections=300",
 	}
-	if fast {
-		args = append(args, "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")
-	}
-	cmd := exec.Command(filepath.Join(bin, "postgres"), args...)
+	cmd := exec.Command(filepath.Join(bin, "postgres"), append(args, settings...)...)
 	cmd.Dir = dir
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
-	cmd.SysProcAttr = sysProcAttr(acct)
+	// SIGINT when we die is PostgreSQL's fast shutdown; SIGTERM would wait
+	// for every client to disconnect, and a developer's open psql session
+	// would keep the server alive.
+	cmd.SysProcAttr = sysProcAttr(acct, syscall.SIGINT)
 	if err := startOnFreshThread(cmd); err != nil {
 		return nil, fmt.Errorf("pgtmp: start postgres: %w", err)
 	}
 
-	c := &Cluster{dir: dir, port: port, logPath: logPath, log: log, cmd: cmd, exited: make(chan struct{})}
+	c := &Cluster{dir: dir, port: port, logPath: logPath, log: log, acct: acct, cmd: cmd, exited: make(chan struct{})}
 	go func() {
 		c.waitErr = cmd.Wait()
 		close(c.exited)

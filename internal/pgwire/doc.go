@@ -17,6 +17,24 @@
 // Snapshot and Reset give the counts per connection and in total; Record
 // and Statements list the statement texts, grouped by round trip.
 //
+// # Losing a COMMIT
+//
+// Since the proxy reads both directions, it can also break a connection
+// at the worst moment on purpose: CutAtCommit arms it to cut the next
+// connection that sends a COMMIT, either after the COMMIT reached the
+// server (the transaction committed, the client never hears so) or
+// before (the server rolls back). Either way the client sees its
+// connection drop while it waits for the COMMIT's answer, and cannot tell
+// which happened: what a test of an unknown outcome needs, without
+// timing.
+//
+//	p.CutAtCommit(pgwire.CommitDelivered)
+//	err := tx.Commit(ctx) // a connection error, yet the work committed
+//
+// pgx sends a transaction's COMMIT as a simple Query (pgx.Tx.Commit) or,
+// queued in a batch (db.CommitAfterNext), as an extended-protocol Execute
+// of a statement prepared from "COMMIT"; the proxy recognises both.
+//
 // # What is counted
 //
 // A round trip is one wait of the client on the server. The proxy sees no

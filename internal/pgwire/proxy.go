@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/url"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 )
@@ -76,7 +77,8 @@ type Statement struct {
 	SQL string
 }
 
-// Proxy is a counting TCP proxy in front of one PostgreSQL server.
+// Proxy is a counting TCP proxy in front of one PostgreSQL server, which
+// can also cut a connection at its COMMIT (CutAtCommit).
 type Proxy struct {
 	upstream string
 	ln       net.Listener
@@ -88,6 +90,8 @@ type Proxy struct {
 	recording  bool
 	statements []Statement
 	lastActive time.Time
+	// cut is what CutAtCommit armed; zero when nothing is armed.
+	cut CutMode
 
 	wg sync.WaitGroup
 }
@@ -216,6 +220,40 @@ func (p *Proxy) Measure(ctx context.Context, fn func() error) (Counts, error) {
 	return p.Snapshot().Total.Sub(before), nil
 }
 
+// CutMode says what CutAtCommit does with the COMMIT it cuts at.
+type CutMode int
+
+const (
+	// CommitDelivered lets the COMMIT reach the server, which commits,
+	// and holds back every answer from then on: the client never learns
+	// that its transaction committed.
+	CommitDelivered CutMode = iota + 1
+	// CommitDropped holds the COMMIT back: the server never sees it and
+	// rolls the transaction back when the connection closes.
+	CommitDropped
+)
+
+// CutAtCommit arms a one-shot fault: the next COMMIT any client sends
+// through the proxy, as a simple Query or as the Execute of a statement
+// prepared from COMMIT, loses its connection. What reaches the server
+// depends on mode; either way both sides of that connection are closed,
+// and the client sees its connection drop while it waits for the answer.
+// It is how a test makes a commit's outcome unknown to the code that
+// committed, deterministically, at the one moment that matters.
+//
+// The cut works on reads, not messages. With CommitDropped the read that
+// carries the COMMIT is held back whole, with whatever arrived in it ahead
+// of the COMMIT (statements of the same transaction, which die with it).
+// With CommitDelivered every answer of the server from then on is held
+// back, up to and including the ReadyForQuery that ends the COMMIT's
+// round trip, and then the connection closes. Counting goes on as before:
+// what the client sent is counted whether or not it was delivered.
+func (p *Proxy) CutAtCommit(mode CutMode) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = mode
+}
+
 func (p *Proxy) accept() {
 	defer p.wg.Done()
 	for {
@@ -292,6 +330,10 @@ type conn struct {
 	// names to the statement text they were bound from.
 	prepared map[string]string
 	portals  map[string]string
+	// cut is the CutAtCommit this connection is being cut by (zero: none);
+	// cutAnswered: the server has finished answering the cut COMMIT.
+	cut         CutMode
+	cutAnswered bool
 }
 
 func (c *conn) closeBoth() {
@@ -302,15 +344,23 @@ func (c *conn) closeBoth() {
 // pump copies src to dst. Every read is parsed before it is forwarded:
 // counting a client message before the server can see it, and a server
 // answer before the client can see it, keeps the two directions in
-// causal order although they run on two goroutines.
+// causal order although they run on two goroutines. The same order lets
+// a cut (CutAtCommit) hold back a read before the other side has seen any
+// of it.
 func (c *conn) pump(dst, src net.Conn, fromClient bool) {
 	defer c.closeBoth()
 	buf := make([]byte, 64<<10)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
-			c.observe(buf[:n], fromClient)
-			if _, werr := dst.Write(buf[:n]); werr != nil {
+			switch c.observe(buf[:n], fromClient) {
+			case forward:
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					return
+				}
+			case drop:
+				// Held back: the other side never sees these bytes.
+			case hangUp:
 				return
 			}
 		}
@@ -320,22 +370,31 @@ func (c *conn) pump(dst, src net.Conn, fromClient bool) {
 	}
 }
 
-func (c *conn) observe(b []byte, fromClient bool) {
+// action is what pump does with a read once it has been observed.
+type action int
+
+const (
+	forward action = iota
+	drop           // hold it back and read on
+	hangUp         // hold it back and close both sides
+)
+
+func (c *conn) observe(b []byte, fromClient bool) action {
 	c.p.mu.Lock()
 	defer c.p.mu.Unlock()
 	c.p.lastActive = time.Now()
-	if c.opaque {
-		return
+	if !c.opaque {
+		var err error
+		if fromClient {
+			err = c.fromClient.feed(b, clientSide{c})
+		} else {
+			err = c.fromServer.feed(b, serverSide{c})
+		}
+		if err != nil {
+			c.goOpaque()
+		}
 	}
-	var err error
-	if fromClient {
-		err = c.fromClient.feed(b, clientSide{c})
-	} else {
-		err = c.fromServer.feed(b, serverSide{c})
-	}
-	if err != nil {
-		c.goOpaque()
-	}
+	return c.cutAction(fromClient)
 }
 
 func (c *conn) goOpaque() {
@@ -387,6 +446,7 @@ func (s clientSide) message(typ byte, body []byte) {
 	case 'Q':
 		text, _, _ := cstring(body)
 		c.statement('Q', text)
+		c.maybeCut(text)
 	case 'P':
 		name, rest, ok := cstring(body)
 		text, _, ok2 := cstring(rest)
@@ -408,6 +468,7 @@ func (s clientSide) message(typ byte, body []byte) {
 	case 'E':
 		portal, _, _ := cstring(body)
 		c.statement('E', c.portals[portal])
+		c.maybeCut(c.portals[portal])
 	}
 }
 
@@ -435,8 +496,41 @@ func (s serverSide) message(typ byte, _ []byte) {
 		return
 	case 'Z':
 		c.ready = true
+		if c.cut == CommitDelivered {
+			c.cutAnswered = true
+		}
 	}
 	if c.ready {
 		c.answered = true
 	}
+}
+
+// maybeCut starts cutting the connection if text, a statement the client
+// is sending, is a COMMIT and a cut is armed. The proxy's mutex is held.
+func (c *conn) maybeCut(text string) {
+	if c.p.cut == 0 || c.cut != 0 || !isCommit(text) {
+		return
+	}
+	c.cut, c.p.cut = c.p.cut, 0
+}
+
+// cutAction decides the fate of a read in the direction given, once the
+// connection's cut (if any) has seen it.
+func (c *conn) cutAction(fromClient bool) action {
+	switch {
+	case c.cut == CommitDropped && fromClient:
+		return hangUp
+	case c.cut == CommitDelivered && !fromClient && c.cutAnswered:
+		return hangUp
+	case c.cut == CommitDelivered && !fromClient:
+		return drop
+	}
+	return forward
+}
+
+// isCommit reports whether a statement's text is a COMMIT, in any case,
+// with or without a final semicolon.
+func isCommit(text string) bool {
+	text = strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(text), ";"))
+	return strings.EqualFold(text, "COMMIT")
 }

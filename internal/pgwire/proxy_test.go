@@ -226,3 +226,79 @@ func TestSSLRequestRefusedIsCounted(t *testing.T) {
 		t.Errorf("opaque connections = %d, want 0", s.Total.Opaque)
 	}
 }
+
+// CutAtCommit loses the next COMMIT's answer, after or before the server
+// got it, whichever way the client sends it: as a simple Query
+// (pgx.Tx.Commit) or as the Execute of a prepared COMMIT queued behind the
+// transaction's statements (a pipelined batch). The client sees an error
+// either way; only the database tells what happened. The cut is one-shot:
+// the next transaction commits as usual.
+func TestCutAtCommit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := t.Context()
+	_, err := connect(t, b.url).Exec(ctx, "CREATE TABLE things (id int PRIMARY KEY)")
+	must(t, err)
+
+	tests := []struct {
+		name      string
+		mode      pgwire.CutMode
+		commit    func(ctx context.Context, conn *pgx.Conn, id int) error
+		committed bool
+	}{
+		{"SimpleQueryDelivered", pgwire.CommitDelivered, simpleCommit, true},
+		{"SimpleQueryDropped", pgwire.CommitDropped, simpleCommit, false},
+		{"PipelinedDelivered", pgwire.CommitDelivered, pipelinedCommit, true},
+		{"PipelinedDropped", pgwire.CommitDropped, pipelinedCommit, false},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			conn := connect(t, b.url)
+			// Prepare the statements first, so that the cut falls on a
+			// steady-state transaction.
+			must(t, tt.commit(ctx, conn, 100+i))
+
+			b.proxy.CutAtCommit(tt.mode)
+			err := tt.commit(ctx, conn, i)
+			if err == nil {
+				t.Fatal("commit succeeded through a cut connection")
+			}
+			t.Logf("commit through the cut connection: %v", err)
+			if !conn.IsClosed() {
+				t.Error("the cut connection is still open")
+			}
+
+			other := connect(t, b.url)
+			var n int
+			must(t, other.QueryRow(ctx, "SELECT count(*) FROM things WHERE id = $1", i).Scan(&n))
+			if committed := n == 1; committed != tt.committed {
+				t.Errorf("committed = %v, want %v", committed, tt.committed)
+			}
+			must(t, tt.commit(ctx, other, 200+i))
+		})
+	}
+}
+
+// simpleCommit inserts id in a transaction that pgx commits with a simple
+// Query.
+func simpleCommit(ctx context.Context, conn *pgx.Conn, id int) error {
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, "INSERT INTO things (id) VALUES ($1)", id); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// pipelinedCommit inserts id in a transaction sent whole in one batch:
+// BEGIN, the INSERT and COMMIT, each an extended-protocol Execute.
+func pipelinedCommit(ctx context.Context, conn *pgx.Conn, id int) error {
+	var batch pgx.Batch
+	batch.Queue("BEGIN")
+	batch.Queue("INSERT INTO things (id) VALUES ($1)", id)
+	batch.Queue("COMMIT")
+	return conn.SendBatch(ctx, &batch).Close()
+}

@@ -1,0 +1,269 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemref/payments/internal/harness"
+)
+
+// binaries are the module's commands the deployment runs, built once.
+type binaries struct {
+	api, processor string
+}
+
+// buildBinaries compiles cmd/api and cmd/processor into dir.
+func buildBinaries(dir string) (binaries, error) {
+	root, err := harness.ModuleRoot()
+	if err != nil {
+		return binaries{}, err
+	}
+	api, err := harness.Build(root, dir, "api", "./cmd/api", "")
+	if err != nil {
+		return binaries{}, err
+	}
+	processor, err := harness.Build(root, dir, "processor", "./cmd/processor", "")
+	if err != nil {
+		return binaries{}, err
+	}
+	return binaries{api: api, processor: processor}, nil
+}
+
+// deployOptions shapes one scenario's deployment.
+type deployOptions struct {
+	// Async streams to the standby without waiting for it: the negative
+	// control's misconfiguration.
+	Async bool
+	// APIs is how many API processes serve the load.
+	APIs int
+	Log  *slog.Logger
+}
+
+// The API processes' settings: the production defaults, except the
+// clocks that decide how soon an abandoned payment is finished and an
+// unacknowledged event redelivered, shortened so that a scenario settles
+// in seconds rather than minutes. Their ratios keep the rules config.go
+// enforces (lease > processor timeout, settle window > processor timeout,
+// duplicates window > claim hold + publish timeout).
+var apiSettings = []string{
+	"RATE_LIMIT_RPS=0",
+	"PROCESSOR_TIMEOUT=2s",
+	"PAYMENT_LEASE=4s",
+	"PROCESSOR_SETTLE_WINDOW=4s",
+	"COMPLETER_INTERVAL=500ms",
+	"EVENTS_ACK_WAIT=3s",
+	"OUTBOX_CLAIM_HOLD=5s",
+	"EVENTS_DUPLICATE_WINDOW=2m",
+	"EVENTS_REPLICAS=3",
+	"LOG_LEVEL=info",
+}
+
+// deployment is one scenario's running system.
+type deployment struct {
+	work   string
+	bins   binaries
+	log    *slog.Logger
+	faults *faults
+	pg     *pgPair
+	nats   *natsCluster
+
+	// The faultable links: the database (API→PgBouncer, one per node),
+	// the processor and NATS (one per node).
+	dbLinks   [2]*link
+	procLink  *link
+	natsLinks []*link
+	// replLink carries the standby's replication from the primary.
+	replLink *link
+
+	processor    *harness.Process
+	processorURL string // the simulator, direct (its admin endpoints)
+
+	apiEnv  []string
+	mu      sync.Mutex
+	apis    []*harness.Process
+	apiURLs []string
+	apiKey  string
+
+	check *pgxpool.Pool // straight to the current primary, for the checker
+}
+
+// deploy starts a fresh deployment in a new directory under work.
+func deploy(ctx context.Context, work string, bins binaries, o deployOptions) (d *deployment, err error) {
+	dir, err := os.MkdirTemp(work, "deploy-")
+	if err != nil {
+		return nil, err
+	}
+	// The server account that runs PostgreSQL must reach its data.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return nil, err
+	}
+	d = &deployment{work: dir, bins: bins, log: o.Log}
+	defer func() {
+		if err != nil {
+			d.stop()
+		}
+	}()
+	if d.faults, err = startFaults(); err != nil {
+		return d, err
+	}
+	d.pg, err = startPGPair(ctx, pgPairOptions{
+		Work: dir, Sync: !o.Async, Log: o.Log,
+		Replication: func(primary string) (string, error) {
+			l, err := d.faults.Link("replication", primary)
+			if err != nil {
+				return "", err
+			}
+			d.replLink = l
+			return l.Addr(), nil
+		},
+	})
+	if err != nil {
+		return d, fmt.Errorf("postgres: %w", err)
+	}
+	bouncers := d.pg.BouncerAddrs()
+	for i, addr := range bouncers {
+		if d.dbLinks[i], err = d.faults.Link("db"+strconv.Itoa(i), addr); err != nil {
+			return d, err
+		}
+	}
+	if d.nats, err = startNATSCluster(filepath.Join(dir, "nats"), d.faults); err != nil {
+		return d, fmt.Errorf("nats: %w", err)
+	}
+	var natsURLs []string
+	for i, addr := range d.nats.ClientAddrs() {
+		l, err := d.faults.Link("nats"+strconv.Itoa(i), addr)
+		if err != nil {
+			return d, err
+		}
+		d.natsLinks = append(d.natsLinks, l)
+		natsURLs = append(natsURLs, "nats://"+l.Addr())
+	}
+
+	var addr string
+	d.processor, addr, err = harness.StartProcess(ctx, dir, "processor", bins.processor, nil,
+		[]string{"PROCESSOR_ADDR=127.0.0.1:0"}, "processor simulator listening")
+	if err != nil {
+		return d, err
+	}
+	d.processorURL = "http://" + addr
+	if d.procLink, err = d.faults.Link("processor", addr); err != nil {
+		return d, err
+	}
+
+	// The API reaches PostgreSQL the way a deployment does (D1, D3): the
+	// pooled URL lists both nodes' PgBouncers and asks for the one that
+	// accepts writes, in exec mode (PgBouncer 1.18 in transaction mode
+	// keeps no prepared statement across transactions); the direct URL
+	// lists both nodes for LISTEN and the migrations.
+	user := d.pg.User()
+	nodes := d.pg.NodeAddrs()
+	pooled := fmt.Sprintf("postgres://%s@%s,%s/payments?sslmode=disable&target_session_attrs=read-write&default_query_exec_mode=exec&connect_timeout=3&pool_max_conns=8",
+		user, d.dbLinks[0].Addr(), d.dbLinks[1].Addr())
+	direct := fmt.Sprintf("postgres://%s@%s,%s/payments?sslmode=disable&target_session_attrs=read-write&connect_timeout=3",
+		user, nodes[0], nodes[1])
+	d.apiEnv = append([]string{
+		"DATABASE_URL=" + pooled,
+		"DATABASE_DIRECT_URL=" + direct,
+		"NATS_URL=" + strings.Join(natsURLs, ","),
+		"PROCESSOR_URL=http://" + d.procLink.Addr(),
+	}, apiSettings...)
+
+	if err := d.apiCommand(ctx, "migrate", "up"); err != nil {
+		return d, err
+	}
+	if d.apiKey, err = harness.CreateTenant(d.bins.api, pooled, "chaos"); err != nil {
+		return d, err
+	}
+	if d.check, err = pgxpool.New(ctx, direct); err != nil {
+		return d, err
+	}
+	for i := range o.APIs {
+		a, err := freeAddr()
+		if err != nil {
+			return d, err
+		}
+		d.apiURLs = append(d.apiURLs, "http://"+a)
+		d.apis = append(d.apis, nil)
+		if err := d.startAPI(ctx, i); err != nil {
+			return d, err
+		}
+	}
+	return d, nil
+}
+
+// apiCommand runs one api command to completion with the deployment's
+// settings.
+func (d *deployment) apiCommand(ctx context.Context, args ...string) error {
+	cmd := exec.CommandContext(ctx, d.bins.api, args...)
+	cmd.Env = append(os.Environ(), d.apiEnv...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("api %s: %w\n%s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+// startAPI starts API process i on its address.
+func (d *deployment) startAPI(ctx context.Context, i int) error {
+	name := "api" + strconv.Itoa(i)
+	env := append([]string{"ADDR=" + strings.TrimPrefix(d.apiURLs[i], "http://")}, d.apiEnv...)
+	p, _, err := harness.StartProcess(ctx, d.work, name, d.bins.api, []string{"serve"}, env, "listening")
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	d.apis[i] = p
+	d.mu.Unlock()
+	return nil
+}
+
+// killAPI kills API process i (SIGKILL), as a crash would, and starts it
+// again on the same address after pause.
+func (d *deployment) killAPI(ctx context.Context, i int, pause time.Duration) error {
+	d.mu.Lock()
+	p := d.apis[i]
+	d.mu.Unlock()
+	p.Kill()
+	select {
+	case <-ctx.Done():
+	case <-time.After(pause):
+	}
+	return d.startAPI(context.WithoutCancel(ctx), i)
+}
+
+// stop ends everything the deployment started; the directory stays
+// until the run's work directory is removed.
+func (d *deployment) stop() {
+	d.mu.Lock()
+	apis := d.apis
+	d.mu.Unlock()
+	for _, p := range apis {
+		if p != nil {
+			p.Stop()
+		}
+	}
+	if d.processor != nil {
+		d.processor.Stop()
+	}
+	if d.check != nil {
+		d.check.Close()
+	}
+	if d.nats != nil {
+		d.nats.Stop()
+	}
+	if d.pg != nil {
+		d.pg.Stop()
+	}
+	if d.faults != nil {
+		d.faults.Stop()
+	}
+}

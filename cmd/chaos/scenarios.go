@@ -1,0 +1,238 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	toxiclient "github.com/Shopify/toxiproxy/v2/client"
+)
+
+// scenario is one named fault, injected while clients run their load.
+type scenario struct {
+	id    string // the numbering: 1 to 8, 4a and 4b
+	name  string
+	about string
+	// short: part of the short mode CI runs.
+	short bool
+	// control: the negative control, which passes only when the checker
+	// finds losses.
+	control bool
+	async   bool
+	apis    int
+	// fault injects the fault and returns when it is over.
+	fault func(ctx context.Context, r *faultRun) error
+}
+
+// faultRun is what a scenario's fault works with.
+type faultRun struct {
+	d    *deployment
+	rng  *rand.Rand
+	long bool
+	// notes are shown under the scenario's row.
+	notes []string
+}
+
+func (r *faultRun) note(format string, args ...any) {
+	r.notes = append(r.notes, fmt.Sprintf(format, args...))
+}
+
+// hold is how long a fault lasts (or the load runs around it): short in
+// CI, longer in the long mode.
+func (r *faultRun) hold() time.Duration {
+	if r.long {
+		return 20 * time.Second
+	}
+	return 5 * time.Second
+}
+
+// sleep waits d or until ctx is done.
+func sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+// scenarios lists every scenario in the order they run.
+func scenarios() []scenario {
+	return []scenario{
+		{id: "1", name: "primary-kill", short: true, apis: 2, fault: primaryKill,
+			about: "the primary is SIGKILLed under order and payment load; the synchronous standby is promoted with pg_promote()"},
+		{id: "2", name: "commit-reset", short: true, apis: 2, fault: commitReset,
+			about: "connections to the database are reset (toxiproxy reset_peer) in bursts: some during COMMIT, an unknown outcome"},
+		{id: "3", name: "pooler", apis: 3, fault: pooler,
+			about: "the whole load through PgBouncer in transaction mode, three APIs, payments resumed by the completer; LISTEN on the direct URL"},
+		{id: "4a", name: "nats-leader-kill", short: true, apis: 2, fault: natsLeaderKill,
+			about: "the node leading the events stream is killed while the relay publishes, then restarted"},
+		{id: "4b", name: "nats-partition", apis: 2, fault: natsPartition,
+			about: "one NATS node, the stream's leader, is cut from the other two while the relay publishes, then healed"},
+		{id: "5", name: "processor-link", short: true, apis: 2, fault: processorLink,
+			about: "latency past the processor timeout, stalled and reset connections on the API→processor link"},
+		{id: "6", name: "api-kill", apis: 3, fault: apiKill,
+			about: "API processes SIGKILLed at random and restarted, during a primary failover and processor-link faults"},
+		{id: "8", name: "pg-restart", apis: 2, fault: pgRestart,
+			about: "the primary restarted with -m fast, then -m immediate, under load (T6)"},
+		{id: "7", name: "async-standby", short: true, control: true, async: true, apis: 2, fault: asyncFailover,
+			about: "NEGATIVE CONTROL: the standby is asynchronous; replication stalls, the primary is killed, the standby promoted: the checker must report lost writes"},
+	}
+}
+
+// failover kills the primary, waits as an orchestrator's failure
+// detection would, and promotes the standby.
+func failover(ctx context.Context, r *faultRun) error {
+	if err := r.d.pg.KillPrimary(); err != nil {
+		return err
+	}
+	sleep(ctx, time.Second)
+	took, err := r.d.pg.Promote(ctx)
+	if err != nil {
+		return err
+	}
+	r.note("promoted in %s", took.Round(time.Millisecond))
+	return nil
+}
+
+func primaryKill(ctx context.Context, r *faultRun) error {
+	if err := failover(ctx, r); err != nil {
+		return err
+	}
+	sleep(ctx, r.hold())
+	return nil
+}
+
+// commitReset resets every open database connection, at random moments:
+// whatever is on the wire then, a COMMIT among them, never gets its
+// answer.
+func commitReset(ctx context.Context, r *faultRun) error {
+	l := r.d.dbLinks[r.d.pg.Primary()]
+	end := time.Now().Add(r.hold())
+	bursts := 0
+	for time.Now().Before(end) && ctx.Err() == nil {
+		sleep(ctx, time.Duration(200+r.rng.IntN(400))*time.Millisecond)
+		if err := l.Toxic("reset", "reset_peer", "upstream", 1, toxiclient.Attributes{"timeout": 0}); err != nil {
+			return err
+		}
+		sleep(ctx, time.Duration(20+r.rng.IntN(60))*time.Millisecond)
+		if err := l.Clear(); err != nil {
+			return err
+		}
+		bursts++
+	}
+	r.note("%d bursts of resets", bursts)
+	return nil
+}
+
+// pooler adds no fault: the load itself, through PgBouncer in
+// transaction mode with three APIs, is the test.
+func pooler(ctx context.Context, r *faultRun) error {
+	sleep(ctx, r.hold())
+	return nil
+}
+
+func natsLeaderKill(ctx context.Context, r *faultRun) error {
+	leader, err := r.d.nats.StreamLeader(eventsStream)
+	if err != nil {
+		return err
+	}
+	r.d.nats.Kill(leader)
+	r.note("killed NATS node %d, the stream's leader", leader)
+	sleep(ctx, r.hold())
+	return r.d.nats.Restart(leader)
+}
+
+func natsPartition(ctx context.Context, r *faultRun) error {
+	leader, err := r.d.nats.StreamLeader(eventsStream)
+	if err != nil {
+		return err
+	}
+	if err := r.d.nats.Partition(leader); err != nil {
+		return err
+	}
+	r.note("partitioned NATS node %d, the stream's leader", leader)
+	sleep(ctx, r.hold())
+	return r.d.nats.Heal(leader)
+}
+
+// processorLink makes the processor slow past the API's timeout, then
+// stalls, then resets its connections: each a call whose outcome the API
+// cannot know.
+func processorLink(ctx context.Context, r *faultRun) error {
+	l := r.d.procLink
+	phase := r.hold() / 3
+	steps := []struct {
+		kind  string
+		attrs toxiclient.Attributes
+	}{
+		{"latency", toxiclient.Attributes{"latency": 2500, "jitter": 1000}},
+		{"timeout", toxiclient.Attributes{"timeout": 0}},
+		{"reset_peer", toxiclient.Attributes{"timeout": 500}},
+	}
+	for _, s := range steps {
+		if err := l.Toxic(s.kind, s.kind, "downstream", 0.5, s.attrs); err != nil {
+			return err
+		}
+		sleep(ctx, phase)
+		if err := l.Clear(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// apiKill kills a random API process every second or two while the
+// primary fails over and the processor link misbehaves.
+func apiKill(ctx context.Context, r *faultRun) error {
+	killCtx, stopKilling := context.WithCancel(ctx)
+	killed := make(chan int, 1)
+	go func() {
+		n := 0
+		defer func() { killed <- n }()
+		for killCtx.Err() == nil {
+			sleep(killCtx, time.Duration(800+r.rng.IntN(1200))*time.Millisecond)
+			if killCtx.Err() != nil {
+				return
+			}
+			if err := r.d.killAPI(killCtx, r.rng.IntN(len(r.d.apiURLs)), 300*time.Millisecond); err != nil {
+				r.note("restart an API: %v", err)
+				return
+			}
+			n++
+		}
+	}()
+	err := errors.Join(processorLink(ctx, r), failover(ctx, r))
+	sleep(ctx, r.hold()/2)
+	stopKilling()
+	r.note("%d API processes killed", <-killed)
+	return err
+}
+
+func pgRestart(ctx context.Context, r *faultRun) error {
+	for _, mode := range []string{"fast", "immediate"} {
+		start := time.Now()
+		if err := r.d.pg.RestartPrimary(ctx, mode); err != nil {
+			return err
+		}
+		r.note("restart -m %s took %s", mode, time.Since(start).Round(time.Millisecond))
+		sleep(ctx, r.hold()/2)
+	}
+	return nil
+}
+
+// asyncFailover is the negative control: the replication link stalls
+// (a network blip an asynchronous standby does not wait for), the
+// primary keeps acknowledging writes for a while, then dies, and the
+// standby that never received them is promoted.
+func asyncFailover(ctx context.Context, r *faultRun) error {
+	if err := r.d.replLink.Down(); err != nil {
+		return err
+	}
+	sleep(ctx, 2*time.Second)
+	if err := failover(ctx, r); err != nil {
+		return err
+	}
+	sleep(ctx, r.hold())
+	return nil
+}
