@@ -258,7 +258,7 @@ func answerCounts(ops []loadOp) string {
 func summarize(w io.Writer, outcomes []outcome) error {
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario\tresult\tacked\tlost\tduplicated\tdouble charged\toutage s\tp99 ms\t")
+	fmt.Fprintln(tw, "scenario\tresult\tacked\tlost\tduplicated\tdouble charged\tunresolved\toutage s\tp99 ms\t")
 	var failed, acked, lost, duplicated, double int
 	var control *outcome
 	for i, o := range outcomes {
@@ -267,8 +267,8 @@ func summarize(w io.Writer, outcomes []outcome) error {
 			verdict = "FAIL"
 			failed++
 		}
-		fmt.Fprintf(tw, "%s %s\t%s\t%d\t%d\t%d\t%d\t%.1f\t%d\t\n", o.s.id, o.s.name, verdict,
-			o.res.Acked, o.res.Lost, o.res.Duplicated, o.res.DoubleCharged, o.outage.Seconds(), o.p99.Milliseconds())
+		fmt.Fprintf(tw, "%s %s\t%s\t%d\t%d\t%d\t%d\t%d\t%.1f\t%d\t\n", o.s.id, o.s.name, verdict,
+			o.res.Acked, o.res.Lost, o.res.Duplicated, o.res.DoubleCharged, o.res.Unresolved, o.outage.Seconds(), o.p99.Milliseconds())
 		if o.s.control {
 			control = &outcomes[i]
 			continue

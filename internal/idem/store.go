@@ -25,8 +25,12 @@ var (
 	// ErrResultExpired matches *ResultExpiredError.
 	ErrResultExpired = errors.New("the result of this Idempotency-Key has expired")
 	// ErrUnavailable wraps transient failures (key store unreachable,
-	// serialization failure, deadlock, timeout). Nothing was recorded, so a
-	// retry with the same key runs the request again (L6, O2).
+	// serialization failure, deadlock, timeout, a connection lost). Nothing
+	// is recorded for the failure itself, so a retry with the same key runs
+	// the request again (L6, O2), with one exception the retry resolves
+	// on its own: a connection lost during COMMIT (D2), after which the
+	// transaction may have committed, record included. The retry then
+	// replays that record; had it not committed, the retry runs it.
 	ErrUnavailable = errors.New("temporarily unavailable")
 )
 
