@@ -1924,10 +1924,11 @@ type ClientInterface interface {
 	//    processor is called with a derived key (SHA-256 of the tenant, the
 	//    endpoint, your key and the step name `charge`), never with your key
 	//    itself and never with a fresh one.
-	// 3. `finished`: the processor's answer is written to the payment (and,
-	//    on success, to the order, which becomes `paid`) and the exact
-	//    response is recorded on the key: `201`, `402 card_declined` or
-	//    `422 processor_rejected`.
+	// 3. `finished`: the processor's answer is written to the payment
+	//    (on success with a `payment.succeeded` event in the outbox, from
+	//    which the orders consumer credits the order, which becomes `paid`
+	//    shortly after) and the exact response is recorded on the key:
+	//    `201`, `402 card_declined` or `422 processor_rejected`.
 	//
 	// Outcomes:
 	//
@@ -1994,10 +1995,11 @@ type ClientInterface interface {
 	//    processor is called with a derived key (SHA-256 of the tenant, the
 	//    endpoint, your key and the step name `charge`), never with your key
 	//    itself and never with a fresh one.
-	// 3. `finished`: the processor's answer is written to the payment (and,
-	//    on success, to the order, which becomes `paid`) and the exact
-	//    response is recorded on the key: `201`, `402 card_declined` or
-	//    `422 processor_rejected`.
+	// 3. `finished`: the processor's answer is written to the payment
+	//    (on success with a `payment.succeeded` event in the outbox, from
+	//    which the orders consumer credits the order, which becomes `paid`
+	//    shortly after) and the exact response is recorded on the key:
+	//    `201`, `402 card_declined` or `422 processor_rejected`.
 	//
 	// Outcomes:
 	//
@@ -2512,10 +2514,11 @@ func (c *Client) ListPayments(ctx context.Context, params *ListPaymentsParams, r
 //     processor is called with a derived key (SHA-256 of the tenant, the
 //     endpoint, your key and the step name `charge`), never with your key
 //     itself and never with a fresh one.
-//  3. `finished`: the processor's answer is written to the payment (and,
-//     on success, to the order, which becomes `paid`) and the exact
-//     response is recorded on the key: `201`, `402 card_declined` or
-//     `422 processor_rejected`.
+//  3. `finished`: the processor's answer is written to the payment
+//     (on success with a `payment.succeeded` event in the outbox, from
+//     which the orders consumer credits the order, which becomes `paid`
+//     shortly after) and the exact response is recorded on the key:
+//     `201`, `402 card_declined` or `422 processor_rejected`.
 //
 // Outcomes:
 //
@@ -2592,10 +2595,11 @@ func (c *Client) CreatePaymentWithBody(ctx context.Context, params *CreatePaymen
 //     processor is called with a derived key (SHA-256 of the tenant, the
 //     endpoint, your key and the step name `charge`), never with your key
 //     itself and never with a fresh one.
-//  3. `finished`: the processor's answer is written to the payment (and,
-//     on success, to the order, which becomes `paid`) and the exact
-//     response is recorded on the key: `201`, `402 card_declined` or
-//     `422 processor_rejected`.
+//  3. `finished`: the processor's answer is written to the payment
+//     (on success with a `payment.succeeded` event in the outbox, from
+//     which the orders consumer credits the order, which becomes `paid`
+//     shortly after) and the exact response is recorded on the key:
+//     `201`, `402 card_declined` or `422 processor_rejected`.
 //
 // Outcomes:
 //
@@ -3720,10 +3724,11 @@ type ClientWithResponsesInterface interface {
 	//    processor is called with a derived key (SHA-256 of the tenant, the
 	//    endpoint, your key and the step name `charge`), never with your key
 	//    itself and never with a fresh one.
-	// 3. `finished`: the processor's answer is written to the payment (and,
-	//    on success, to the order, which becomes `paid`) and the exact
-	//    response is recorded on the key: `201`, `402 card_declined` or
-	//    `422 processor_rejected`.
+	// 3. `finished`: the processor's answer is written to the payment
+	//    (on success with a `payment.succeeded` event in the outbox, from
+	//    which the orders consumer credits the order, which becomes `paid`
+	//    shortly after) and the exact response is recorded on the key:
+	//    `201`, `402 card_declined` or `422 processor_rejected`.
 	//
 	// Outcomes:
 	//
@@ -3790,10 +3795,11 @@ type ClientWithResponsesInterface interface {
 	//    processor is called with a derived key (SHA-256 of the tenant, the
 	//    endpoint, your key and the step name `charge`), never with your key
 	//    itself and never with a fresh one.
-	// 3. `finished`: the processor's answer is written to the payment (and,
-	//    on success, to the order, which becomes `paid`) and the exact
-	//    response is recorded on the key: `201`, `402 card_declined` or
-	//    `422 processor_rejected`.
+	// 3. `finished`: the processor's answer is written to the payment
+	//    (on success with a `payment.succeeded` event in the outbox, from
+	//    which the orders consumer credits the order, which becomes `paid`
+	//    shortly after) and the exact response is recorded on the key:
+	//    `201`, `402 card_declined` or `422 processor_rejected`.
 	//
 	// Outcomes:
 	//
@@ -6278,10 +6284,11 @@ func (c *ClientWithResponses) ListPaymentsWithResponse(ctx context.Context, para
 //     processor is called with a derived key (SHA-256 of the tenant, the
 //     endpoint, your key and the step name `charge`), never with your key
 //     itself and never with a fresh one.
-//  3. `finished`: the processor's answer is written to the payment (and,
-//     on success, to the order, which becomes `paid`) and the exact
-//     response is recorded on the key: `201`, `402 card_declined` or
-//     `422 processor_rejected`.
+//  3. `finished`: the processor's answer is written to the payment
+//     (on success with a `payment.succeeded` event in the outbox, from
+//     which the orders consumer credits the order, which becomes `paid`
+//     shortly after) and the exact response is recorded on the key:
+//     `201`, `402 card_declined` or `422 processor_rejected`.
 //
 // Outcomes:
 //
@@ -6354,10 +6361,11 @@ func (c *ClientWithResponses) CreatePaymentWithBodyWithResponse(ctx context.Cont
 //     processor is called with a derived key (SHA-256 of the tenant, the
 //     endpoint, your key and the step name `charge`), never with your key
 //     itself and never with a fresh one.
-//  3. `finished`: the processor's answer is written to the payment (and,
-//     on success, to the order, which becomes `paid`) and the exact
-//     response is recorded on the key: `201`, `402 card_declined` or
-//     `422 processor_rejected`.
+//  3. `finished`: the processor's answer is written to the payment
+//     (on success with a `payment.succeeded` event in the outbox, from
+//     which the orders consumer credits the order, which becomes `paid`
+//     shortly after) and the exact response is recorded on the key:
+//     `201`, `402 card_declined` or `422 processor_rejected`.
 //
 // Outcomes:
 //
