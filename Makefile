@@ -21,7 +21,8 @@ BIN  := bin
 .PHONY: help run reset test bench loadtest loadtest-smoke loadtest-pgbench chaos fuzz fuzz-ci generate verify lint vuln build migrate-new rename
 
 help: ## Show this help
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {n++; name[n] = $$1; text[n] = $$2; if (length($$1) > w) w = length($$1)} \
+		END {for (i = 1; i <= n; i++) printf "  %-" w "s  %s\n", name[i], text[i]}' $(MAKEFILE_LIST)
 
 run: ## Run the API locally: private PostgreSQL (unless DATABASE_URL is set), demo tenant, curl examples
 	@# The binary runs in make's place (exec), not under go run: Ctrl-C stops

@@ -11,17 +11,23 @@ import (
 	"testing"
 )
 
-// TestLayoutNamesEveryPackage: the README's Layout block has a line for
-// every directory holding Go code, and names no directory that is gone, so
-// a reader can find each package from the README.
+// layoutDoc holds the Layout block, a line per package directory.
+const layoutDoc = "docs/layout.md"
+
+// makeTargetsDoc holds the table of make targets.
+const makeTargetsDoc = "docs/development.md"
+
+// TestLayoutNamesEveryPackage: the Layout block of docs/layout.md has a
+// line for every directory holding Go code, and names no directory that is
+// gone, so a reader can find each package from it.
 func TestLayoutNamesEveryPackage(t *testing.T) {
-	readme, err := os.ReadFile("README.md")
+	doc, err := os.ReadFile(layoutDoc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, after, ok := strings.Cut(string(readme), "## Layout\n\n```\n")
+	_, after, ok := strings.Cut(string(doc), "## Layout\n\n```\n")
 	if !ok {
-		t.Fatal("README.md has no Layout block")
+		t.Fatalf("%s has no Layout block (\"## Layout\" and a fenced block)", layoutDoc)
 	}
 	block, _, _ := strings.Cut(after, "```")
 	listed := map[string]bool{}
@@ -47,12 +53,12 @@ func TestLayoutNamesEveryPackage(t *testing.T) {
 	}
 	for dir := range packages {
 		if !listed[dir] {
-			t.Errorf("the README's Layout has no line for %s/", dir)
+			t.Errorf("the Layout of %s has no line for %s/", layoutDoc, dir)
 		}
 	}
 	for dir := range listed {
 		if _, err := os.Stat(dir); err != nil {
-			t.Errorf("the README's Layout names %s/, which does not exist", dir)
+			t.Errorf("the Layout of %s names %s/, which does not exist", layoutDoc, dir)
 		}
 	}
 }
@@ -88,14 +94,15 @@ func TestOnlyTestsImportTestkit(t *testing.T) {
 	}
 }
 
-// TestReadmeNamesEveryMakeTarget: the README's table of make targets has a
-// row for each target the Makefile documents (a "## " comment).
-func TestReadmeNamesEveryMakeTarget(t *testing.T) {
+// TestDocsNameEveryMakeTarget: the table of make targets in
+// docs/development.md has a row for each target the Makefile documents (a
+// "## " comment).
+func TestDocsNameEveryMakeTarget(t *testing.T) {
 	makefile, err := os.ReadFile("Makefile")
 	if err != nil {
 		t.Fatal(err)
 	}
-	readme, err := os.ReadFile("README.md")
+	doc, err := os.ReadFile(makeTargetsDoc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,8 +114,8 @@ func TestReadmeNamesEveryMakeTarget(t *testing.T) {
 		if m[1] == "help" {
 			continue
 		}
-		if !regexp.MustCompile("(?m)^\\| `make " + regexp.QuoteMeta(m[1]) + "[ `]").Match(readme) {
-			t.Errorf("the README's table of make targets has no row for make %s", m[1])
+		if !regexp.MustCompile("(?m)^\\| `make " + regexp.QuoteMeta(m[1]) + "[ `]").Match(doc) {
+			t.Errorf("the table of make targets in %s has no row for make %s", makeTargetsDoc, m[1])
 		}
 	}
 }

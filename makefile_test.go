@@ -4,7 +4,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -65,5 +67,45 @@ func TestMigrateNewUnderPOSIXShell(t *testing.T) {
 	}
 	if after := migrations(); len(after) != len(got) {
 		t.Errorf("refused names created files: %v, want only %v", after, got)
+	}
+}
+
+// make help lists every documented target, the descriptions in one column
+// however long the longest target name.
+func TestMakeHelpAligns(t *testing.T) {
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("make is not installed")
+	}
+	makefile, err := os.ReadFile("Makefile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	targets := regexp.MustCompile(`(?m)^([a-zA-Z_-]+):.*## (.*)$`).FindAllStringSubmatch(string(makefile), -1)
+	if len(targets) < 10 {
+		t.Fatalf("found %d documented targets in the Makefile: the pattern no longer matches them", len(targets))
+	}
+	out, err := exec.Command("make", "-s", "--no-print-directory", "help").CombinedOutput()
+	if err != nil {
+		t.Fatalf("make help: %v\n%s", err, out)
+	}
+	lines := strings.Split(strings.TrimRight(string(out), "\n"), "\n")
+	if len(lines) != len(targets) {
+		t.Fatalf("make help printed %d lines for %d documented targets:\n%s", len(lines), len(targets), out)
+	}
+	column := -1
+	for i, m := range targets {
+		name, text := m[1], m[2]
+		line := lines[i]
+		if !strings.HasPrefix(line, "  "+name+" ") || !strings.HasSuffix(line, "  "+text) {
+			t.Errorf("make help line %d = %q, want the target %s and its description", i+1, line, name)
+			continue
+		}
+		at := len(line) - len(text)
+		if column < 0 {
+			column = at
+		}
+		if at != column {
+			t.Errorf("make help: %s's description starts at column %d, the first one's at %d:\n%s", name, at, column, out)
+		}
 	}
 }

@@ -1,5 +1,5 @@
-// Package apispec embeds the API's contract, openapi.yaml, and the README's
-// configuration table at the module's root, beside the files they come from.
+// Package apispec embeds the API's contract, openapi.yaml, at the module's
+// root, beside the file it comes from.
 //
 // The module is a reference payments REST API that demonstrates idempotency
 // keys done right: every mutating request carries an Idempotency-Key, the key
@@ -13,10 +13,7 @@
 //	import apispec "github.com/idemref/payments"
 package apispec
 
-import (
-	_ "embed"
-	"strings"
-)
+import _ "embed"
 
 // OpenAPI is the OpenAPI 3.1 description of the API (openapi.yaml), served
 // unauthenticated at GET /openapi.yaml. It is the authoritative statement of
@@ -25,18 +22,3 @@ import (
 //
 //go:embed openapi.yaml
 var OpenAPI []byte
-
-//go:embed README.md
-var readme string
-
-// Configuration is the README's configuration table, every environment
-// variable with its default and meaning: `api help` prints it, so the help
-// and the README cannot disagree.
-func Configuration() string {
-	_, rest, ok := strings.Cut(readme, "\n## Configuration\n")
-	if !ok {
-		return ""
-	}
-	section, _, _ := strings.Cut(rest, "\n## ")
-	return strings.TrimSpace(section) + "\n"
-}

@@ -33,7 +33,7 @@ func TestAFreshProcessExportsEverySeriesTheAlertsName(t *testing.T) {
 	scraped := parseExposition(string(body))
 
 	var selectors []selector
-	for _, doc := range []string{"../../README.md", "../../docs/messages.md"} {
+	for _, doc := range []string{"../../docs/operations.md", "../../docs/messages.md"} {
 		selectors = append(selectors, alertSelectors(t, doc)...)
 	}
 	if len(selectors) < 15 {

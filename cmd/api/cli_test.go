@@ -3,12 +3,14 @@ package main
 import (
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strings"
 	"syscall"
@@ -18,7 +20,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	apispec "github.com/idemref/payments"
 	"github.com/idemref/payments/internal/dbmigrate"
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/testdb"
@@ -287,26 +288,173 @@ func TestStartupLogHidesPasswords(t *testing.T) {
 	}
 }
 
-// Every environment variable the configuration reads is in the README's
-// table, which api help prints: the two cannot drift apart.
+// Every environment variable the configuration reads has a row in
+// settings, which api help prints and docs/configuration.md shows, and
+// every row is read: the three cannot drift apart.
 func TestEveryVariableIsDocumented(t *testing.T) {
 	t.Parallel()
-	src, err := os.ReadFile("config.go")
+	rows := map[string]bool{}
+	for _, s := range settings {
+		if rows[s.name] {
+			t.Errorf("settings has two rows for %s", s.name)
+		}
+		rows[s.name] = true
+	}
+	// What loadConfig reads (a name without a row panics in withDefaults).
+	read := map[string]bool{}
+	if _, err := loadConfig(func(name string) string { read[name] = true; return "" }); err != nil {
+		t.Fatalf("the defaults of settings are refused: %v", err)
+	}
+	for name := range read {
+		if !rows[name] {
+			t.Errorf("loadConfig reads %s, which has no row in settings", name)
+		}
+	}
+	for name := range rows {
+		if !read[name] {
+			t.Errorf("settings has a row for %s, which loadConfig never reads: remove it", name)
+		}
+	}
+	// Nothing in the command reads the environment around loadConfig.
+	files, err := filepath.Glob("*.go")
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Names are read as getenv("NAME") or listed as {"NAME", &cfg..., default}.
-	re := regexp.MustCompile(`(?:getenv\("|\{")([A-Z][A-Z0-9_]+)"`)
-	table := apispec.Configuration()
-	var names []string
-	for _, m := range re.FindAllStringSubmatch(string(src), -1) {
-		names = append(names, m[1])
-		if !strings.Contains(table, "| `"+m[1]+"` |") {
-			t.Errorf("%s is read by config.go but has no row in the README's configuration table (api help prints it)", m[1])
+	direct := regexp.MustCompile(`(?:Getenv|LookupEnv|getenv)\("([A-Z][A-Z0-9_]+)"`)
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		src, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range direct.FindAllStringSubmatch(string(src), -1) {
+			if !rows[m[1]] {
+				t.Errorf("%s reads %s, which has no row in settings (config.go): add one", f, m[1])
+			}
 		}
 	}
-	if len(names) < 20 {
-		t.Fatalf("found only %d variables in config.go: the pattern no longer matches how it reads them", len(names))
+}
+
+// Every documented default is the value the configuration takes when the
+// variable is unset: setting each variable to its documented default
+// changes nothing.
+func TestDocumentedDefaultsAreTheDefaults(t *testing.T) {
+	t.Parallel()
+	base, err := loadConfig(func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range settings {
+		if s.def == "" {
+			continue
+		}
+		cfg, err := loadConfig(func(name string) string {
+			if name == s.name {
+				return s.def
+			}
+			return ""
+		})
+		if err != nil {
+			t.Errorf("%s=%s (its documented default): %v", s.name, s.def, err)
+		} else if !reflect.DeepEqual(cfg, base) {
+			t.Errorf("%s=%s (its documented default) changes the configuration", s.name, s.def)
+		}
+	}
+}
+
+// api help prints the configuration as plain text: every variable with its
+// default, no markdown, nothing wider than a terminal but a long default.
+func TestHelpPrintsTheConfiguration(t *testing.T) {
+	t.Parallel()
+	var stdout, stderr bytes.Buffer
+	// A broken configuration does not keep help from explaining it.
+	if err := run(context.Background(), []string{"help"}, func(k string) string {
+		return map[string]string{"IDEMPOTENCY_TTL": "forever"}[k]
+	}, &stdout, &stderr); err != nil {
+		t.Fatalf("api help with IDEMPOTENCY_TTL=forever: %v", err)
+	}
+	out := stdout.String()
+	_, conf, ok := strings.Cut(out, "\nConfiguration comes from the environment")
+	if !ok {
+		t.Fatalf("api help printed no configuration:\n%s", out)
+	}
+	if strings.ContainsAny(conf, "|`") {
+		t.Errorf("api help's configuration has markdown in it:\n%s", conf)
+	}
+	for _, s := range settings {
+		line := regexp.MustCompile(`(?m)^  ` + s.name + ` +(.*)$`).FindStringSubmatch(conf)
+		switch {
+		case line == nil:
+			t.Errorf("api help does not list %s", s.name)
+		case s.def != "" && !strings.HasPrefix(line[1], s.def):
+			t.Errorf("api help: %s's default is %q, want %s", s.name, line[1], s.def)
+		}
+	}
+	for _, line := range strings.Split(conf, "\n") {
+		if len(line) > 80 {
+			t.Errorf("api help's line is %d columns wide, want at most 80: %q", len(line), line)
+		}
+	}
+}
+
+// updateDocs rewrites docs/configuration.md's table from settings:
+// go test ./cmd/api -run TestConfigurationTableInDocs -update-docs
+var updateDocs = flag.Bool("update-docs", false, "rewrite docs/configuration.md's table from settings")
+
+// configurationDoc is the documentation of the configuration, whose table
+// shows settings row by row.
+const configurationDoc = "../../docs/configuration.md"
+
+// markdownRow is s as a row of configurationDoc's table; a backticked path
+// under docs/ becomes a link.
+func markdownRow(s setting) string {
+	link := regexp.MustCompile("`docs/([a-z-]+\\.md)`")
+	cell := func(text string) string { return link.ReplaceAllString(text, "[$1]($1)") }
+	return "| `" + s.name + "` | " + cell(s.defaultText()) + " | " + cell(s.about) + " |"
+}
+
+// The table in docs/configuration.md is settings, row by row, in its order.
+func TestConfigurationTableInDocs(t *testing.T) {
+	data, err := os.ReadFile(configurationDoc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const header = "| variable | default | meaning |\n|---|---|---|\n"
+	before, rest, ok := strings.Cut(string(data), header)
+	if !ok {
+		t.Fatalf("%s has no table starting %q", configurationDoc, header)
+	}
+	var got []string
+	for rest != "" && strings.HasPrefix(rest, "|") {
+		var row string
+		row, rest, _ = strings.Cut(rest, "\n")
+		got = append(got, row)
+	}
+	var want []string
+	for _, s := range settings {
+		want = append(want, markdownRow(s))
+	}
+	if *updateDocs {
+		table := strings.Join(want, "\n") + "\n"
+		if err := os.WriteFile(configurationDoc, []byte(before+header+table+rest), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	for i := range max(len(got), len(want)) {
+		switch {
+		case i >= len(want):
+			t.Errorf("%s: row %d is not in settings (config.go): %s", configurationDoc, i+1, got[i])
+		case i >= len(got):
+			t.Errorf("%s: row %d is missing: %s", configurationDoc, i+1, want[i])
+		case got[i] != want[i]:
+			t.Errorf("%s: row %d differs from settings (config.go)\n got  %s\n want %s", configurationDoc, i+1, got[i], want[i])
+		}
+	}
+	if t.Failed() {
+		t.Log("settings in config.go is the source: go test ./cmd/api -run TestConfigurationTableInDocs -update-docs rewrites the table")
 	}
 }
 

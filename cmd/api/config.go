@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idemref/payments/internal/broker"
 	"github.com/idemref/payments/internal/outbox"
@@ -20,8 +21,8 @@ import (
 	"github.com/idemref/payments/internal/reaper"
 )
 
-// config is read from the environment. Every variable has a documented
-// default (README, "Configuration") except DATABASE_URL for serve.
+// config is read from the environment: every variable is a row of
+// settings, with its default (docs/configuration.md shows the same table).
 type config struct {
 	DatabaseURL string
 	// DatabaseDirectURL reaches PostgreSQL without a pooler in
@@ -102,11 +103,188 @@ type config struct {
 // too.
 const DefaultMessageRetention = 7 * 24 * time.Hour
 
-// defaultMaxConnections bounds the open connections of one process.
-const defaultMaxConnections = 1024
-
-// defaultProcessorURL is where `go run ./cmd/processor` listens.
+// defaultProcessorURL is where `go run ./cmd/processor` listens: the
+// processor of serve and completer when PROCESSOR_URL is unset (dev starts
+// its own simulator instead).
 const defaultProcessorURL = "http://localhost:8090"
+
+// setting is one environment variable the configuration reads.
+type setting struct {
+	name string
+	// def is the value loadConfig uses when the variable is unset or
+	// empty, written as the variable would be set to it; "" for none.
+	def string
+	// unset says what happens without a value where def does not say it
+	// all: in parentheses after def, or instead of it when def is "".
+	unset string
+	// about says what the variable does. Backticks mark code, as in the
+	// docs; `api help` prints the text without them.
+	about string
+}
+
+// settings is every environment variable the configuration reads, with its
+// default and meaning: the one source of the defaults (loadConfig applies
+// def), of `api help`'s configuration text and of the table in
+// docs/configuration.md, which TestConfigurationTableInDocs holds to it.
+var settings = []setting{
+	{"DATABASE_URL", "", "none: `serve` requires it; `make run` starts its own",
+		"`postgres://user:pass@host:5432/db?sslmode=...`; pool settings such as `pool_max_conns` go in the URL"},
+	{"DATABASE_DIRECT_URL", "", "the value of `DATABASE_URL`",
+		"PostgreSQL without a pooler in transaction mode, for what needs a session: the outbox relay's `LISTEN` and the migrations' advisory lock; set it when `DATABASE_URL` goes through PgBouncer (see `docs/deployment.md`)"},
+	{"ADDR", ":8080", "", "listen address"},
+	{"REQUEST_TIMEOUT", "20s", "",
+		"deadline of each request, database work and the processor call included (expired: rolled back or released, 503); must exceed `PROCESSOR_TIMEOUT`"},
+	{"IDEMPOTENCY_LOCK_TIMEOUT", duration(idem.DefaultLockTimeout), "",
+		"longest wait of a duplicate behind an uncommitted claim before its 409"},
+	{"IDEMPOTENCY_TTL", duration(idem.DefaultTTL), "", "how long a key's exact response is replayed"},
+	{"IDEMPOTENCY_KEY_RETENTION", duration(idem.DefaultKeyRetention), "",
+		"how long the key's tombstone is kept after that (from creation; at least the TTL)"},
+	{"REAPER_INTERVAL", duration(reaper.DefaultInterval), "",
+		"how often `serve` prunes and deletes expired records; `0` turns it off (`api reap` runs it alone)"},
+	{"REAPER_BATCH", strconv.Itoa(reaper.DefaultBatch), "", "rows per reaper batch"},
+	{"REAPER_DUTY", strconv.FormatFloat(reaper.DefaultDuty, 'f', -1, 64), "",
+		"the largest share of its time the reaper spends in batches: higher reaps faster and costs live traffic more"},
+	{"PROCESSOR_URL", "", "`serve` and `completer`: `" + defaultProcessorURL + "`; `make run`: its own simulator",
+		"the payment processor (`go run ./cmd/processor` serves the simulator at `" + defaultProcessorURL + "`)"},
+	{"PROCESSOR_TIMEOUT", duration(processor.DefaultTimeout), "", "timeout of one processor call"},
+	{"PROCESSOR_SETTLE_WINDOW", duration(payments.DefaultSettleWindow), "",
+		"how long after a processor call it may still land (the processor's longest execution, with room to spare; the simulator's is 30 s); no call is resent and nothing recorded as final until it has passed with nothing found; must exceed `PROCESSOR_TIMEOUT`"},
+	{"PAYMENT_LEASE", duration(idem.DefaultLease), "",
+		"how long a payment attempt owns its key before a retry or the completer may take over; must exceed `PROCESSOR_TIMEOUT`"},
+	{"COMPLETER_INTERVAL", "5s", "",
+		"how often `serve` looks for abandoned payments and runs the reconciliation sweep; `0` turns the in-process completer off (`api completer` runs it alone)"},
+	{"READ_HEADER_TIMEOUT", "5s", "", "`http.Server.ReadHeaderTimeout`"},
+	{"READ_TIMEOUT", "15s", "", "`http.Server.ReadTimeout`"},
+	{"WRITE_TIMEOUT", "30s", "", "`http.Server.WriteTimeout`"},
+	{"IDLE_TIMEOUT", "120s", "", "`http.Server.IdleTimeout`"},
+	{"SHUTDOWN_TIMEOUT", "15s", "", "how long SIGINT/SIGTERM waits for in-flight requests"},
+	{"RATE_LIMIT_RPS", strconv.FormatFloat(httpapi.DefaultRateLimit, 'f', -1, 64), "",
+		"requests per second per tenant and process; `0` turns the limit off"},
+	{"RATE_LIMIT_BURST", strconv.Itoa(httpapi.DefaultRateBurst), "", "requests a tenant may send at once"},
+	{"IDEMPOTENCY_KEY_BUDGET", strconv.Itoa(idem.DefaultKeyBudget), "",
+		"how many live idempotency keys one tenant may hold (R6); past it a request with a new key is `429 idempotency_key_budget_exceeded`; `0` turns the budget off"},
+	{"AUTH_CACHE_TTL", "10s", "",
+		"how long an API key that authenticated is trusted without a lookup; `0` looks up every request"},
+	{"MAX_CONNECTIONS", "1024", "", "open connections one process accepts at a time"},
+	{"EVENT_WORKERS", "true", "",
+		"`serve` runs the outbox relay and the orders consumer; `false` leaves them to the other API processes (the load benchmark's probe uses it)"},
+	{"NATS_URL", "", "none: `serve` requires it; `make run` starts an embedded server",
+		"NATS server with JetStream; `serve` requires it set, not reachable: it starts without the broker and connects when it comes (see `/readyz`)"},
+	{"EVENTS_DUPLICATE_WINDOW", duration(broker.DefaultDuplicateWindow), "",
+		"the events stream's duplicates window: longer than `OUTBOX_CLAIM_HOLD` plus the 5 s publish timeout, so a relay's republish after a crash is dropped by the stream"},
+	{"EVENTS_ACK_WAIT", duration(broker.DefaultAckWait), "",
+		"how long a delivery may stay unacknowledged; the backoff doubles it per delivery"},
+	{"EVENTS_MAX_DELIVER", strconv.Itoa(broker.DefaultMaxDeliver), "", "deliveries before a message is dead-lettered"},
+	{"EVENTS_REPLICAS", "1", "",
+		"how many NATS servers keep each stream: `3` in a cluster of three, so losing one server loses no acknowledged event (see `docs/deployment.md`)"},
+	{"OUTBOX_CLAIM_HOLD", duration(outbox.DefaultClaimHold), "",
+		"how long a relay's claim on outbox rows lasts; a dead relay's rows are published by another after it, and a batch publishes for at most four fifths of it"},
+	{"MESSAGE_RETENTION", duration(DefaultMessageRetention), "",
+		"how long processed message ids and published outbox rows are kept; must exceed the broker's redelivery horizon and the processor's webhook retry span"},
+	{"WEBHOOK_SECRETS", "", "none; `make run`: a development secret",
+		"comma-separated processor webhook secrets (two during a rotation); none rejects every webhook"},
+	{"WEBHOOK_SCHEME", string(webhook.SchemeProcessor), "",
+		"how the processor signs webhooks: `processor` (`Processor-Signature: t=...,v1=<hex>`, Stripe's form) or `standard` (Standard Webhooks: `webhook-id`, `webhook-timestamp`, `webhook-signature: v1,<base64>`, with `whsec_<base64>` secrets, checked at start)"},
+	{"WEBHOOK_TOLERANCE", duration(webhook.DefaultTolerance), "",
+		"how far a webhook signature's timestamp may be from now"},
+	{"LOG_LEVEL", "info", "", "`debug`, `info`, `warn`, `error` (JSON logs on stderr)"},
+}
+
+// duration writes d as a variable would be set to it: 24h, 2m, 30s.
+func duration(d time.Duration) string {
+	for _, u := range []struct {
+		unit time.Duration
+		name string
+	}{{time.Hour, "h"}, {time.Minute, "m"}, {time.Second, "s"}, {time.Millisecond, "ms"}} {
+		if d%u.unit == 0 {
+			return strconv.FormatInt(int64(d/u.unit), 10) + u.name
+		}
+	}
+	return d.String()
+}
+
+// defaultText is what the documentation says of a setting's default.
+// Backticks mark code.
+func (s setting) defaultText() string {
+	switch {
+	case s.def == "" && s.unset == "":
+		return "none"
+	case s.def == "":
+		return s.unset
+	case s.unset == "":
+		return "`" + s.def + "`"
+	}
+	return "`" + s.def + "` (" + s.unset + ")"
+}
+
+// configurationHelp is settings as api help prints it, in plain text: each
+// variable and its default on one line, its meaning wrapped below.
+func configurationHelp() string {
+	width := len("VARIABLE")
+	for _, s := range settings {
+		width = max(width, len(s.name))
+	}
+	plain := strings.NewReplacer("`", "").Replace
+	var b strings.Builder
+	b.WriteString("Configuration comes from the environment; a variable unset or empty takes its\n" +
+		"default. Durations use Go's syntax (500ms, 2s, 24h).\n\n")
+	fmt.Fprintf(&b, "  %-*s  %s\n", width, "VARIABLE", "DEFAULT")
+	for _, s := range settings {
+		for i, line := range wrap(plain(s.defaultText()), max(20, 76-width)) {
+			name := s.name
+			if i > 0 {
+				name = ""
+			}
+			fmt.Fprintf(&b, "  %-*s  %s\n", width, name, line)
+		}
+		for _, line := range wrap(plain(s.about), 72) {
+			b.WriteString("      " + line + "\n")
+		}
+	}
+	return b.String()
+}
+
+// wrap breaks text into lines of at most width columns, between words (a
+// word longer than width gets a line of its own).
+func wrap(text string, width int) []string {
+	var lines []string
+	line := ""
+	for _, word := range strings.Fields(text) {
+		switch {
+		case line == "":
+			line = word
+		case utf8.RuneCountInString(line)+1+utf8.RuneCountInString(word) <= width:
+			line += " " + word
+		default:
+			lines = append(lines, line)
+			line = word
+		}
+	}
+	if line != "" {
+		lines = append(lines, line)
+	}
+	return lines
+}
+
+// withDefaults reads a variable from getenv, or its default from settings
+// when it is unset or empty. Reading a variable that has no row in settings
+// is a programming error, caught by any test that loads the configuration.
+func withDefaults(getenv func(string) string) func(string) string {
+	defs := make(map[string]string, len(settings))
+	for _, s := range settings {
+		defs[s.name] = s.def
+	}
+	return func(name string) string {
+		def, ok := defs[name]
+		if !ok {
+			panic("config.go reads " + name + ", which has no row in settings: add one")
+		}
+		if v := getenv(name); v != "" {
+			return v
+		}
+		return def
+	}
+}
 
 // directURL is DATABASE_DIRECT_URL, or DATABASE_URL when that is unset.
 func (c config) directURL() string {
@@ -116,7 +294,10 @@ func (c config) directURL() string {
 	return c.DatabaseURL
 }
 
+// loadConfig reads the configuration from getenv; a variable unset or
+// empty takes its default from settings.
 func loadConfig(getenv func(string) string) (config, error) {
+	getenv = withDefaults(getenv)
 	cfg := config{
 		DatabaseURL:       getenv("DATABASE_URL"),
 		DatabaseDirectURL: getenv("DATABASE_DIRECT_URL"),
@@ -129,9 +310,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 			cfg.WebhookSecrets = append(cfg.WebhookSecrets, sec)
 		}
 	}
-	cfg.WebhookScheme = webhook.SchemeProcessor
 	switch s := getenv("WEBHOOK_SCHEME"); s {
-	case "", string(webhook.SchemeProcessor):
+	case string(webhook.SchemeProcessor):
+		cfg.WebhookScheme = webhook.SchemeProcessor
 	case string(webhook.SchemeStandard):
 		cfg.WebhookScheme = webhook.SchemeStandard
 		for _, sec := range cfg.WebhookSecrets {
@@ -142,45 +323,39 @@ func loadConfig(getenv func(string) string) (config, error) {
 	default:
 		return config{}, fmt.Errorf("WEBHOOK_SCHEME=%q: want processor (Processor-Signature, the default) or standard (Standard Webhooks)", s)
 	}
-	if cfg.Addr == "" {
-		cfg.Addr = ":8080"
-	}
 
 	durations := []struct {
 		name string
 		dst  *time.Duration
-		def  time.Duration
 	}{
-		{"REQUEST_TIMEOUT", &cfg.RequestTimeout, 20 * time.Second},
-		{"READ_HEADER_TIMEOUT", &cfg.ReadHeaderTimeout, 5 * time.Second},
-		{"READ_TIMEOUT", &cfg.ReadTimeout, 15 * time.Second},
-		{"WRITE_TIMEOUT", &cfg.WriteTimeout, 30 * time.Second},
-		{"IDLE_TIMEOUT", &cfg.IdleTimeout, 120 * time.Second},
-		{"SHUTDOWN_TIMEOUT", &cfg.ShutdownTimeout, 15 * time.Second},
-		{"IDEMPOTENCY_LOCK_TIMEOUT", &cfg.LockTimeout, idem.DefaultLockTimeout},
-		{"IDEMPOTENCY_TTL", &cfg.IdempotencyTTL, idem.DefaultTTL},
-		{"IDEMPOTENCY_KEY_RETENTION", &cfg.KeyRetention, idem.DefaultKeyRetention},
-		{"PAYMENT_LEASE", &cfg.PaymentLease, idem.DefaultLease},
-		{"PROCESSOR_TIMEOUT", &cfg.ProcessorTimeout, processor.DefaultTimeout},
-		{"PROCESSOR_SETTLE_WINDOW", &cfg.SettleWindow, payments.DefaultSettleWindow},
-		{"COMPLETER_INTERVAL", &cfg.CompleterInterval, 5 * time.Second},
-		{"REAPER_INTERVAL", &cfg.ReaperInterval, reaper.DefaultInterval},
-		{"AUTH_CACHE_TTL", &cfg.AuthCacheTTL, 10 * time.Second},
-		{"EVENTS_DUPLICATE_WINDOW", &cfg.Broker.DuplicateWindow, broker.DefaultDuplicateWindow},
-		{"EVENTS_ACK_WAIT", &cfg.Broker.AckWait, broker.DefaultAckWait},
-		{"OUTBOX_CLAIM_HOLD", &cfg.OutboxClaimHold, outbox.DefaultClaimHold},
-		{"MESSAGE_RETENTION", &cfg.MessageRetention, DefaultMessageRetention},
-		{"WEBHOOK_TOLERANCE", &cfg.WebhookTolerance, webhook.DefaultTolerance},
+		{"REQUEST_TIMEOUT", &cfg.RequestTimeout},
+		{"READ_HEADER_TIMEOUT", &cfg.ReadHeaderTimeout},
+		{"READ_TIMEOUT", &cfg.ReadTimeout},
+		{"WRITE_TIMEOUT", &cfg.WriteTimeout},
+		{"IDLE_TIMEOUT", &cfg.IdleTimeout},
+		{"SHUTDOWN_TIMEOUT", &cfg.ShutdownTimeout},
+		{"IDEMPOTENCY_LOCK_TIMEOUT", &cfg.LockTimeout},
+		{"IDEMPOTENCY_TTL", &cfg.IdempotencyTTL},
+		{"IDEMPOTENCY_KEY_RETENTION", &cfg.KeyRetention},
+		{"PAYMENT_LEASE", &cfg.PaymentLease},
+		{"PROCESSOR_TIMEOUT", &cfg.ProcessorTimeout},
+		{"PROCESSOR_SETTLE_WINDOW", &cfg.SettleWindow},
+		{"COMPLETER_INTERVAL", &cfg.CompleterInterval},
+		{"REAPER_INTERVAL", &cfg.ReaperInterval},
+		{"AUTH_CACHE_TTL", &cfg.AuthCacheTTL},
+		{"EVENTS_DUPLICATE_WINDOW", &cfg.Broker.DuplicateWindow},
+		{"EVENTS_ACK_WAIT", &cfg.Broker.AckWait},
+		{"OUTBOX_CLAIM_HOLD", &cfg.OutboxClaimHold},
+		{"MESSAGE_RETENTION", &cfg.MessageRetention},
+		{"WEBHOOK_TOLERANCE", &cfg.WebhookTolerance},
 	}
 	for _, d := range durations {
-		*d.dst = d.def
-		if s := getenv(d.name); s != "" {
-			v, err := time.ParseDuration(s)
-			if err != nil || v < 0 || (v == 0 && d.name != "COMPLETER_INTERVAL" && d.name != "REAPER_INTERVAL" && d.name != "AUTH_CACHE_TTL") {
-				return config{}, fmt.Errorf("%s=%q: want a positive duration such as 2s or 24h", d.name, s)
-			}
-			*d.dst = v
+		s := getenv(d.name)
+		v, err := time.ParseDuration(s)
+		if err != nil || v < 0 || (v == 0 && d.name != "COMPLETER_INTERVAL" && d.name != "REAPER_INTERVAL" && d.name != "AUTH_CACHE_TTL") {
+			return config{}, fmt.Errorf("%s=%q: want a positive duration such as 2s or 24h", d.name, s)
 		}
+		*d.dst = v
 	}
 	// A tombstone outlives the result it replaces, never the other way
 	// round (the schema checks retain_until >= expires_at too).
@@ -200,21 +375,12 @@ func loadConfig(getenv func(string) string) (config, error) {
 	if cfg.SettleWindow <= cfg.ProcessorTimeout {
 		return config{}, fmt.Errorf("PROCESSOR_SETTLE_WINDOW (%s) must be longer than PROCESSOR_TIMEOUT (%s)", cfg.SettleWindow, cfg.ProcessorTimeout)
 	}
-	cfg.Broker.Replicas = 1
-	if s := getenv("EVENTS_REPLICAS"); s != "" {
-		v, err := strconv.Atoi(s)
-		if err != nil || v < 1 || v > broker.MaxReplicas {
-			return config{}, fmt.Errorf("EVENTS_REPLICAS=%q: want the number of NATS servers that keep each stream, 1 to %d (3 in a cluster of three)", s, broker.MaxReplicas)
-		}
-		cfg.Broker.Replicas = v
+	var err error
+	if cfg.Broker.Replicas, err = atLeastOne("EVENTS_REPLICAS", getenv); err != nil || cfg.Broker.Replicas > broker.MaxReplicas {
+		return config{}, fmt.Errorf("EVENTS_REPLICAS=%q: want the number of NATS servers that keep each stream, 1 to %d (3 in a cluster of three)", getenv("EVENTS_REPLICAS"), broker.MaxReplicas)
 	}
-	cfg.Broker.MaxDeliver = broker.DefaultMaxDeliver
-	if s := getenv("EVENTS_MAX_DELIVER"); s != "" {
-		v, err := strconv.Atoi(s)
-		if err != nil || v < 1 {
-			return config{}, fmt.Errorf("EVENTS_MAX_DELIVER=%q: want a positive number of deliveries, such as 5", s)
-		}
-		cfg.Broker.MaxDeliver = v
+	if cfg.Broker.MaxDeliver, err = atLeastOne("EVENTS_MAX_DELIVER", getenv); err != nil {
+		return config{}, fmt.Errorf("%w: want a positive number of deliveries, such as 5", err)
 	}
 	// An inbox id pruned while its message can still be redelivered would
 	// let the redelivery apply the effect twice (M3).
@@ -222,68 +388,48 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return config{}, fmt.Errorf("MESSAGE_RETENTION (%s) must be longer than the longest redelivery horizon (%s: the broker's backoff over EVENTS_MAX_DELIVER deliveries, and the processor's webhook retries)",
 			cfg.MessageRetention, horizon)
 	}
-	cfg.RateLimit = httpapi.RateLimit{Rate: httpapi.DefaultRateLimit, Burst: httpapi.DefaultRateBurst}
-	if s := getenv("RATE_LIMIT_RPS"); s != "" {
-		v, err := strconv.ParseFloat(s, 64)
-		if err != nil || v < 0 || math.IsInf(v, 0) || math.IsNaN(v) {
-			return config{}, fmt.Errorf("RATE_LIMIT_RPS=%q: want requests per second and tenant, such as 100 (0 turns the limit off)", s)
-		}
-		cfg.RateLimit.Rate = v
+	s := getenv("RATE_LIMIT_RPS")
+	if cfg.RateLimit.Rate, err = strconv.ParseFloat(s, 64); err != nil || cfg.RateLimit.Rate < 0 || math.IsInf(cfg.RateLimit.Rate, 0) || math.IsNaN(cfg.RateLimit.Rate) {
+		return config{}, fmt.Errorf("RATE_LIMIT_RPS=%q: want requests per second and tenant, such as 100 (0 turns the limit off)", s)
 	}
-	if s := getenv("RATE_LIMIT_BURST"); s != "" {
-		v, err := strconv.Atoi(s)
-		if err != nil || v < 1 {
-			return config{}, fmt.Errorf("RATE_LIMIT_BURST=%q: want a positive number of requests, such as 200", s)
-		}
-		cfg.RateLimit.Burst = v
+	if cfg.RateLimit.Burst, err = atLeastOne("RATE_LIMIT_BURST", getenv); err != nil {
+		return config{}, fmt.Errorf("%w: want a positive number of requests, such as 200", err)
 	}
-	cfg.KeyBudget = idem.DefaultKeyBudget
-	if s := getenv("IDEMPOTENCY_KEY_BUDGET"); s != "" {
-		v, err := strconv.ParseInt(s, 10, 64)
-		if err != nil || v < 0 {
-			return config{}, fmt.Errorf("IDEMPOTENCY_KEY_BUDGET=%q: want how many live keys a tenant may hold, such as 1000000 (0 turns the budget off)", s)
-		}
-		cfg.KeyBudget = v
-		if v == 0 {
-			cfg.KeyBudget = -1
-		}
+	s = getenv("IDEMPOTENCY_KEY_BUDGET")
+	if cfg.KeyBudget, err = strconv.ParseInt(s, 10, 64); err != nil || cfg.KeyBudget < 0 {
+		return config{}, fmt.Errorf("IDEMPOTENCY_KEY_BUDGET=%q: want how many live keys a tenant may hold, such as 1000000 (0 turns the budget off)", s)
 	}
-	cfg.ReaperBatch = reaper.DefaultBatch
-	if s := getenv("REAPER_BATCH"); s != "" {
-		v, err := strconv.Atoi(s)
-		if err != nil || v < 1 {
-			return config{}, fmt.Errorf("REAPER_BATCH=%q: want a positive number of rows, such as 500", s)
-		}
-		cfg.ReaperBatch = v
+	if cfg.KeyBudget == 0 {
+		cfg.KeyBudget = -1
 	}
-	cfg.EventWorkers = true
-	if s := getenv("EVENT_WORKERS"); s != "" {
-		v, err := strconv.ParseBool(s)
-		if err != nil {
-			return config{}, fmt.Errorf("EVENT_WORKERS=%q: want true or false", s)
-		}
-		cfg.EventWorkers = v
+	if cfg.ReaperBatch, err = atLeastOne("REAPER_BATCH", getenv); err != nil {
+		return config{}, fmt.Errorf("%w: want a positive number of rows, such as 500", err)
 	}
-	cfg.ReaperDuty = reaper.DefaultDuty
-	if s := getenv("REAPER_DUTY"); s != "" {
-		v, err := strconv.ParseFloat(s, 64)
-		if err != nil || v <= 0 || v > 1 {
-			return config{}, fmt.Errorf("REAPER_DUTY=%q: want a share of time above 0 and at most 1, such as 0.05", s)
-		}
-		cfg.ReaperDuty = v
+	s = getenv("EVENT_WORKERS")
+	if cfg.EventWorkers, err = strconv.ParseBool(s); err != nil {
+		return config{}, fmt.Errorf("EVENT_WORKERS=%q: want true or false", s)
 	}
-	cfg.MaxConnections = defaultMaxConnections
-	if s := getenv("MAX_CONNECTIONS"); s != "" {
-		v, err := strconv.Atoi(s)
-		if err != nil || v < 1 {
-			return config{}, fmt.Errorf("MAX_CONNECTIONS=%q: want a positive number, such as 1024", s)
-		}
-		cfg.MaxConnections = v
+	s = getenv("REAPER_DUTY")
+	if cfg.ReaperDuty, err = strconv.ParseFloat(s, 64); err != nil || cfg.ReaperDuty <= 0 || cfg.ReaperDuty > 1 {
+		return config{}, fmt.Errorf("REAPER_DUTY=%q: want a share of time above 0 and at most 1, such as 0.05", s)
 	}
-	if s := getenv("LOG_LEVEL"); s != "" {
-		if err := cfg.LogLevel.UnmarshalText([]byte(s)); err != nil {
-			return config{}, fmt.Errorf("LOG_LEVEL=%q: want debug, info, warn or error", s)
-		}
+	if cfg.MaxConnections, err = atLeastOne("MAX_CONNECTIONS", getenv); err != nil {
+		return config{}, fmt.Errorf("%w: want a positive number, such as 1024", err)
+	}
+	s = getenv("LOG_LEVEL")
+	if err := cfg.LogLevel.UnmarshalText([]byte(s)); err != nil {
+		return config{}, fmt.Errorf("LOG_LEVEL=%q: want debug, info, warn or error", s)
 	}
 	return cfg, nil
+}
+
+// atLeastOne reads the variable name as a whole number of at least 1; its
+// error starts with NAME="value".
+func atLeastOne(name string, getenv func(string) string) (int, error) {
+	s := getenv(name)
+	v, err := strconv.Atoi(s)
+	if err != nil || v < 1 {
+		return 0, fmt.Errorf("%s=%q", name, s)
+	}
+	return v, nil
 }

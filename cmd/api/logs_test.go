@@ -13,7 +13,7 @@ import (
 	"github.com/idemref/payments/internal/testdb"
 )
 
-// The README promises that serve's logs never contain API keys,
+// docs/operations.md promises that serve's logs never contain API keys,
 // idempotency keys or request bodies. A whole run of a real process
 // (orders, a replay, a validation failure, a payment, a refund, the key
 // status endpoint, a wrong API key) is grepped for every key and every

@@ -21,7 +21,8 @@
 //	api deadletters redrive    publish each of them again to its subject,
 //	                           under its message id (NATS_URL required)
 //
-// Configuration comes from the environment; see the README.
+// Configuration comes from the environment: api help lists every variable
+// with its default and meaning (docs/configuration.md has the same table).
 package main
 
 import (
@@ -35,7 +36,6 @@ import (
 	"strings"
 	"syscall"
 
-	apispec "github.com/idemref/payments"
 	"github.com/idemref/payments/internal/logging"
 )
 
@@ -112,18 +112,19 @@ func wantsHelp(args []string) bool {
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		return commandLineError(args)
+	}
+	// Help needs no configuration: it also explains a broken one.
+	if wantsHelp(args) {
+		fmt.Fprint(stdout, usage, "\n", configurationHelp())
+		return nil
+	}
 	cfg, err := loadConfig(getenv)
 	if err != nil {
 		return err
 	}
 	logger := logging.New(stderr, cfg.LogLevel)
-	if len(args) == 0 {
-		return commandLineError(args)
-	}
-	if wantsHelp(args) {
-		fmt.Fprint(stdout, usage, "\nConfiguration comes from the environment:\n\n", apispec.Configuration())
-		return nil
-	}
 	switch cmd, rest := args[0], args[1:]; {
 	case cmd == "serve" && len(rest) == 0:
 		if cfg.DatabaseURL == "" {

@@ -5,7 +5,7 @@
 //
 //	make rename MODULE=example.com/acme/orders [NAME=orders] [DOMAIN=orders.acme.example] [KEY_PREFIX=ok_]
 //
-// The README's "Forking: rename" section lists what it rewrites and what it
+// docs/forking.md lists what it rewrites and what it
 // leaves on purpose.
 package main
 

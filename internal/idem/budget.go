@@ -39,9 +39,10 @@ import (
 var ErrKeyBudgetExceeded = errors.New("this tenant holds as many live idempotency keys as its budget allows")
 
 // DefaultKeyBudget is Config.KeyBudget's default: a million live keys per
-// tenant, about 1 GB of key rows and their indexes (README: the bytes of
-// a row). At the default rate limit a tenant reaches it in under three hours
-// of sustained creates; past it, keys age out at the pace they came in.
+// tenant, about 1 GB of key rows and their indexes (docs/bounds.md: the
+// bytes of a row). At the default rate limit a tenant reaches it in under
+// three hours of sustained creates; past it, keys age out at the pace they
+// came in.
 const DefaultKeyBudget = 1_000_000
 
 // budgetRecount bounds how often a tenant at its budget is counted again.
