@@ -63,10 +63,10 @@ func TestLayoutNamesEveryPackage(t *testing.T) {
 	}
 }
 
-// TestOnlyTestsImportTestkit: internal/testkit is for tests; a production
+// TestOnlyTestsImportTestkit: internal/tooling/testkit is for tests; a production
 // file that imported it would ship test helpers in the binary.
 func TestOnlyTestsImportTestkit(t *testing.T) {
-	const testkit = `"github.com/idemref/payments/internal/testkit"`
+	const testkit = `"github.com/idemref/payments/internal/tooling/testkit"`
 	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -75,7 +75,7 @@ func TestOnlyTestsImportTestkit(t *testing.T) {
 			return filepath.SkipDir
 		}
 		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") ||
-			strings.HasPrefix(filepath.ToSlash(path), "internal/testkit/") {
+			strings.HasPrefix(filepath.ToSlash(path), "internal/tooling/testkit/") {
 			return nil
 		}
 		f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.ImportsOnly)
@@ -84,7 +84,7 @@ func TestOnlyTestsImportTestkit(t *testing.T) {
 		}
 		for _, imp := range f.Imports {
 			if imp.Path.Value == testkit {
-				t.Errorf("%s imports internal/testkit; only tests may", path)
+				t.Errorf("%s imports internal/tooling/testkit; only tests may", path)
 			}
 		}
 		return nil

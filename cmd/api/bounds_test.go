@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemref/payments/internal/testdb"
+	"github.com/idemref/payments/internal/tooling/testdb"
 )
 
 // R3: the real server bounds the header block at maxHeaderBytes, counted

@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/idemref/payments/internal/broker"
-	"github.com/idemref/payments/internal/testkit"
+	"github.com/idemref/payments/internal/tooling/testkit"
 )
 
 // freePort returns a loopback port where nothing listens.

@@ -22,8 +22,8 @@ import (
 
 	"github.com/idemref/payments/internal/dbmigrate"
 	"github.com/idemref/payments/internal/tenants"
-	"github.com/idemref/payments/internal/testdb"
-	"github.com/idemref/payments/internal/testkit"
+	"github.com/idemref/payments/internal/tooling/testdb"
+	"github.com/idemref/payments/internal/tooling/testkit"
 )
 
 func TestTenantCreatePrintsAWorkingKeyOnTheLastLine(t *testing.T) {
@@ -73,6 +73,7 @@ func TestConfigurationErrorsAreClear(t *testing.T) {
 		{"ServeWithoutDatabaseURL", []string{"serve"}, nil, "DATABASE_URL is not set"},
 		{"ServeWithoutNatsURL", []string{"serve"}, map[string]string{"DATABASE_URL": "postgres://x/y"}, "NATS_URL is not set"},
 		{"MessageRetentionWithinRedelivery", []string{"serve"}, map[string]string{"MESSAGE_RETENTION": "10m"}, "MESSAGE_RETENTION"},
+		{"MessageRetentionWithinWebhookRetries", []string{"serve"}, map[string]string{"MESSAGE_RETENTION": "96h", "PROCESSOR_WEBHOOK_RETRY_SPAN": "120h"}, "PROCESSOR_WEBHOOK_RETRY_SPAN"},
 		{"BadMaxDeliver", []string{"serve"}, map[string]string{"EVENTS_MAX_DELIVER": "0"}, "EVENTS_MAX_DELIVER"},
 		{"BadDuration", []string{"serve"}, map[string]string{"DATABASE_URL": "postgres://x/y", "IDEMPOTENCY_TTL": "forever"}, "IDEMPOTENCY_TTL"},
 		{"BadLogLevel", []string{"serve"}, map[string]string{"LOG_LEVEL": "loud"}, "LOG_LEVEL"},

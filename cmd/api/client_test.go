@@ -9,7 +9,7 @@ import (
 
 	paymentsclient "github.com/idemref/payments/client"
 	"github.com/idemref/payments/client/api"
-	"github.com/idemref/payments/internal/testdb"
+	"github.com/idemref/payments/internal/tooling/testdb"
 )
 
 // T1 through the Go client: one CreateOrder call, the real server killed

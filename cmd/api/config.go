@@ -11,7 +11,6 @@ import (
 
 	"github.com/idemref/payments/internal/broker"
 	"github.com/idemref/payments/internal/outbox"
-	"github.com/idemref/payments/internal/processorsim"
 	"github.com/idemref/payments/internal/webhook"
 
 	httpapi "github.com/idemref/payments/internal/http"
@@ -51,6 +50,9 @@ type config struct {
 	// SettleWindow is how long a processor call may still land after it
 	// was sent (S6); see docs/payments.md.
 	SettleWindow time.Duration
+	// WebhookRetrySpan is how long the processor retries a webhook: the
+	// inbox keeps webhook ids longer (M3).
+	WebhookRetrySpan time.Duration
 	// AuthCacheTTL is how long an API key that authenticated is trusted
 	// without a lookup; 0 looks every request up.
 	AuthCacheTTL time.Duration
@@ -147,6 +149,8 @@ var settings = []setting{
 	{"PROCESSOR_URL", "", "`serve` and `completer`: `" + defaultProcessorURL + "`; `make run`: its own simulator",
 		"the payment processor (`go run ./cmd/processor` serves the simulator at `" + defaultProcessorURL + "`)"},
 	{"PROCESSOR_TIMEOUT", duration(processor.DefaultTimeout), "", "timeout of one processor call"},
+	{"PROCESSOR_WEBHOOK_RETRY_SPAN", duration(processor.DefaultWebhookRetrySpan), "",
+		"how long the processor keeps retrying a webhook, by its own schedule (Stripe's: 3 days; the simulator's: under 2 h); `MESSAGE_RETENTION` must exceed it"},
 	{"PROCESSOR_SETTLE_WINDOW", duration(payments.DefaultSettleWindow), "",
 		"how long after a processor call it may still land (the processor's longest execution, with room to spare; the simulator's is 30 s); no call is resent and nothing recorded as final until it has passed with nothing found; must exceed `PROCESSOR_TIMEOUT`"},
 	{"PAYMENT_LEASE", duration(idem.DefaultLease), "",
@@ -340,6 +344,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		{"PAYMENT_LEASE", &cfg.PaymentLease},
 		{"PROCESSOR_TIMEOUT", &cfg.ProcessorTimeout},
 		{"PROCESSOR_SETTLE_WINDOW", &cfg.SettleWindow},
+		{"PROCESSOR_WEBHOOK_RETRY_SPAN", &cfg.WebhookRetrySpan},
 		{"COMPLETER_INTERVAL", &cfg.CompleterInterval},
 		{"REAPER_INTERVAL", &cfg.ReaperInterval},
 		{"AUTH_CACHE_TTL", &cfg.AuthCacheTTL},
@@ -384,8 +389,8 @@ func loadConfig(getenv func(string) string) (config, error) {
 	}
 	// An inbox id pruned while its message can still be redelivered would
 	// let the redelivery apply the effect twice (M3).
-	if horizon := max(cfg.Broker.RedeliveryHorizon(), processorsim.WebhookRetrySpan()); cfg.MessageRetention <= horizon {
-		return config{}, fmt.Errorf("MESSAGE_RETENTION (%s) must be longer than the longest redelivery horizon (%s: the broker's backoff over EVENTS_MAX_DELIVER deliveries, and the processor's webhook retries)",
+	if horizon := max(cfg.Broker.RedeliveryHorizon(), cfg.WebhookRetrySpan); cfg.MessageRetention <= horizon {
+		return config{}, fmt.Errorf("MESSAGE_RETENTION (%s) must be longer than the longest redelivery horizon (%s: the broker's backoff over EVENTS_MAX_DELIVER deliveries, and PROCESSOR_WEBHOOK_RETRY_SPAN)",
 			cfg.MessageRetention, horizon)
 	}
 	s := getenv("RATE_LIMIT_RPS")

@@ -10,8 +10,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/idemref/payments/internal/testdb"
-	"github.com/idemref/payments/internal/testkit"
+	"github.com/idemref/payments/internal/tooling/testdb"
+	"github.com/idemref/payments/internal/tooling/testkit"
 )
 
 // T1: the server commits the order and its recorded response, then dies

@@ -21,9 +21,9 @@ import (
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/dbmigrate"
 	"github.com/idemref/payments/internal/events"
-	"github.com/idemref/payments/internal/pgtmp"
-	"github.com/idemref/payments/internal/processorsim"
 	"github.com/idemref/payments/internal/tenants"
+	"github.com/idemref/payments/internal/tooling/pgtmp"
+	"github.com/idemref/payments/internal/tooling/processorsim"
 	"github.com/idemref/payments/internal/webhook"
 )
 

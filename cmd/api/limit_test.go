@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemref/payments/internal/testdb"
-	"github.com/idemref/payments/internal/testkit"
+	"github.com/idemref/payments/internal/tooling/testdb"
+	"github.com/idemref/payments/internal/tooling/testkit"
 )
 
 // The tests below play several clients from one machine: every address of

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemref/payments/internal/processorsim"
-	"github.com/idemref/payments/internal/testdb"
+	"github.com/idemref/payments/internal/tooling/processorsim"
+	"github.com/idemref/payments/internal/tooling/testdb"
 )
 
 // docs/operations.md promises that serve's logs never contain API keys,

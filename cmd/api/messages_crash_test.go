@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/idemref/payments/internal/broker"
-	"github.com/idemref/payments/internal/testkit"
+	"github.com/idemref/payments/internal/tooling/testkit"
 )
 
 // streamMessages is how many messages the test's events stream holds.

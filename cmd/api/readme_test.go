@@ -7,9 +7,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemref/payments/internal/processorsim"
 	"github.com/idemref/payments/internal/tenants"
-	"github.com/idemref/payments/internal/testdb"
+	"github.com/idemref/payments/internal/tooling/processorsim"
+	"github.com/idemref/payments/internal/tooling/testdb"
 )
 
 // The README's curl examples run, in order, against a real server and

@@ -18,7 +18,7 @@ import (
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/orders"
 	"github.com/idemref/payments/internal/payments"
-	"github.com/idemref/payments/internal/processorsim"
+	"github.com/idemref/payments/internal/tooling/processorsim"
 )
 
 // The checker holds what the clients were told (the ledger) against two

@@ -18,7 +18,7 @@ import (
 
 	"github.com/idemref/payments/internal/events"
 	"github.com/idemref/payments/internal/payments"
-	"github.com/idemref/payments/internal/processorsim"
+	"github.com/idemref/payments/internal/tooling/processorsim"
 )
 
 // The checker's comparison is tested on hand-made records: a world in

@@ -14,7 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemref/payments/internal/harness"
+	"github.com/idemref/payments/internal/tooling/harness"
 )
 
 // binaries are the module's commands the deployment runs, built once.

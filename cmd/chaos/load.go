@@ -15,7 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/idemref/payments/internal/processorsim"
+	"github.com/idemref/payments/internal/tooling/processorsim"
 )
 
 // The load is what a well-behaved client of the API does while faults hit

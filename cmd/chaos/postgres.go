@@ -16,7 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemref/payments/internal/pgtmp"
+	"github.com/idemref/payments/internal/tooling/pgtmp"
 )
 
 const (

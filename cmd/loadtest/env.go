@@ -13,9 +13,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemref/payments/internal/broker"
-	"github.com/idemref/payments/internal/harness"
-	"github.com/idemref/payments/internal/pgtmp"
-	"github.com/idemref/payments/internal/pgwire"
+	"github.com/idemref/payments/internal/tooling/harness"
+	"github.com/idemref/payments/internal/tooling/pgtmp"
+	"github.com/idemref/payments/internal/tooling/pgwire"
 )
 
 // environment is everything the benchmark started.

@@ -13,7 +13,7 @@
 //
 // in interleaved rounds, and prints each figure as its median and range
 // over the rounds, the ratios the service is held to, the round trips and
-// statements of single requests (counted at the wire by internal/pgwire),
+// statements of single requests (counted at the wire by internal/tooling/pgwire),
 // and the API process's memory. It checks its own traffic: a create must
 // be an execution and write one order, a replay must be a replay and write
 // nothing, a storm must execute once; anything else fails the run.
@@ -42,7 +42,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/idemref/payments/internal/harness"
+	"github.com/idemref/payments/internal/tooling/harness"
 )
 
 func main() {

@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemref/payments/internal/dbmigrate"
-	"github.com/idemref/payments/internal/pgtmp"
+	"github.com/idemref/payments/internal/tooling/pgtmp"
 )
 
 // The -pgbench mode measures what one POST /v1/orders costs PostgreSQL,

@@ -9,7 +9,7 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/idemref/payments/internal/pgwire"
+	"github.com/idemref/payments/internal/tooling/pgwire"
 )
 
 // probe measures what single requests cost at the wire: it talks to its

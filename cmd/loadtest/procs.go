@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemref/payments/internal/harness"
-	"github.com/idemref/payments/internal/pgtmp"
+	"github.com/idemref/payments/internal/tooling/harness"
+	"github.com/idemref/payments/internal/tooling/pgtmp"
 )
 
 // startDatabase starts a private PostgreSQL in dir with its durability

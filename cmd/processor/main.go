@@ -25,7 +25,7 @@
 //
 // It logs JSON to stderr and stops gracefully on SIGINT or SIGTERM. The
 // HTTP API, including the /_sim endpoints that queue faults and switch
-// modes at run time, is described in internal/processorsim. For example:
+// modes at run time, is described in internal/tooling/processorsim. For example:
 //
 //	curl -X POST localhost:8090/_sim/faults -d '{"path":"/v1/charges","kind":"lost_response"}'
 //	curl -X POST localhost:8090/_sim/faults -d '{"path":"/v1/charges","kind":"late_execution","latency_ms":5000}'
@@ -47,7 +47,7 @@ import (
 	"time"
 
 	"github.com/idemref/payments/internal/logging"
-	"github.com/idemref/payments/internal/processorsim"
+	"github.com/idemref/payments/internal/tooling/processorsim"
 	"github.com/idemref/payments/internal/webhook"
 )
 

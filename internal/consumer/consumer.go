@@ -48,18 +48,13 @@ import (
 	"github.com/idemref/payments/internal/broker"
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/events"
-	"github.com/idemref/payments/internal/failpoint"
 	"github.com/idemref/payments/internal/inbox"
+	"github.com/idemref/payments/internal/tooling/failpoint"
 )
 
 // Handler applies one event in tx, the transaction that also holds its
 // inbox row. An error rolls both back and the message is redelivered.
 type Handler func(ctx context.Context, tx pgx.Tx, ev events.Envelope) error
-
-// ErrUnreadable marks an event no redelivery can make readable (an unknown
-// schema version, a payload that does not parse): it is dead-lettered at
-// once instead of being redelivered MaxDeliver times.
-var ErrUnreadable = errors.New("unreadable event")
 
 // Retries in hand after a transient failure: the first after
 // heldRetryMin, doubling up to heldRetryMax. While the database answers,
@@ -172,7 +167,7 @@ func (c *Consumer) process(ctx context.Context, msg jetstream.Msg) {
 	}
 	stopProgress()
 	switch {
-	case errors.Is(err, ErrUnreadable):
+	case errors.Is(err, events.ErrUnreadable):
 		log.ErrorContext(ctx, "unreadable event; terminating it for the dead-letter stream", slog.Any("error", err))
 		_ = msg.TermWithReason("unreadable")
 		return

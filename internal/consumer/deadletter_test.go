@@ -14,8 +14,8 @@ import (
 	"github.com/idemref/payments/internal/consumer"
 	"github.com/idemref/payments/internal/events"
 	"github.com/idemref/payments/internal/orders"
-	"github.com/idemref/payments/internal/testdb"
-	"github.com/idemref/payments/internal/testkit"
+	"github.com/idemref/payments/internal/tooling/testdb"
+	"github.com/idemref/payments/internal/tooling/testkit"
 )
 
 // Messages a consumer gives up on are kept: an unreadable one at once, one

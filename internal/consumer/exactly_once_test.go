@@ -24,9 +24,9 @@ import (
 	"github.com/idemref/payments/internal/outbox"
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
-	"github.com/idemref/payments/internal/processorsim"
 	"github.com/idemref/payments/internal/tenants"
-	"github.com/idemref/payments/internal/testdb"
+	"github.com/idemref/payments/internal/tooling/processorsim"
+	"github.com/idemref/payments/internal/tooling/testdb"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }

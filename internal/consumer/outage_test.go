@@ -19,8 +19,8 @@ import (
 	"github.com/idemref/payments/internal/events"
 	"github.com/idemref/payments/internal/orders"
 	"github.com/idemref/payments/internal/tenants"
-	"github.com/idemref/payments/internal/testdb"
-	"github.com/idemref/payments/internal/testkit"
+	"github.com/idemref/payments/internal/tooling/testdb"
+	"github.com/idemref/payments/internal/tooling/testkit"
 )
 
 // fastRedelivery redelivers after 200 ms, 400 ms and 800 ms, then gives

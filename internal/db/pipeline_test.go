@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemref/payments/internal/db"
-	"github.com/idemref/payments/internal/pgwire"
-	"github.com/idemref/payments/internal/testdb"
+	"github.com/idemref/payments/internal/tooling/pgwire"
+	"github.com/idemref/payments/internal/tooling/testdb"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/idemref/payments/internal/db"
-	"github.com/idemref/payments/internal/testdb"
+	"github.com/idemref/payments/internal/tooling/testdb"
 )
 
 // TestUUIDCodec: every pool encodes uuid.UUID as 16 bytes and scans it

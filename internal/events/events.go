@@ -6,10 +6,18 @@ package events
 
 import (
 	"encoding/json"
+	"errors"
 	"time"
 
 	"github.com/google/uuid"
 )
+
+// ErrUnreadable marks an event no redelivery can make readable (an unknown
+// schema version, a payload that does not parse). An effect returns it
+// (wrapped) and the consumer dead-letters the event at once instead of
+// redelivering it MaxDeliver times. It lives here, with the events, so
+// that an effect (internal/orders) needs nothing of the consumer.
+var ErrUnreadable = errors.New("unreadable event")
 
 // Event types.
 const (

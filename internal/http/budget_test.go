@@ -17,7 +17,7 @@ import (
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/tenants"
-	"github.com/idemref/payments/internal/testdb"
+	"github.com/idemref/payments/internal/tooling/testdb"
 )
 
 // R6: past its budget of live keys a tenant's request with a new key is

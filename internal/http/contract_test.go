@@ -28,7 +28,7 @@ import (
 	apispec "github.com/idemref/payments"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
-	"github.com/idemref/payments/internal/processorsim"
+	"github.com/idemref/payments/internal/tooling/processorsim"
 	"github.com/idemref/payments/internal/webhook"
 )
 

@@ -11,7 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	httpapi "github.com/idemref/payments/internal/http"
-	"github.com/idemref/payments/internal/processorsim"
+	"github.com/idemref/payments/internal/tooling/processorsim"
 )
 
 // ageKey moves the key's horizons (E3) into the past: the result's TTL,

@@ -16,9 +16,9 @@ import (
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
-	"github.com/idemref/payments/internal/processorsim"
 	"github.com/idemref/payments/internal/tenants"
-	"github.com/idemref/payments/internal/testdb"
+	"github.com/idemref/payments/internal/tooling/processorsim"
+	"github.com/idemref/payments/internal/tooling/testdb"
 )
 
 // fuzzMethods are the methods a fuzz input picks from by index.

@@ -24,12 +24,12 @@ import (
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/payments"
-	"github.com/idemref/payments/internal/pgwire"
 	"github.com/idemref/payments/internal/processor"
-	"github.com/idemref/payments/internal/processorsim"
 	"github.com/idemref/payments/internal/tenants"
-	"github.com/idemref/payments/internal/testdb"
-	"github.com/idemref/payments/internal/testkit"
+	"github.com/idemref/payments/internal/tooling/pgwire"
+	"github.com/idemref/payments/internal/tooling/processorsim"
+	"github.com/idemref/payments/internal/tooling/testdb"
+	"github.com/idemref/payments/internal/tooling/testkit"
 	"github.com/idemref/payments/internal/webhook"
 )
 

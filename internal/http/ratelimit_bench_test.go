@@ -17,7 +17,7 @@ import (
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/tenants"
-	"github.com/idemref/payments/internal/testdb"
+	"github.com/idemref/payments/internal/tooling/testdb"
 )
 
 // R1: one tenant floods the API with 64 connections creating orders while

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemref/payments/internal/pgwire"
+	"github.com/idemref/payments/internal/tooling/pgwire"
 )
 
 // Round trips to PostgreSQL per request, counted on the wire (P2), in

@@ -15,7 +15,7 @@ import (
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
-	"github.com/idemref/payments/internal/processorsim"
+	"github.com/idemref/payments/internal/tooling/processorsim"
 )
 
 // Unknown outcomes (S6) against a processor that behaves like a real one:

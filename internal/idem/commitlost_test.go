@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemref/payments/internal/db"
-	"github.com/idemref/payments/internal/pgwire"
+	"github.com/idemref/payments/internal/tooling/pgwire"
 )
 
 // D2: a connection lost during COMMIT is an unknown outcome. Execute sends

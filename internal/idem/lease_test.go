@@ -17,7 +17,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemref/payments/internal/testkit"
+	"github.com/idemref/payments/internal/tooling/testkit"
 )
 
 // Multi-step keys (S1, S3): Begin, Phase, Release, TakeOverExpired and

@@ -3,7 +3,7 @@ package idem
 import (
 	"testing"
 
-	"github.com/idemref/payments/internal/testdb"
+	"github.com/idemref/payments/internal/tooling/testdb"
 )
 
 func TestMain(m *testing.M) {

@@ -13,7 +13,7 @@ import (
 
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/db/dbsqlc"
-	"github.com/idemref/payments/internal/failpoint"
+	"github.com/idemref/payments/internal/tooling/failpoint"
 )
 
 var (

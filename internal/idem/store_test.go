@@ -19,7 +19,7 @@ import (
 
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/tenants"
-	"github.com/idemref/payments/internal/testdb"
+	"github.com/idemref/payments/internal/tooling/testdb"
 )
 
 const testEndpoint = "POST /v1/things"

@@ -7,7 +7,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemref/payments/internal/consumer"
 	"github.com/idemref/payments/internal/db/dbsqlc"
 	"github.com/idemref/payments/internal/events"
 )
@@ -34,14 +33,14 @@ func ApplyEvent(ctx context.Context, tx pgx.Tx, ev events.Envelope) error {
 	case events.TypePaymentSucceeded:
 		var p events.Payment
 		if err := json.Unmarshal(ev.Data, &p); err != nil {
-			return fmt.Errorf("%w: %w", consumer.ErrUnreadable, err)
+			return fmt.Errorf("%w: %w", events.ErrUnreadable, err)
 		}
 		_, err := q.OrderAddPaid(ctx, dbsqlc.OrderAddPaidParams{TenantID: ev.TenantID, ID: p.OrderID, Amount: p.Amount})
 		return err
 	case events.TypeRefundSucceeded:
 		var r events.Refund
 		if err := json.Unmarshal(ev.Data, &r); err != nil {
-			return fmt.Errorf("%w: %w", consumer.ErrUnreadable, err)
+			return fmt.Errorf("%w: %w", events.ErrUnreadable, err)
 		}
 		// A refund whose payment event has not been applied yet (two
 		// relays can publish them out of order) fails the amount_paid >= 0

@@ -14,8 +14,8 @@ import (
 	"github.com/idemref/payments/internal/events"
 	"github.com/idemref/payments/internal/orders"
 	"github.com/idemref/payments/internal/tenants"
-	"github.com/idemref/payments/internal/testdb"
-	"github.com/idemref/payments/internal/testkit"
+	"github.com/idemref/payments/internal/tooling/testdb"
+	"github.com/idemref/payments/internal/tooling/testkit"
 )
 
 // M1: the orders consumer applies an event once, however often it is

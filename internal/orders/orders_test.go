@@ -15,7 +15,7 @@ import (
 
 	"github.com/idemref/payments/internal/orders"
 	"github.com/idemref/payments/internal/tenants"
-	"github.com/idemref/payments/internal/testdb"
+	"github.com/idemref/payments/internal/tooling/testdb"
 	"github.com/idemref/payments/internal/validation"
 )
 

@@ -17,8 +17,8 @@ import (
 	"github.com/idemref/payments/internal/events"
 	"github.com/idemref/payments/internal/outbox"
 	"github.com/idemref/payments/internal/tenants"
-	"github.com/idemref/payments/internal/testdb"
-	"github.com/idemref/payments/internal/testkit"
+	"github.com/idemref/payments/internal/tooling/testdb"
+	"github.com/idemref/payments/internal/tooling/testkit"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }

@@ -14,7 +14,7 @@ import (
 
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
-	"github.com/idemref/payments/internal/processorsim"
+	"github.com/idemref/payments/internal/tooling/processorsim"
 )
 
 // The completer (S1) finishes payments whose client went away, from what

@@ -28,10 +28,10 @@ import (
 	"github.com/idemref/payments/internal/orders"
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
-	"github.com/idemref/payments/internal/processorsim"
 	"github.com/idemref/payments/internal/reaper"
 	"github.com/idemref/payments/internal/tenants"
-	"github.com/idemref/payments/internal/testdb"
+	"github.com/idemref/payments/internal/tooling/processorsim"
+	"github.com/idemref/payments/internal/tooling/testdb"
 )
 
 // TestExplore is the schedule explorer (T7): the payment and refund

@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemref/payments/internal/db/dbsqlc"
-	"github.com/idemref/payments/internal/failpoint"
 	"github.com/idemref/payments/internal/idem"
+	"github.com/idemref/payments/internal/tooling/failpoint"
 )
 
 // Pay runs POST /v1/payments under claim c (S1):

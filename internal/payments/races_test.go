@@ -16,8 +16,8 @@ import (
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
-	"github.com/idemref/payments/internal/processorsim"
 	"github.com/idemref/payments/internal/reaper"
+	"github.com/idemref/payments/internal/tooling/processorsim"
 )
 
 // Interleavings of our own writers (a resumed attempt, a webhook, the

@@ -4,8 +4,8 @@ import (
 	"testing"
 
 	"github.com/idemref/payments/internal/payments"
-	"github.com/idemref/payments/internal/processorsim"
 	"github.com/idemref/payments/internal/reaper"
+	"github.com/idemref/payments/internal/tooling/processorsim"
 )
 
 // E1, S1: a payment at charge_sent keeps its key and recovery point through

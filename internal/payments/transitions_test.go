@@ -20,8 +20,8 @@ import (
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
-	"github.com/idemref/payments/internal/processorsim"
 	"github.com/idemref/payments/internal/reaper"
+	"github.com/idemref/payments/internal/tooling/processorsim"
 )
 
 // Guarded transitions. The state machines' allowed moves are one table in

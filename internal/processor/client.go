@@ -15,6 +15,14 @@ import (
 	"time"
 )
 
+// DefaultWebhookRetrySpan is how long a processor keeps retrying a
+// webhook it could not deliver, from the first attempt to the last: the
+// processor's own schedule, not ours (Stripe retries for up to 3 days;
+// the simulator for under 2 hours, processorsim.WebhookRetrySpan). A
+// webhook's inbox id must be kept longer than this, or a late retry is
+// applied again (M3).
+const DefaultWebhookRetrySpan = 3 * 24 * time.Hour
+
 // DefaultTimeout bounds one call when NewClient is given no timeout. It is
 // the longest a payment step waits before treating the outcome as unknown.
 const DefaultTimeout = 10 * time.Second

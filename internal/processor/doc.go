@@ -2,7 +2,7 @@
 // client the API uses to call it over HTTP (requirement S5).
 //
 // The JSON types here are the one definition of that format: the simulator
-// in internal/processorsim serves exactly these types, so client and
+// in internal/tooling/processorsim serves exactly these types, so client and
 // simulator cannot drift apart.
 //
 // # What an answer means (S6)

@@ -11,8 +11,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemref/payments/internal/pgwire"
-	"github.com/idemref/payments/internal/testdb"
+	"github.com/idemref/payments/internal/tooling/pgwire"
+	"github.com/idemref/payments/internal/tooling/testdb"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }

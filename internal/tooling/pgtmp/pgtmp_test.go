@@ -12,8 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemref/payments/internal/pgtmp"
-	"github.com/idemref/payments/internal/testkit"
+	"github.com/idemref/payments/internal/tooling/pgtmp"
+	"github.com/idemref/payments/internal/tooling/testkit"
 )
 
 // dataDir returns a not yet existing data directory inside t.TempDir.

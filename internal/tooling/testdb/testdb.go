@@ -23,7 +23,7 @@ import (
 	"github.com/idemref/payments/db/migrations"
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/dbmigrate"
-	"github.com/idemref/payments/internal/pgtmp"
+	"github.com/idemref/payments/internal/tooling/pgtmp"
 )
 
 // templateLockKey is the pg_advisory_lock key under which test binaries
