@@ -97,16 +97,7 @@ func startMessaging(ctx context.Context, pool, listenPool *pgxpool.Pool, cfg con
 	// The consumer's series exist from the start, broker or not, so the
 	// alerts on them see their first increase.
 	consumer.InitMetrics(orders.ConsumerName)
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		runMessaging(ctx, pool, listenPool, cfg, logger, state)
-	}()
-	return func() {
-		cancel()
-		<-done
-	}
+	return beside(ctx, func(ctx context.Context) { runMessaging(ctx, pool, listenPool, cfg, logger, state) })
 }
 
 // runMessaging is startMessaging's background work, until ctx is done.

@@ -115,32 +115,13 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 	}
 
 	// The completer runs beside the server and stops with it.
-	completerCtx, stopCompleter := context.WithCancel(ctx)
-	completerDone := make(chan struct{})
-	go func() {
-		defer close(completerDone)
-		if cfg.CompleterInterval > 0 {
-			payments.NewCompleter(paymentsSvc, cfg.CompleterInterval).Run(completerCtx)
-		}
-	}()
-	defer func() {
-		stopCompleter()
-		<-completerDone
-	}()
-
+	if cfg.CompleterInterval > 0 {
+		defer beside(ctx, payments.NewCompleter(paymentsSvc, cfg.CompleterInterval).Run)()
+	}
 	// So does the reaper (E1, E3), when enabled.
-	reaperCtx, stopReaper := context.WithCancel(ctx)
-	reaperDone := make(chan struct{})
-	go func() {
-		defer close(reaperDone)
-		if cfg.ReaperInterval > 0 {
-			newReaper(pool, cfg, logger).Run(reaperCtx)
-		}
-	}()
-	defer func() {
-		stopReaper()
-		<-reaperDone
-	}()
+	if cfg.ReaperInterval > 0 {
+		defer beside(ctx, newReaper(pool, cfg, logger).Run)()
+	}
 
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
@@ -160,6 +141,21 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 	}
 	logger.Info("stopped")
 	return nil
+}
+
+// beside runs run in a goroutine until ctx is done or stop is called;
+// stop returns once run has.
+func beside(ctx context.Context, run func(context.Context)) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		run(ctx)
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
 }
 
 // directPool is the pool for the relay's LISTEN connection: pool itself

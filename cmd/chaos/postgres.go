@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemref/payments/internal/tooling/harness"
 	"github.com/idemref/payments/internal/tooling/pgtmp"
 )
 
@@ -205,7 +206,7 @@ func (p *pgPair) waitStreaming(ctx context.Context) error {
 		case <-ctx.Done():
 			standbyLog := filepath.Join(p.nodeOpts[1].Dir, "postgres.log")
 			return fmt.Errorf("standby is not %s after %s (last: %s)\n--- %s ---\n%s",
-				want, pgWaitTimeout, got, standbyLog, pgLogTail(standbyLog))
+				want, pgWaitTimeout, got, standbyLog, harness.Tail(standbyLog))
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
@@ -394,7 +395,7 @@ func startPGBouncer(ctx context.Context, node *pgtmp.Cluster, dir string, url fu
 	}()
 	if err := b.waitReady(ctx, url(addr)); err != nil {
 		b.stop()
-		return nil, fmt.Errorf("pgbouncer on %s: %w\n--- %s ---\n%s", addr, err, b.logPath, pgLogTail(b.logPath))
+		return nil, fmt.Errorf("pgbouncer on %s: %w\n--- %s ---\n%s", addr, err, b.logPath, harness.Tail(b.logPath))
 	}
 	return b, nil
 }
@@ -492,17 +493,4 @@ func pgQueryRow(ctx context.Context, url, sql string, args []any, dest ...any) e
 	}
 	defer conn.Close(context.Background())
 	return conn.QueryRow(ctx, sql, args...).Scan(dest...)
-}
-
-// pgLogTail returns the last 30 lines of the log at path, for errors.
-func pgLogTail(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > 30 {
-		lines = lines[len(lines)-30:]
-	}
-	return strings.Join(lines, "\n")
 }

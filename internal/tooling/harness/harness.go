@@ -111,6 +111,7 @@ func findAddr(logPath, msg string) string {
 	return ""
 }
 
+// Tail is the last 20 lines of the log at path, for an error message.
 func Tail(path string) string {
 	b, _ := os.ReadFile(path)
 	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
