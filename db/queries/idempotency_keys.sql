@@ -38,7 +38,7 @@ WITH inserted AS (
         locked_until = now() + make_interval(0, 0, 0, 0, 0, 0, sqlc.narg('lease_seconds')::float8),
         lease_generation = CASE WHEN sqlc.narg('lease_seconds')::float8 IS NOT NULL THEN lease_generation + 1 ELSE 0 END
     WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key
-      AND retain_until <= now() AND state <> 'in_progress'
+      AND idem_forgotten(state, retain_until)
       AND NOT EXISTS (SELECT 1 FROM inserted)
     RETURNING lease_generation
 )
@@ -48,9 +48,10 @@ SELECT lease_generation FROM reclaimed;
 
 -- name: IdemKeyGet :one
 -- result_expired: the response is no longer replayed (E3), whether the
--- reaper has pruned it to a tombstone yet or not.
+-- reaper has pruned it to a tombstone yet or not. The horizons' rules are
+-- the functions of migration 000014, shared by every query here.
 SELECT sqlc.embed(idempotency_keys),
-       (state = 'expired' OR (state = 'completed' AND expires_at <= now()))::boolean AS result_expired
+       idem_result_expired(state, expires_at)::boolean AS result_expired
 FROM idempotency_keys
 WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key;
 
@@ -59,7 +60,7 @@ WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key;
 -- The headers stored are only those no column holds already (R6: a
 -- smaller row): Location is resource_location, and Idempotency-Expires
 -- (E4) is expires_at, returned here to stamp the answer and read again by
--- every replay, so the two say the same instant (keyrow.go, httpDate).
+-- every replay, so the two say the same instant (keyrow.go, HTTPDate).
 UPDATE idempotency_keys
 SET state = 'completed',
     response_status = @response_status,
@@ -77,8 +78,8 @@ RETURNING expires_at;
 -- sees the takeover's new generation. lease_expired is read on the
 -- database clock, which every API process shares.
 SELECT sqlc.embed(idempotency_keys),
-       coalesce(locked_until <= now(), true)::boolean AS lease_expired,
-       (state = 'expired' OR (state = 'completed' AND expires_at <= now()))::boolean AS result_expired
+       idem_lease_free(locked_until)::boolean AS lease_expired,
+       idem_result_expired(state, expires_at)::boolean AS result_expired
 FROM idempotency_keys
 WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key
 FOR UPDATE;
@@ -148,7 +149,7 @@ WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key
 -- process) share the work without waiting on each other.
 SELECT tenant_id, endpoint, idem_key, lease_generation
 FROM idempotency_keys
-WHERE state = 'in_progress' AND recovery_point IS NOT NULL AND locked_until < now()
+WHERE state = 'in_progress' AND recovery_point IS NOT NULL AND idem_passed(locked_until)
   AND endpoint = ANY(@endpoints::text[])
 ORDER BY locked_until
 LIMIT @max_rows
@@ -159,8 +160,8 @@ FOR UPDATE SKIP LOCKED;
 -- horizons are read on the database clock, as the claim reads them.
 SELECT state, recovery_point, response_status, resource_id, resource_location,
        created_at, completed_at, expires_at, retain_until,
-       (state = 'expired' OR (state = 'completed' AND expires_at <= now()))::boolean AS result_expired,
-       (state <> 'in_progress' AND retain_until <= now())::boolean AS forgotten
+       idem_result_expired(state, expires_at)::boolean AS result_expired,
+       idem_forgotten(state, retain_until)::boolean AS forgotten
 FROM idempotency_keys
 WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key;
 
@@ -176,4 +177,4 @@ SELECT count(*) FROM idempotency_keys WHERE tenant_id = @tenant_id;
 -- the keys it holds). A key past its retention is forgotten: not held.
 SELECT 1::int FROM idempotency_keys
 WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key
-  AND NOT (state <> 'in_progress' AND retain_until <= now());
+  AND NOT idem_forgotten(state, retain_until);

@@ -29,12 +29,15 @@ func stampExpiry(res *Response, expiresAt time.Time) {
 	if h == nil {
 		h = http.Header{}
 	}
-	h.Set(ExpiresHeader, httpDate(expiresAt))
+	h.Set(ExpiresHeader, HTTPDate(expiresAt))
 	res.Header = h
 }
 
-// httpDate is t as an HTTP-date (RFC 9110 section 5.6.7), to the second.
-func httpDate(t time.Time) string { return t.UTC().Format(http.TimeFormat) }
+// HTTPDate is t as an HTTP-date (RFC 9110 section 5.6.7), to the second:
+// the form of Idempotency-Expires. The one place it is written, so every
+// stamp, replay and test says the same instant the same way (http.TimeFormat
+// prints GMT but not the conversion to it: a local time would be hours off).
+func HTTPDate(t time.Time) string { return t.UTC().Format(http.TimeFormat) }
 
 // existing handles a key that is already claimed: replay, 409 or 422.
 // createdAt is the record's creation time, for the replay age metric.
@@ -128,7 +131,7 @@ func storedResponse(row dbsqlc.IdempotencyKey) (Response, error) {
 	if row.ResourceLocation != nil {
 		header.Set("Location", *row.ResourceLocation)
 	}
-	header.Set(ExpiresHeader, httpDate(row.ExpiresAt))
+	header.Set(ExpiresHeader, HTTPDate(row.ExpiresAt))
 	return Response{Status: int(*row.ResponseStatus), Header: header, Body: row.ResponseBody}, nil
 }
 

@@ -110,7 +110,7 @@ SELECT
     (SELECT count(*) FROM idempotency_keys
       WHERE state = 'in_progress' AND recovery_point IS NOT NULL),
     (SELECT count(*) FROM idempotency_keys
-      WHERE state = 'in_progress' AND recovery_point IS NOT NULL AND locked_until <= now()),
+      WHERE state = 'in_progress' AND recovery_point IS NOT NULL AND idem_passed(locked_until)),
     COALESCE((SELECT extract(epoch FROM now() - min(created_at))::float8 FROM idempotency_keys
       WHERE state = 'in_progress' AND recovery_point IS NOT NULL), 0),
     COALESCE((SELECT greatest(extract(epoch FROM now() - min(expires_at)), 0)::float8 FROM idempotency_keys

@@ -168,7 +168,7 @@ var ignoreExpires = cmp.Transformer("withoutExpires", func(h http.Header) http.H
 // row's expires_at.
 func withExpiry(h http.Header, row keyRow) http.Header {
 	h = h.Clone()
-	h.Set(ExpiresHeader, row.ExpiresAt.UTC().Format(http.TimeFormat))
+	h.Set(ExpiresHeader, HTTPDate(row.ExpiresAt))
 	return h
 }
 
@@ -303,7 +303,7 @@ func TestExecuteRunsOnceThenReplays(t *testing.T) {
 		t.Errorf("business rows after the first call (-want +got):\n%s", diff)
 	}
 	checkCompleted(t, h.onlyKeyRow(t), c, want)
-	stamped := h.onlyKeyRow(t).ExpiresAt.UTC().Format(http.TimeFormat)
+	stamped := HTTPDate(h.onlyKeyRow(t).ExpiresAt)
 	if got := res.Header.Get(ExpiresHeader); got != stamped {
 		t.Errorf("%s = %q, want the row's expires_at %q", ExpiresHeader, got, stamped)
 	}

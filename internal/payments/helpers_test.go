@@ -247,7 +247,7 @@ func (w *bundle) recorded(t *testing.T, c idem.Claim) (idem.Response, uuid.UUID)
 	if location != nil {
 		res.Header.Set("Location", *location)
 	}
-	res.Header.Set(idem.ExpiresHeader, expires.UTC().Format(http.TimeFormat))
+	res.Header.Set(idem.ExpiresHeader, idem.HTTPDate(expires))
 	return res, *resource
 }
 

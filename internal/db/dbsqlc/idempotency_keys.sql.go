@@ -74,7 +74,7 @@ WITH inserted AS (
         locked_until = now() + make_interval(0, 0, 0, 0, 0, 0, $8::float8),
         lease_generation = CASE WHEN $8::float8 IS NOT NULL THEN lease_generation + 1 ELSE 0 END
     WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
-      AND retain_until <= now() AND state <> 'in_progress'
+      AND idem_forgotten(state, retain_until)
       AND NOT EXISTS (SELECT 1 FROM inserted)
     RETURNING lease_generation
 )
@@ -151,7 +151,7 @@ type IdemKeyCompleteParams struct {
 // The headers stored are only those no column holds already (R6: a
 // smaller row): Location is resource_location, and Idempotency-Expires
 // (E4) is expires_at, returned here to stamp the answer and read again by
-// every replay, so the two say the same instant (keyrow.go, httpDate).
+// every replay, so the two say the same instant (keyrow.go, HTTPDate).
 func (q *Queries) IdemKeyComplete(ctx context.Context, arg IdemKeyCompleteParams) (time.Time, error) {
 	row := q.db.QueryRow(ctx, idemKeyComplete,
 		arg.ResponseStatus,
@@ -247,7 +247,7 @@ func (q *Queries) IdemKeyCountForTenant(ctx context.Context, tenantID uuid.UUID)
 
 const idemKeyGet = `-- name: IdemKeyGet :one
 SELECT idempotency_keys.tenant_id, idempotency_keys.endpoint, idempotency_keys.idem_key, idempotency_keys.fingerprint, idempotency_keys.fingerprint_version, idempotency_keys.state, idempotency_keys.response_status, idempotency_keys.response_headers, idempotency_keys.response_body, idempotency_keys.created_at, idempotency_keys.completed_at, idempotency_keys.expires_at, idempotency_keys.recovery_point, idempotency_keys.locked_until, idempotency_keys.lease_generation, idempotency_keys.resource_id, idempotency_keys.retain_until, idempotency_keys.resource_location,
-       (state = 'expired' OR (state = 'completed' AND expires_at <= now()))::boolean AS result_expired
+       idem_result_expired(state, expires_at)::boolean AS result_expired
 FROM idempotency_keys
 WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
 `
@@ -264,7 +264,8 @@ type IdemKeyGetRow struct {
 }
 
 // result_expired: the response is no longer replayed (E3), whether the
-// reaper has pruned it to a tombstone yet or not.
+// reaper has pruned it to a tombstone yet or not. The horizons' rules are
+// the functions of migration 000014, shared by every query here.
 func (q *Queries) IdemKeyGet(ctx context.Context, arg IdemKeyGetParams) (IdemKeyGetRow, error) {
 	row := q.db.QueryRow(ctx, idemKeyGet, arg.TenantID, arg.Endpoint, arg.IdemKey)
 	var i IdemKeyGetRow
@@ -294,8 +295,8 @@ func (q *Queries) IdemKeyGet(ctx context.Context, arg IdemKeyGetParams) (IdemKey
 
 const idemKeyGetForUpdate = `-- name: IdemKeyGetForUpdate :one
 SELECT idempotency_keys.tenant_id, idempotency_keys.endpoint, idempotency_keys.idem_key, idempotency_keys.fingerprint, idempotency_keys.fingerprint_version, idempotency_keys.state, idempotency_keys.response_status, idempotency_keys.response_headers, idempotency_keys.response_body, idempotency_keys.created_at, idempotency_keys.completed_at, idempotency_keys.expires_at, idempotency_keys.recovery_point, idempotency_keys.locked_until, idempotency_keys.lease_generation, idempotency_keys.resource_id, idempotency_keys.retain_until, idempotency_keys.resource_location,
-       coalesce(locked_until <= now(), true)::boolean AS lease_expired,
-       (state = 'expired' OR (state = 'completed' AND expires_at <= now()))::boolean AS result_expired
+       idem_lease_free(locked_until)::boolean AS lease_expired,
+       idem_result_expired(state, expires_at)::boolean AS result_expired
 FROM idempotency_keys
 WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
 FOR UPDATE
@@ -348,7 +349,7 @@ func (q *Queries) IdemKeyGetForUpdate(ctx context.Context, arg IdemKeyGetForUpda
 const idemKeyHeld = `-- name: IdemKeyHeld :one
 SELECT 1::int FROM idempotency_keys
 WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
-  AND NOT (state <> 'in_progress' AND retain_until <= now())
+  AND NOT idem_forgotten(state, retain_until)
 `
 
 type IdemKeyHeldParams struct {
@@ -369,7 +370,7 @@ func (q *Queries) IdemKeyHeld(ctx context.Context, arg IdemKeyHeldParams) (int32
 const idemKeyListExpiredLeases = `-- name: IdemKeyListExpiredLeases :many
 SELECT tenant_id, endpoint, idem_key, lease_generation
 FROM idempotency_keys
-WHERE state = 'in_progress' AND recovery_point IS NOT NULL AND locked_until < now()
+WHERE state = 'in_progress' AND recovery_point IS NOT NULL AND idem_passed(locked_until)
   AND endpoint = ANY($1::text[])
 ORDER BY locked_until
 LIMIT $2
@@ -450,8 +451,8 @@ func (q *Queries) IdemKeyRelease(ctx context.Context, arg IdemKeyReleaseParams) 
 const idemKeyStatus = `-- name: IdemKeyStatus :one
 SELECT state, recovery_point, response_status, resource_id, resource_location,
        created_at, completed_at, expires_at, retain_until,
-       (state = 'expired' OR (state = 'completed' AND expires_at <= now()))::boolean AS result_expired,
-       (state <> 'in_progress' AND retain_until <= now())::boolean AS forgotten
+       idem_result_expired(state, expires_at)::boolean AS result_expired,
+       idem_forgotten(state, retain_until)::boolean AS forgotten
 FROM idempotency_keys
 WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
 `

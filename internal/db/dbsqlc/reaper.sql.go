@@ -16,9 +16,8 @@ WHERE (k.tenant_id, k.endpoint, k.idem_key) IN (
     FROM unnest(ARRAY(
         SELECT ROW(b.tenant_id, b.endpoint, b.idem_key)
         FROM idempotency_keys b
-        WHERE b.retain_until <= now()
-          AND b.state <> 'in_progress'
-          AND (b.locked_until IS NULL OR b.locked_until <= now())
+        WHERE idem_forgotten(b.state, b.retain_until)
+          AND idem_lease_free(b.locked_until)
         ORDER BY b.retain_until
         LIMIT $1
         FOR UPDATE SKIP LOCKED
@@ -45,9 +44,8 @@ WHERE (k.tenant_id, k.endpoint, k.idem_key) IN (
     FROM unnest(ARRAY(
         SELECT ROW(b.tenant_id, b.endpoint, b.idem_key)
         FROM idempotency_keys b
-        WHERE b.expires_at <= now()
-          AND b.state = 'completed'
-          AND (b.locked_until IS NULL OR b.locked_until <= now())
+        WHERE b.state = 'completed' AND idem_passed(b.expires_at)
+          AND idem_lease_free(b.locked_until)
         ORDER BY b.expires_at
         LIMIT $1
         FOR UPDATE SKIP LOCKED
@@ -84,8 +82,10 @@ SELECT set_config('statement_timeout', $1::text, true)
 // planned as a hash join over a sequential scan of the whole table.
 //
 // Neither statement touches an in_progress key or a key whose lease is
-// live (locked_until > now()): a multi-step payment keeps its recovery
-// point until it finishes, whatever its horizons say.
+// live (not idem_lease_free): a multi-step payment keeps its recovery
+// point until it finishes, whatever its horizons say. The horizons' rules
+// are the functions of migration 000014; inlined, each comparison still
+// bounds the scan of its index.
 // Bounds every statement of the current transaction only (is_local).
 func (q *Queries) ReaperSetStatementTimeout(ctx context.Context, timeout string) error {
 	_, err := q.db.Exec(ctx, reaperSetStatementTimeout, timeout)
