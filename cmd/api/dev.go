@@ -7,8 +7,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -37,6 +39,11 @@ const devNatsDir = ".dev/nats"
 // keys are stored hashed, so a key not kept here could never be shown again.
 const devKeyFile = ".dev/demo-api-key"
 
+// devPortsFile keeps the ports of the private PostgreSQL, the embedded NATS
+// and the simulator between runs (git-ignored), so that the psql and nats
+// lines a banner printed stay right, and make psql finds the database.
+const devPortsFile = ".dev/ports"
+
 // devWebhookSecret signs the simulator's webhooks in development mode.
 const devWebhookSecret = "whsec_dev"
 
@@ -54,6 +61,7 @@ func dev(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer)
 	if err := addrFree(cfg.Addr); err != nil {
 		return err
 	}
+	ports := readDevPorts()
 	ownCluster := false
 	if cfg.DatabaseURL == "" {
 		if _, err := pgtmp.FindBinDir(); err != nil {
@@ -63,7 +71,7 @@ func dev(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer)
 		if err != nil {
 			return err
 		}
-		cluster, err := pgtmp.Start(ctx, pgtmp.Options{Dir: dir, Logger: logger})
+		cluster, err := pgtmp.Start(ctx, pgtmp.Options{Dir: dir, Port: portIfFree(ports.postgres), Logger: logger})
 		if err != nil {
 			return fmt.Errorf("start the development PostgreSQL in %s: %w", devDataDir, err)
 		}
@@ -77,6 +85,7 @@ func dev(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer)
 		}
 		cfg.DatabaseURL = cluster.URL("payments")
 		ownCluster = true
+		ports.postgres = cluster.Port()
 		logger.Info("development PostgreSQL running", slog.String("data_dir", devDataDir), slog.Int("port", cluster.Port()))
 	}
 	if cfg.NatsURL == "" {
@@ -85,12 +94,13 @@ func dev(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer)
 		if err != nil {
 			return err
 		}
-		ns, err := broker.StartEmbedded(dir)
+		ns, err := broker.StartEmbeddedOn(dir, portIfFree(ports.nats))
 		if err != nil {
 			return err
 		}
 		defer ns.Shutdown()
 		cfg.NatsURL = ns.URL()
+		ports.nats = ns.Port()
 		logger.Info("embedded NATS running", slog.String("url", cfg.NatsURL), slog.String("store_dir", devNatsDir))
 	}
 	// Development mode also logs every event published, so a payment can
@@ -105,12 +115,14 @@ func dev(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer)
 	if cfg.ProcessorURL == "" {
 		// The processor simulator, in this process but over real HTTP.
 		var err error
-		sim, err = processorsim.Start("127.0.0.1:0", processorsim.Config{Logger: logger})
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(portIfFree(ports.simulator)))
+		sim, err = processorsim.Start(addr, processorsim.Config{Logger: logger})
 		if err != nil {
 			return fmt.Errorf("start the processor simulator: %w", err)
 		}
 		defer func() { _ = sim.Shutdown(context.WithoutCancel(ctx)) }()
 		cfg.ProcessorURL = sim.URL()
+		ports.simulator = urlPort(cfg.ProcessorURL)
 		logger.Info("processor simulator running", slog.String("url", cfg.ProcessorURL))
 		if len(cfg.WebhookSecrets) == 0 {
 			cfg.WebhookSecrets = []string{devWebhookSecret}
@@ -118,6 +130,9 @@ func dev(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer)
 				cfg.WebhookSecrets = []string{devStandardWebhookSecret}
 			}
 		}
+	}
+	if err := ports.write(); err != nil {
+		return err
 	}
 	if err := dbmigrate.Up(ctx, cfg.DatabaseURL); err != nil {
 		return err
@@ -287,4 +302,70 @@ func addrFree(addr string) error {
 		return fmt.Errorf("ADDR %s cannot be listened on (%w): stop what uses it, or set ADDR to another address, such as ADDR=:8081", addr, err)
 	}
 	return ln.Close()
+}
+
+// devPorts are the ports of what dev started; 0 is one it did not start
+// (DATABASE_URL, NATS_URL or PROCESSOR_URL was set) or has not recorded.
+type devPorts struct{ postgres, nats, simulator int }
+
+// readDevPorts returns the ports kept in devPortsFile: name=port lines, so
+// that make psql can read them with sed. A missing or garbled file is no
+// error: new ports are picked.
+func readDevPorts() devPorts {
+	var p devPorts
+	b, err := os.ReadFile(devPortsFile)
+	if err != nil {
+		return p
+	}
+	fields := map[string]*int{"postgres": &p.postgres, "nats": &p.nats, "simulator": &p.simulator}
+	for line := range strings.Lines(string(b)) {
+		name, value, _ := strings.Cut(strings.TrimSpace(line), "=")
+		if field, ok := fields[name]; ok {
+			*field, _ = strconv.Atoi(value)
+		}
+	}
+	return p
+}
+
+// write keeps p in devPortsFile, leaving out the ports dev did not start.
+func (p devPorts) write() error {
+	var b strings.Builder
+	for _, f := range []struct {
+		name string
+		port int
+	}{{"postgres", p.postgres}, {"nats", p.nats}, {"simulator", p.simulator}} {
+		if f.port != 0 {
+			fmt.Fprintf(&b, "%s=%d\n", f.name, f.port)
+		}
+	}
+	if err := os.MkdirAll(filepath.Dir(devPortsFile), 0o700); err != nil {
+		return err
+	}
+	return os.WriteFile(devPortsFile, []byte(b.String()), 0o600)
+}
+
+// portIfFree returns port when nothing listens on it at 127.0.0.1, and 0
+// (pick a free one) when it is taken or was never recorded. Another
+// program could take it between this check and the bind; dev then fails
+// with the port in its error, and the next run picks another.
+func portIfFree(port int) int {
+	if port <= 0 || port > 65535 {
+		return 0
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		return 0
+	}
+	_ = ln.Close()
+	return port
+}
+
+// urlPort is the port of a URL such as the simulator's http://127.0.0.1:port.
+func urlPort(rawURL string) int {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return 0
+	}
+	port, _ := strconv.Atoi(u.Port())
+	return port
 }

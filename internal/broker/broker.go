@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -174,9 +175,17 @@ type Embedded struct{ srv *server.Server }
 
 // StartEmbedded starts a NATS server with JetStream storing in dir, on a
 // free loopback port.
-func StartEmbedded(dir string) (*Embedded, error) {
+func StartEmbedded(dir string) (*Embedded, error) { return StartEmbeddedOn(dir, 0) }
+
+// StartEmbeddedOn is StartEmbedded on a given loopback port, so that a
+// development server keeps the URL its earlier runs printed; port 0 picks
+// a free one (NATS itself reads 0 as its default port, 4222).
+func StartEmbeddedOn(dir string, port int) (*Embedded, error) {
+	if port == 0 {
+		port = -1
+	}
 	srv, err := server.NewServer(&server.Options{
-		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoSigs: true, NoLog: true,
+		Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: dir, NoSigs: true, NoLog: true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("broker: embedded NATS: %w", err)
@@ -188,6 +197,9 @@ func StartEmbedded(dir string) (*Embedded, error) {
 	}
 	return &Embedded{srv: srv}, nil
 }
+
+// Port is the TCP port the server listens on.
+func (e *Embedded) Port() int { return e.srv.Addr().(*net.TCPAddr).Port }
 
 // URL is the client URL, for NATS_URL or Connect.
 func (e *Embedded) URL() string { return e.srv.ClientURL() }
