@@ -3,8 +3,6 @@ package db_test
 import (
 	"context"
 	"errors"
-	"net"
-	"strconv"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -13,6 +11,7 @@ import (
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/tooling/pgwire"
 	"github.com/idemref/payments/internal/tooling/testdb"
+	"github.com/idemref/payments/internal/tooling/testkit"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
@@ -31,22 +30,7 @@ func setup(t *testing.T) *bundle {
 	if _, err := direct.Exec(t.Context(), `CREATE TABLE things (id int PRIMARY KEY, note text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := pgxpool.ParseConfig(dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wire, err := pgwire.Listen(net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = wire.Close() })
-	u, err := wire.URL(dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cfg, err = pgxpool.ParseConfig(u); err != nil {
-		t.Fatal(err)
-	}
+	wire, cfg := testkit.WireProxy(t, dbURL)
 	cfg.MaxConns = 1
 	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
 	if err != nil {

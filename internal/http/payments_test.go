@@ -13,7 +13,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
@@ -193,18 +192,10 @@ type paymentRow struct {
 // paymentRows returns the payments of an order, oldest first.
 func (e *bundle) paymentRows(t *testing.T, orderID string) []paymentRow {
 	t.Helper()
-	rows, err := e.pool.Query(context.Background(),
+	return testkit.Rows[paymentRow](t, e.pool,
 		`SELECT id::text, status, amount, currency, payment_method, charge_key, coalesce(charge_id, ''),
 		        coalesce(decline_code, ''), refunded_amount
 		 FROM payments WHERE order_id::text = $1 ORDER BY created_at, id`, orderID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[paymentRow])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
 }
 
 // onePayment returns the order's only payment row.
@@ -229,17 +220,9 @@ type refundRow struct {
 // refundRows returns the refunds of a payment, oldest first.
 func (e *bundle) refundRows(t *testing.T, paymentID string) []refundRow {
 	t.Helper()
-	rows, err := e.pool.Query(context.Background(),
+	return testkit.Rows[refundRow](t, e.pool,
 		`SELECT id::text, amount, status, refund_key, coalesce(processor_refund_id, '')
 		 FROM refunds WHERE payment_id::text = $1 ORDER BY created_at, id`, paymentID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[refundRow])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
 }
 
 // orderEvents is what the outbox says happened to an order: how many

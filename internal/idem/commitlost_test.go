@@ -2,8 +2,6 @@ package idem
 
 import (
 	"errors"
-	"net"
-	"strconv"
 	"sync/atomic"
 	"testing"
 
@@ -12,6 +10,7 @@ import (
 
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/tooling/pgwire"
+	"github.com/idemref/payments/internal/tooling/testkit"
 )
 
 // D2: a connection lost during COMMIT is an unknown outcome. Execute sends
@@ -104,22 +103,7 @@ func TestExecuteCommitLostIsUnknownOutcome(t *testing.T) {
 // through a pgwire proxy, and the proxy, both closed when the test ends.
 func throughWire(t *testing.T, url string) (*pgwire.Proxy, *pgxpool.Pool) {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wire, err := pgwire.Listen(net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = wire.Close() })
-	proxied, err := wire.URL(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cfg, err = pgxpool.ParseConfig(proxied); err != nil {
-		t.Fatal(err)
-	}
+	wire, cfg := testkit.WireProxy(t, url)
 	// Opened as the service opens its pools.
 	db.Configure(cfg)
 	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)

@@ -20,6 +20,7 @@ import (
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/tooling/testdb"
+	"github.com/idemref/payments/internal/tooling/testkit"
 )
 
 const testEndpoint = "POST /v1/things"
@@ -78,15 +79,7 @@ type scratchRow struct {
 
 func (h *bundle) scratch(t *testing.T) []scratchRow {
 	t.Helper()
-	rows, err := h.pool.Query(t.Context(), `SELECT tenant_id, v FROM scratch ORDER BY v, tenant_id`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[scratchRow])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return got
+	return testkit.Rows[scratchRow](t, h.pool, `SELECT tenant_id, v FROM scratch ORDER BY v, tenant_id`)
 }
 
 // keyRow is the part of an idempotency_keys row that Execute owns.
@@ -107,18 +100,10 @@ type keyRow struct {
 
 func (h *bundle) keyRows(t *testing.T) []keyRow {
 	t.Helper()
-	rows, err := h.pool.Query(t.Context(), `
+	return testkit.Rows[keyRow](t, h.pool, `
 		SELECT tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, state,
 		       response_status, response_headers, response_body, completed_at, expires_at, resource_location
 		FROM idempotency_keys ORDER BY tenant_id, endpoint, idem_key`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[keyRow])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return got
 }
 
 // onlyKeyRow returns the one row of idempotency_keys and fails the test

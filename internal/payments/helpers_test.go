@@ -14,7 +14,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemref/payments/internal/db"
@@ -279,17 +278,9 @@ type paymentRow struct {
 // paymentRows returns the payments of p's order.
 func (w *bundle) paymentRows(t *testing.T, p payment) []paymentRow {
 	t.Helper()
-	rows, err := w.pool.Query(context.Background(), `
+	return testkit.Rows[paymentRow](t, w.pool, `
 		SELECT id, status, amount, charge_key, coalesce(charge_id, '')
 		FROM payments WHERE tenant_id = $1 AND order_id = $2 ORDER BY created_at, id`, w.tenant, p.order.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[paymentRow])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
 }
 
 // onePayment returns the only payment of p's order.

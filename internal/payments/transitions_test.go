@@ -13,7 +13,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -22,6 +21,7 @@ import (
 	"github.com/idemref/payments/internal/processor"
 	"github.com/idemref/payments/internal/reaper"
 	"github.com/idemref/payments/internal/tooling/processorsim"
+	"github.com/idemref/payments/internal/tooling/testkit"
 )
 
 // Guarded transitions. The state machines' allowed moves are one table in
@@ -44,15 +44,7 @@ var machineStates = map[string][]string{
 
 func allowedTransitions(t *testing.T, pool *pgxpool.Pool) []transition {
 	t.Helper()
-	rows, err := pool.Query(context.Background(), `SELECT machine, from_state, to_state FROM state_transitions ORDER BY 1, 2, 3`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[transition])
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return testkit.Rows[transition](t, pool, `SELECT machine, from_state, to_state FROM state_transitions ORDER BY 1, 2, 3`)
 }
 
 // The docs show the table the database enforces, row for row.
@@ -260,14 +252,7 @@ func TestEveryAllowedTransitionHappens(t *testing.T) {
 	}
 
 	seen := map[transition]bool{}
-	rows, err := w.pool.Query(bound, `SELECT machine, from_state, to_state FROM transition_log`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	logged, err := pgx.CollectRows(rows, pgx.RowToStructByPos[transition])
-	if err != nil {
-		t.Fatal(err)
-	}
+	logged := testkit.Rows[transition](t, w.pool, `SELECT machine, from_state, to_state FROM transition_log`)
 	for _, tr := range logged {
 		seen[tr] = true
 	}
