@@ -34,8 +34,8 @@ type success struct {
 	location string
 }
 
-// idempotent adapts op into a handler that follows the whole
-// one-transaction pattern:
+// idempotent adapts op into the handler of endpoint e that follows the
+// whole one-transaction pattern:
 //
 //	key → body (F4) → fingerprint → claim/execute/record or replay (idem.Store.Execute)
 //
@@ -43,9 +43,9 @@ type success struct {
 func idempotent[T any, PT interface {
 	*T
 	request
-}](a *api, op idempotentOp[T]) http.HandlerFunc {
+}](a *api, e idem.Endpoint, op idempotentOp[T]) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		claim, req, ok := prepare[T, PT](w, r)
+		claim, req, ok := prepare[T, PT](w, r, e)
 		if !ok {
 			return
 		}
@@ -65,15 +65,15 @@ func idempotent[T any, PT interface {
 	}
 }
 
-// multiStep adapts an operation that leaves our database (a payment) and
-// runs its own phases on idem's multi-step keys. The steps before the claim
-// are the same as for idempotent.
+// multiStep adapts an operation that leaves our database (a payment) into
+// the handler of endpoint e; run runs its own phases on idem's multi-step
+// keys. The steps before the claim are the same as for idempotent.
 func multiStep[T any, PT interface {
 	*T
 	request
-}](run func(ctx context.Context, c idem.Claim, req *T) (idem.Response, bool, error)) http.HandlerFunc {
+}](e idem.Endpoint, run func(ctx context.Context, c idem.Claim, req *T) (idem.Response, bool, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		claim, req, ok := prepare[T, PT](w, r)
+		claim, req, ok := prepare[T, PT](w, r, e)
 		if !ok {
 			return
 		}
@@ -82,17 +82,19 @@ func multiStep[T any, PT interface {
 	}
 }
 
-// prepare does everything that comes before the claim: parse the key,
-// reject ambiguous bodies, apply defaults, take the fingerprint. When it
-// returns false it has already answered, and nothing was recorded (O3).
+// prepare does everything that comes before the claim of a key of e: parse
+// the key, reject ambiguous bodies, apply defaults, take the fingerprint.
+// When it returns false it has already answered, and nothing was recorded
+// (O3).
 func prepare[T any, PT interface {
 	*T
 	request
-}](w http.ResponseWriter, r *http.Request) (idem.Claim, *T, bool) {
-	// The endpoint is the route template, not the path (K2), and the path
-	// parameters are part of the fingerprint (F2).
-	rctx := chi.RouteContext(r.Context())
-	endpoint := r.Method + " " + rctx.RoutePattern()
+}](w http.ResponseWriter, r *http.Request, e idem.Endpoint) (idem.Claim, *T, bool) {
+	// The key is scoped by the endpoint's name in idem.Endpoints, the route
+	// template rather than the path (K2), so the key-status lookup and the
+	// completer find it under that name. The path parameters are part of
+	// the fingerprint (F2).
+	endpoint := e.String()
 	reject := func(err error) (idem.Claim, *T, bool) {
 		idem.CountRejectedBeforeClaim(endpoint)
 		writeError(w, r, err)
@@ -108,6 +110,7 @@ func prepare[T any, PT interface {
 	}
 	req.applyDefaults()
 
+	rctx := chi.RouteContext(r.Context())
 	params := map[string]string{}
 	for i, k := range rctx.URLParams.Keys {
 		params[k] = canonicalParam(rctx.URLParams.Values[i])

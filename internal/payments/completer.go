@@ -5,6 +5,8 @@ import (
 	"errors"
 	"log/slog"
 	"time"
+
+	"github.com/idemref/payments/internal/idem"
 )
 
 // Completer finishes payments and refunds whose client went away, and runs
@@ -21,6 +23,23 @@ type Completer struct {
 	svc      *Service
 	interval time.Duration
 	batch    int
+}
+
+// resumable names the endpoints whose expired keys the completer takes
+// over: the multi-step ones of idem.Endpoints, since only those leave a key
+// at a recovery point short of finished.
+var resumable = multiStepNames(idem.Endpoints)
+
+// multiStepNames returns the names of the multi-step endpoints among
+// endpoints.
+func multiStepNames(endpoints []idem.Endpoint) []string {
+	var names []string
+	for _, e := range endpoints {
+		if e.MultiStep {
+			names = append(names, e.String())
+		}
+	}
+	return names
 }
 
 // NewCompleter returns a completer that polls every interval.
@@ -64,7 +83,7 @@ func (c *Completer) resumeExpired(ctx context.Context) int {
 	log := c.svc.log
 	finished := 0
 	for range c.batch {
-		leases, err := c.svc.store.TakeOverExpired(ctx, []string{EndpointPay, EndpointRefund}, 1)
+		leases, err := c.svc.store.TakeOverExpired(ctx, resumable, 1)
 		if err != nil {
 			if ctx.Err() == nil {
 				completerFailuresTotal.Inc()

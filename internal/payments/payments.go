@@ -13,11 +13,12 @@ import (
 	"github.com/idemref/payments/internal/processor"
 )
 
-// Endpoints whose keys this package runs. The completer resumes keys of
-// exactly these.
-const (
-	EndpointPay    = "POST /v1/payments"
-	EndpointRefund = "POST /v1/payments/{id}/refunds"
+// Names of the endpoints whose keys this package runs, for claims made
+// outside the HTTP layer; they come from idem.Endpoints, where the HTTP
+// layer takes them too.
+var (
+	EndpointPay    = idem.CreatePayment.String()
+	EndpointRefund = idem.CreateRefund.String()
 )
 
 // Deterministic failures. Each is recorded under the request's key and
