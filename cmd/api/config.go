@@ -328,36 +328,39 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return config{}, fmt.Errorf("WEBHOOK_SCHEME=%q: want processor (Processor-Signature, the default) or standard (Standard Webhooks)", s)
 	}
 
+	// zeroOff: 0 turns the thing off; every other duration must be
+	// positive.
 	durations := []struct {
-		name string
-		dst  *time.Duration
+		name    string
+		dst     *time.Duration
+		zeroOff bool
 	}{
-		{"REQUEST_TIMEOUT", &cfg.RequestTimeout},
-		{"READ_HEADER_TIMEOUT", &cfg.ReadHeaderTimeout},
-		{"READ_TIMEOUT", &cfg.ReadTimeout},
-		{"WRITE_TIMEOUT", &cfg.WriteTimeout},
-		{"IDLE_TIMEOUT", &cfg.IdleTimeout},
-		{"SHUTDOWN_TIMEOUT", &cfg.ShutdownTimeout},
-		{"IDEMPOTENCY_LOCK_TIMEOUT", &cfg.LockTimeout},
-		{"IDEMPOTENCY_TTL", &cfg.IdempotencyTTL},
-		{"IDEMPOTENCY_KEY_RETENTION", &cfg.KeyRetention},
-		{"PAYMENT_LEASE", &cfg.PaymentLease},
-		{"PROCESSOR_TIMEOUT", &cfg.ProcessorTimeout},
-		{"PROCESSOR_SETTLE_WINDOW", &cfg.SettleWindow},
-		{"PROCESSOR_WEBHOOK_RETRY_SPAN", &cfg.WebhookRetrySpan},
-		{"COMPLETER_INTERVAL", &cfg.CompleterInterval},
-		{"REAPER_INTERVAL", &cfg.ReaperInterval},
-		{"AUTH_CACHE_TTL", &cfg.AuthCacheTTL},
-		{"EVENTS_DUPLICATE_WINDOW", &cfg.Broker.DuplicateWindow},
-		{"EVENTS_ACK_WAIT", &cfg.Broker.AckWait},
-		{"OUTBOX_CLAIM_HOLD", &cfg.OutboxClaimHold},
-		{"MESSAGE_RETENTION", &cfg.MessageRetention},
-		{"WEBHOOK_TOLERANCE", &cfg.WebhookTolerance},
+		{"REQUEST_TIMEOUT", &cfg.RequestTimeout, false},
+		{"READ_HEADER_TIMEOUT", &cfg.ReadHeaderTimeout, false},
+		{"READ_TIMEOUT", &cfg.ReadTimeout, false},
+		{"WRITE_TIMEOUT", &cfg.WriteTimeout, false},
+		{"IDLE_TIMEOUT", &cfg.IdleTimeout, false},
+		{"SHUTDOWN_TIMEOUT", &cfg.ShutdownTimeout, false},
+		{"IDEMPOTENCY_LOCK_TIMEOUT", &cfg.LockTimeout, false},
+		{"IDEMPOTENCY_TTL", &cfg.IdempotencyTTL, false},
+		{"IDEMPOTENCY_KEY_RETENTION", &cfg.KeyRetention, false},
+		{"PAYMENT_LEASE", &cfg.PaymentLease, false},
+		{"PROCESSOR_TIMEOUT", &cfg.ProcessorTimeout, false},
+		{"PROCESSOR_SETTLE_WINDOW", &cfg.SettleWindow, false},
+		{"PROCESSOR_WEBHOOK_RETRY_SPAN", &cfg.WebhookRetrySpan, false},
+		{"COMPLETER_INTERVAL", &cfg.CompleterInterval, true},
+		{"REAPER_INTERVAL", &cfg.ReaperInterval, true},
+		{"AUTH_CACHE_TTL", &cfg.AuthCacheTTL, true},
+		{"EVENTS_DUPLICATE_WINDOW", &cfg.Broker.DuplicateWindow, false},
+		{"EVENTS_ACK_WAIT", &cfg.Broker.AckWait, false},
+		{"OUTBOX_CLAIM_HOLD", &cfg.OutboxClaimHold, false},
+		{"MESSAGE_RETENTION", &cfg.MessageRetention, false},
+		{"WEBHOOK_TOLERANCE", &cfg.WebhookTolerance, false},
 	}
 	for _, d := range durations {
 		s := getenv(d.name)
 		v, err := time.ParseDuration(s)
-		if err != nil || v < 0 || (v == 0 && d.name != "COMPLETER_INTERVAL" && d.name != "REAPER_INTERVAL" && d.name != "AUTH_CACHE_TTL") {
+		if err != nil || v < 0 || (v == 0 && !d.zeroOff) {
 			return config{}, fmt.Errorf("%s=%q: want a positive duration such as 2s or 24h", d.name, s)
 		}
 		*d.dst = v
