@@ -80,6 +80,7 @@ func TestConfigurationErrorsAreClear(t *testing.T) {
 		{"LeaseShorterThanProcessorCall", []string{"serve"}, map[string]string{"PAYMENT_LEASE": "5s", "PROCESSOR_TIMEOUT": "10s"}, "PAYMENT_LEASE"},
 		{"ProcessorCallLongerThanRequest", []string{"serve"}, map[string]string{"PROCESSOR_TIMEOUT": "30s", "PAYMENT_LEASE": "60s"}, "REQUEST_TIMEOUT"},
 		{"KeyRetentionShorterThanTTL", []string{"serve"}, map[string]string{"IDEMPOTENCY_TTL": "48h", "IDEMPOTENCY_KEY_RETENTION": "24h"}, "IDEMPOTENCY_KEY_RETENTION"},
+		{"SettleWindowWithinProcessorCall", []string{"serve"}, map[string]string{"PROCESSOR_SETTLE_WINDOW": "5s"}, "PROCESSOR_SETTLE_WINDOW"},
 		{"ZeroLease", []string{"serve"}, map[string]string{"PAYMENT_LEASE": "0"}, "PAYMENT_LEASE"},
 		{"BadReaperInterval", []string{"serve"}, map[string]string{"REAPER_INTERVAL": "often"}, "REAPER_INTERVAL"},
 		{"BadReaperBatch", []string{"serve"}, map[string]string{"REAPER_BATCH": "0"}, "REAPER_BATCH"},

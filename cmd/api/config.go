@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -15,6 +16,7 @@ import (
 
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
+	"github.com/idemref/payments/internal/inbox"
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
 	"github.com/idemref/payments/internal/reaper"
@@ -365,23 +367,21 @@ func loadConfig(getenv func(string) string) (config, error) {
 		}
 		*d.dst = v
 	}
-	// A tombstone outlives the result it replaces, never the other way
-	// round (the schema checks retain_until >= expires_at too).
-	if cfg.KeyRetention < cfg.IdempotencyTTL {
-		return config{}, fmt.Errorf("IDEMPOTENCY_KEY_RETENTION (%s) must be at least IDEMPOTENCY_TTL (%s)", cfg.KeyRetention, cfg.IdempotencyTTL)
+	// The cross-field rules belong to the packages that rely on them;
+	// here they are only given the variables' names.
+	if err := (idem.Config{TTL: cfg.IdempotencyTTL, KeyRetention: cfg.KeyRetention}).Check(); err != nil {
+		return config{}, fmt.Errorf("IDEMPOTENCY_KEY_RETENTION (%s) must be at least IDEMPOTENCY_TTL (%s): %w", cfg.KeyRetention, cfg.IdempotencyTTL, err)
 	}
-	// The lease must outlast one step, the processor call included, or a
-	// healthy attempt would be taken over while it waits for the answer.
-	// A payment request makes one processor call; it needs time for it.
-	if cfg.ProcessorTimeout >= cfg.RequestTimeout {
-		return config{}, fmt.Errorf("PROCESSOR_TIMEOUT (%s) must be shorter than REQUEST_TIMEOUT (%s)", cfg.ProcessorTimeout, cfg.RequestTimeout)
-	}
-	if cfg.PaymentLease <= cfg.ProcessorTimeout {
-		return config{}, fmt.Errorf("PAYMENT_LEASE (%s) must be longer than PROCESSOR_TIMEOUT (%s)", cfg.PaymentLease, cfg.ProcessorTimeout)
-	}
-	// A call can land after we stopped waiting for it, never before.
-	if cfg.SettleWindow <= cfg.ProcessorTimeout {
-		return config{}, fmt.Errorf("PROCESSOR_SETTLE_WINDOW (%s) must be longer than PROCESSOR_TIMEOUT (%s)", cfg.SettleWindow, cfg.ProcessorTimeout)
+	timings := payments.Timings{RequestTimeout: cfg.RequestTimeout, ProcessorTimeout: cfg.ProcessorTimeout, Lease: cfg.PaymentLease, SettleWindow: cfg.SettleWindow}
+	switch err := timings.Check(); {
+	case errors.Is(err, payments.ErrProcessorCallOutlastsRequest):
+		return config{}, fmt.Errorf("PROCESSOR_TIMEOUT (%s) must be shorter than REQUEST_TIMEOUT (%s): %w", cfg.ProcessorTimeout, cfg.RequestTimeout, err)
+	case errors.Is(err, payments.ErrLeaseWithinProcessorCall):
+		return config{}, fmt.Errorf("PAYMENT_LEASE (%s) must be longer than PROCESSOR_TIMEOUT (%s): %w", cfg.PaymentLease, cfg.ProcessorTimeout, err)
+	case errors.Is(err, payments.ErrSettleWithinProcessorCall):
+		return config{}, fmt.Errorf("PROCESSOR_SETTLE_WINDOW (%s) must be longer than PROCESSOR_TIMEOUT (%s): %w", cfg.SettleWindow, cfg.ProcessorTimeout, err)
+	case err != nil:
+		return config{}, err
 	}
 	var err error
 	if cfg.Broker.Replicas, err = atLeastOne("EVENTS_REPLICAS", getenv); err != nil || cfg.Broker.Replicas > broker.MaxReplicas {
@@ -390,11 +390,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 	if cfg.Broker.MaxDeliver, err = atLeastOne("EVENTS_MAX_DELIVER", getenv); err != nil {
 		return config{}, fmt.Errorf("%w: want a positive number of deliveries, such as 5", err)
 	}
-	// An inbox id pruned while its message can still be redelivered would
-	// let the redelivery apply the effect twice (M3).
-	if horizon := max(cfg.Broker.RedeliveryHorizon(), cfg.WebhookRetrySpan); cfg.MessageRetention <= horizon {
-		return config{}, fmt.Errorf("MESSAGE_RETENTION (%s) must be longer than the longest redelivery horizon (%s: the broker's backoff over EVENTS_MAX_DELIVER deliveries, and PROCESSOR_WEBHOOK_RETRY_SPAN)",
-			cfg.MessageRetention, horizon)
+	if err := inbox.CheckRetention(cfg.MessageRetention, cfg.Broker.RedeliveryHorizon(), cfg.WebhookRetrySpan); err != nil {
+		return config{}, fmt.Errorf("MESSAGE_RETENTION (%s) must be longer than the broker's redelivery horizon (%s: its backoff over EVENTS_MAX_DELIVER deliveries) and PROCESSOR_WEBHOOK_RETRY_SPAN (%s): %w",
+			cfg.MessageRetention, cfg.Broker.RedeliveryHorizon(), cfg.WebhookRetrySpan, err)
 	}
 	s := getenv("RATE_LIMIT_RPS")
 	if cfg.RateLimit.Rate, err = strconv.ParseFloat(s, 64); err != nil || cfg.RateLimit.Rate < 0 || math.IsInf(cfg.RateLimit.Rate, 0) || math.IsNaN(cfg.RateLimit.Rate) {

@@ -84,6 +84,22 @@ type Config struct {
 	KeyBudget int64
 }
 
+// ErrRetentionShorterThanTTL: Config.KeyRetention is shorter than TTL.
+// A key's tombstone must outlive the result it replaces (E3), or a retry
+// between the two would find no key and run again; the schema checks
+// retain_until >= expires_at too.
+var ErrRetentionShorterThanTTL = errors.New("a key must be remembered (KeyRetention) at least as long as its result is replayed (TTL)")
+
+// Check reports the first rule c breaks, before NewStore quietly raises
+// what it can: a configuration read from the environment should be
+// refused with the reason, not adjusted.
+func (c Config) Check() error {
+	if c.KeyRetention > 0 && c.KeyRetention < c.TTL {
+		return ErrRetentionShorterThanTTL
+	}
+	return nil
+}
+
 // Store runs requests under idempotency keys kept in PostgreSQL.
 type Store struct {
 	pool   *pgxpool.Pool

@@ -13,11 +13,30 @@ package inbox
 
 import (
 	"context"
+	"errors"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemref/payments/internal/db/dbsqlc"
 )
+
+// ErrRetentionWithinRedelivery: an inbox id would be pruned while its
+// message can still be delivered again (M3), and the redelivery would
+// apply its effect a second time.
+var ErrRetentionWithinRedelivery = errors.New("inbox ids must be kept longer than any sender may still redeliver")
+
+// CheckRetention reports ErrRetentionWithinRedelivery unless retention,
+// how long processed ids are kept, outlasts every sender's redelivery
+// horizon (the broker's backoff, a webhook sender's retries).
+func CheckRetention(retention time.Duration, horizons ...time.Duration) error {
+	for _, h := range horizons {
+		if retention <= h {
+			return ErrRetentionWithinRedelivery
+		}
+	}
+	return nil
+}
 
 // Record inserts the id of a message from source, as seen by consumer, in
 // tx. It reports false when consumer already processed it: the caller

@@ -146,6 +146,44 @@ type Config struct {
 	SettleWindow time.Duration
 }
 
+// Timings are the clocks a payment's safety rests on; Check says which
+// rule they break.
+type Timings struct {
+	// RequestTimeout is the deadline of one HTTP request.
+	RequestTimeout time.Duration
+	// ProcessorTimeout bounds one processor call.
+	ProcessorTimeout time.Duration
+	// Lease is how long an attempt owns its key (idem.Config.Lease).
+	Lease time.Duration
+	// SettleWindow is Config.SettleWindow.
+	SettleWindow time.Duration
+}
+
+// The rules Timings.Check enforces.
+var (
+	// A payment request makes one processor call and must have time to
+	// record its answer.
+	ErrProcessorCallOutlastsRequest = errors.New("a processor call (ProcessorTimeout) must end before the request's deadline (RequestTimeout)")
+	// The lease must outlast one step, the processor call included, or a
+	// healthy attempt would be taken over while it waits for the answer.
+	ErrLeaseWithinProcessorCall = errors.New("the lease (Lease) must outlast a processor call (ProcessorTimeout), or a healthy attempt is taken over while it waits")
+	// A call can land after we stopped waiting for it, never before.
+	ErrSettleWithinProcessorCall = errors.New("the settle window (SettleWindow) must outlast a processor call (ProcessorTimeout): a call can land after its caller gave up")
+)
+
+// Check reports the first rule t breaks.
+func (t Timings) Check() error {
+	switch {
+	case t.ProcessorTimeout >= t.RequestTimeout:
+		return ErrProcessorCallOutlastsRequest
+	case t.Lease <= t.ProcessorTimeout:
+		return ErrLeaseWithinProcessorCall
+	case t.SettleWindow <= t.ProcessorTimeout:
+		return ErrSettleWithinProcessorCall
+	}
+	return nil
+}
+
 // Service runs payments and refunds.
 type Service struct {
 	pool   *pgxpool.Pool
