@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemref/payments/client/api"
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/events"
 	httpapi "github.com/idemref/payments/internal/http"
@@ -21,17 +22,9 @@ import (
 // The two alternatives to idempotency keys (N2), with their rows. See
 // docs/alternatives.md.
 
-type customer struct {
-	ID        string `json:"id"`
-	Name      string `json:"name"`
-	Email     string `json:"email"`
-	CreatedAt string `json:"created_at"`
-	UpdatedAt string `json:"updated_at"`
-}
-
-func decodeCustomer(t *testing.T, res response) customer {
+func decodeCustomer(t *testing.T, res response) api.Customer {
 	t.Helper()
-	var c customer
+	var c api.Customer
 	if err := json.Unmarshal(res.body, &c); err != nil {
 		t.Fatalf("decode customer: %v; body: %s", err, res.body)
 	}
@@ -85,7 +78,7 @@ func TestPutCustomer(t *testing.T) {
 		if name != "Ada King" || email != "ada@example.org" {
 			t.Errorf("row = %s <%s>, want the replacement", name, email)
 		}
-		if got := decodeCustomer(t, res); got.CreatedAt != first.CreatedAt || got.UpdatedAt == first.UpdatedAt {
+		if got := decodeCustomer(t, res); !got.CreatedAt.Equal(first.CreatedAt) || got.UpdatedAt.Equal(first.UpdatedAt) {
 			t.Errorf("replace: created_at %s → %s, updated_at %s → %s; want created_at kept and updated_at moved",
 				first.CreatedAt, got.CreatedAt, first.UpdatedAt, got.UpdatedAt)
 		}
@@ -138,8 +131,8 @@ func TestPutCustomer(t *testing.T) {
 	t.Run("InvalidWritesNothing", func(t *testing.T) {
 		before := e.countCustomers(t)
 		p := wantProblem(t, put(t, e.a.Key, "not-a-uuid", customerBody("Ada")), http.StatusBadRequest, httpapi.CodeValidationFailed)
-		if len(p.Errors) != 1 || p.Errors[0].Field != "id" {
-			t.Errorf("errors = %+v, want one on id", p.Errors)
+		if len(deref(p.Errors)) != 1 || deref(p.Errors)[0].Field != "id" {
+			t.Errorf("errors = %+v, want one on id", deref(p.Errors))
 		}
 		wantProblem(t, put(t, e.a.Key, uuid.NewString(), `{"name":"Ada"}`), http.StatusBadRequest, httpapi.CodeValidationFailed)
 		if got := e.countCustomers(t); got != before {
@@ -170,34 +163,34 @@ func TestConditionalOrderUpdate(t *testing.T) {
 
 	t.Run("AppliesOnlyToTheVersionRead", func(t *testing.T) {
 		o := e.newOrder(t, e.a, "inv-patch-1")
-		read := e.get(t, e.a.Key, "/v1/orders/"+o.ID)
+		read := e.get(t, e.a.Key, "/v1/orders/"+o.Id.String())
 		etag := read.header.Get("ETag")
-		res := patch(t, o.ID, etag, `{"description":"corrected","metadata":{"po":"77"}}`)
+		res := patch(t, o.Id.String(), etag, `{"description":"corrected","metadata":{"po":"77"}}`)
 		wantStatus(t, res, http.StatusOK)
 		if got := decodeOrder(t, res); got.Description != "corrected" || got.Metadata["po"] != "77" || len(got.Metadata) != 1 {
 			t.Errorf("patched order = %+v", got)
 		}
-		if res.header.Get("ETag") == etag || res.header.Get("ETag") != e.get(t, e.a.Key, "/v1/orders/"+o.ID).header.Get("ETag") {
+		if res.header.Get("ETag") == etag || res.header.Get("ETag") != e.get(t, e.a.Key, "/v1/orders/"+o.Id.String()).header.Get("ETag") {
 			t.Error("the ETag after the PATCH must be new, and the one GET shows")
 		}
 		// The retry of the same PATCH (its answer lost) is refused: the
 		// order is no longer the version it names. The change applied once.
-		wantProblem(t, patch(t, o.ID, etag, `{"description":"corrected","metadata":{"po":"77"}}`), http.StatusPreconditionFailed, httpapi.CodePreconditionFailed)
-		if d := description(t, o.ID); d != "corrected" {
+		wantProblem(t, patch(t, o.Id.String(), etag, `{"description":"corrected","metadata":{"po":"77"}}`), http.StatusPreconditionFailed, httpapi.CodePreconditionFailed)
+		if d := description(t, o.Id.String()); d != "corrected" {
 			t.Errorf("description = %q", d)
 		}
 	})
 
 	t.Run("LostUpdateIsPrevented", func(t *testing.T) {
 		o := e.newOrder(t, e.a, "inv-patch-2")
-		etag := e.get(t, e.a.Key, "/v1/orders/"+o.ID).header.Get("ETag")
+		etag := e.get(t, e.a.Key, "/v1/orders/"+o.Id.String()).header.Get("ETag")
 		// Two writers read the same version and race: exactly one wins.
 		bodies := []string{`{"description":"writer one"}`, `{"description":"writer two"}`}
 		statuses := make([]int, len(bodies))
 		var wg sync.WaitGroup
 		for i, body := range bodies {
 			wg.Go(func() {
-				res, err := e.send(t.Context(), http.MethodPatch, "/v1/orders/"+o.ID, e.a.Key, []byte(body), withHeader("If-Match", etag))
+				res, err := e.send(t.Context(), http.MethodPatch, "/v1/orders/"+o.Id.String(), e.a.Key, []byte(body), withHeader("If-Match", etag))
 				if err != nil {
 					t.Error(err)
 					return
@@ -217,26 +210,26 @@ func TestConditionalOrderUpdate(t *testing.T) {
 		if statuses[1] == http.StatusOK {
 			winner = bodies[1]
 		}
-		if d := description(t, o.ID); `{"description":"`+d+`"}` != winner {
+		if d := description(t, o.Id.String()); `{"description":"`+d+`"}` != winner {
 			t.Errorf("description = %q, want the winner's %s", d, winner)
 		}
 	})
 
 	t.Run("CheckAndWriteAreOneStep", func(t *testing.T) {
 		o := e.newOrder(t, e.a, "inv-patch-6")
-		etag := e.get(t, e.a.Key, "/v1/orders/"+o.ID).header.Get("ETag")
+		etag := e.get(t, e.a.Key, "/v1/orders/"+o.Id.String()).header.Get("ETag")
 		// Another writer holds the row, its change not yet committed.
 		other, err := e.pool.Begin(t.Context())
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer func() { _ = other.Rollback(context.Background()) }()
-		if _, err := other.Exec(t.Context(), "UPDATE orders SET description = 'other writer' WHERE id = $1", o.ID); err != nil {
+		if _, err := other.Exec(t.Context(), "UPDATE orders SET description = 'other writer' WHERE id = $1", o.Id.String()); err != nil {
 			t.Fatal(err)
 		}
 		done := make(chan response, 1)
 		go func() {
-			res, err := e.send(t.Context(), http.MethodPatch, "/v1/orders/"+o.ID, e.a.Key, []byte(`{"description":"mine"}`), withHeader("If-Match", etag))
+			res, err := e.send(t.Context(), http.MethodPatch, "/v1/orders/"+o.Id.String(), e.a.Key, []byte(`{"description":"mine"}`), withHeader("If-Match", etag))
 			if err != nil {
 				t.Error(err)
 			}
@@ -256,21 +249,21 @@ func TestConditionalOrderUpdate(t *testing.T) {
 		// The PATCH compared against the committed change, not the version
 		// it read before waiting: 412, and the other writer's change stays.
 		wantProblem(t, <-done, http.StatusPreconditionFailed, httpapi.CodePreconditionFailed)
-		if d := description(t, o.ID); d != "other writer" {
+		if d := description(t, o.Id.String()); d != "other writer" {
 			t.Errorf("description = %q: the other writer's change was lost", d)
 		}
 	})
 
 	t.Run("PaymentChangesTheETag", func(t *testing.T) {
 		o := e.newOrder(t, e.a, "inv-patch-3")
-		etag := e.get(t, e.a.Key, "/v1/orders/"+o.ID).header.Get("ETag")
-		wantStatus(t, e.do(t, http.MethodPost, "/v1/payments", e.a.Key, []byte(payBody(o.ID, cardVisa)), withHeader("Idempotency-Key", "pay-patch-3")), http.StatusCreated)
+		etag := e.get(t, e.a.Key, "/v1/orders/"+o.Id.String()).header.Get("ETag")
+		wantStatus(t, e.do(t, http.MethodPost, "/v1/payments", e.a.Key, []byte(payBody(o.Id.String(), cardVisa)), withHeader("Idempotency-Key", "pay-patch-3")), http.StatusCreated)
 		// The order follows its payment through the outbox and the orders
 		// consumer; apply the payment's event as the consumer does.
 		var payload []byte
 		if err := e.pool.QueryRow(t.Context(), `
 			SELECT payload FROM outbox WHERE event_type = 'payment.succeeded'
-			  AND convert_from(payload, 'UTF8')::jsonb #>> '{data,order_id}' = $1`, o.ID).Scan(&payload); err != nil {
+			  AND convert_from(payload, 'UTF8')::jsonb #>> '{data,order_id}' = $1`, o.Id.String()).Scan(&payload); err != nil {
 			t.Fatal(err)
 		}
 		var ev events.Envelope
@@ -280,39 +273,39 @@ func TestConditionalOrderUpdate(t *testing.T) {
 		if err := db.WithTx(t.Context(), e.pool, func(ctx context.Context, tx pgx.Tx) error { return orders.ApplyEvent(ctx, tx, ev) }); err != nil {
 			t.Fatal(err)
 		}
-		wantProblem(t, patch(t, o.ID, etag, `{"description":"too late"}`), http.StatusPreconditionFailed, httpapi.CodePreconditionFailed)
-		if d := description(t, o.ID); d != "" {
+		wantProblem(t, patch(t, o.Id.String(), etag, `{"description":"too late"}`), http.StatusPreconditionFailed, httpapi.CodePreconditionFailed)
+		if d := description(t, o.Id.String()); d != "" {
 			t.Errorf("description = %q, want unchanged", d)
 		}
 	})
 
 	t.Run("MissingOrWeakIfMatchWritesNothing", func(t *testing.T) {
 		o := e.newOrder(t, e.a, "inv-patch-4")
-		etag := e.get(t, e.a.Key, "/v1/orders/"+o.ID).header.Get("ETag")
-		wantProblem(t, patch(t, o.ID, "", `{"description":"x"}`), http.StatusPreconditionRequired, httpapi.CodePreconditionRequired)
+		etag := e.get(t, e.a.Key, "/v1/orders/"+o.Id.String()).header.Get("ETag")
+		wantProblem(t, patch(t, o.Id.String(), "", `{"description":"x"}`), http.StatusPreconditionRequired, httpapi.CodePreconditionRequired)
 		// A weak tag never matches (strong comparison), even the current
 		// ETag marked weak, and the answer says so rather than claiming
 		// the order changed.
-		weak := wantProblem(t, patch(t, o.ID, "W/"+etag, `{"description":"x"}`), http.StatusPreconditionFailed, httpapi.CodePreconditionFailed)
-		if !strings.Contains(weak.Detail, "weak tag") || strings.Contains(weak.Detail, "changed") {
-			t.Errorf("412 detail for a weak tag = %q, want it to say that weak tags cannot match", weak.Detail)
+		weak := wantProblem(t, patch(t, o.Id.String(), "W/"+etag, `{"description":"x"}`), http.StatusPreconditionFailed, httpapi.CodePreconditionFailed)
+		if !strings.Contains(deref(weak.Detail), "weak tag") || strings.Contains(deref(weak.Detail), "changed") {
+			t.Errorf("412 detail for a weak tag = %q, want it to say that weak tags cannot match", deref(weak.Detail))
 		}
-		if d := description(t, o.ID); d != "" {
+		if d := description(t, o.Id.String()); d != "" {
 			t.Errorf("description = %q, want unchanged", d)
 		}
 		// One of several tags matching is enough; "*" matches any order.
-		wantStatus(t, patch(t, o.ID, `"stale", `+etag, `{"description":"listed"}`), http.StatusOK)
-		wantStatus(t, patch(t, o.ID, "*", `{"metadata":null}`), http.StatusOK)
-		if d := description(t, o.ID); d != "listed" {
+		wantStatus(t, patch(t, o.Id.String(), `"stale", `+etag, `{"description":"listed"}`), http.StatusOK)
+		wantStatus(t, patch(t, o.Id.String(), "*", `{"metadata":null}`), http.StatusOK)
+		if d := description(t, o.Id.String()); d != "listed" {
 			t.Errorf("description = %q, want listed (metadata null leaves it)", d)
 		}
 	})
 
 	t.Run("OtherTenantsOrderIsNotFound", func(t *testing.T) {
 		o := e.newOrder(t, e.a, "inv-patch-5")
-		res := e.do(t, http.MethodPatch, "/v1/orders/"+o.ID, e.b.Key, []byte(`{"description":"x"}`), withHeader("If-Match", "*"))
+		res := e.do(t, http.MethodPatch, "/v1/orders/"+o.Id.String(), e.b.Key, []byte(`{"description":"x"}`), withHeader("If-Match", "*"))
 		wantProblem(t, res, http.StatusNotFound, httpapi.CodeNotFound)
-		if d := description(t, o.ID); d != "" {
+		if d := description(t, o.Id.String()); d != "" {
 			t.Errorf("description = %q, want unchanged", d)
 		}
 	})

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"testing"
 
+	"github.com/idemref/payments/client/api"
 	httpapi "github.com/idemref/payments/internal/http"
 )
 
@@ -30,11 +31,11 @@ func TestBaselineCreate(t *testing.T) {
 		if res.status != http.StatusCreated {
 			t.Fatalf("status %d: %s", res.status, res.body)
 		}
-		var o struct{ ID, Reference string }
+		var o api.Order
 		if err := json.Unmarshal(res.body, &o); err != nil || o.Reference != "base-1" {
 			t.Fatalf("body %s: %v", res.body, err)
 		}
-		if got, want := res.header.Get("Location"), "/v1/orders/"+o.ID; got != want {
+		if got, want := res.header.Get("Location"), "/v1/orders/"+o.Id.String(); got != want {
 			t.Errorf("Location = %q, want %q", got, want)
 		}
 		if n := count(`SELECT count(*) FROM orders WHERE tenant_id = $1 AND reference = 'base-1'`); n != 1 {
@@ -44,7 +45,7 @@ func TestBaselineCreate(t *testing.T) {
 			t.Errorf("key rows = %d, want 0", n)
 		}
 		// The order is an ordinary order: the idempotent API reads it.
-		if got := e.get(t, e.a.Key, "/v1/orders/"+o.ID); got.status != http.StatusOK {
+		if got := e.get(t, e.a.Key, "/v1/orders/"+o.Id.String()); got.status != http.StatusOK {
 			t.Errorf("GET the baseline's order: %d %s", got.status, got.body)
 		}
 	})

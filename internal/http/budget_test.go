@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	apispec "github.com/idemref/payments"
+	"github.com/idemref/payments/client/api"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/tenants"
@@ -70,9 +71,7 @@ func TestKeyBudgetRefusal(t *testing.T) {
 		}
 	}
 	res, body := create("k-2", "ref-2")
-	var p struct {
-		Code string `json:"code"`
-	}
+	var p api.Problem
 	if err := json.Unmarshal(body, &p); err != nil {
 		t.Fatal(err)
 	}

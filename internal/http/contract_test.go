@@ -26,6 +26,7 @@ import (
 	"github.com/google/uuid"
 
 	apispec "github.com/idemref/payments"
+	"github.com/idemref/payments/client/api"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/tooling/processorsim"
@@ -100,7 +101,7 @@ type contract struct {
 	// seen: "METHOD /path status" of every validated response.
 	seen map[string]bool
 	// problems: one real problem body per code.
-	problems map[string]problem
+	problems map[string]api.Problem
 }
 
 // textBody decodes the body of a text response (the docs page and its
@@ -131,7 +132,7 @@ func newContract(t *testing.T) *contract {
 			AuthenticationFunc:    openapi3filter.NoopAuthenticationFunc,
 		},
 		seen:     map[string]bool{},
-		problems: map[string]problem{},
+		problems: map[string]api.Problem{},
 	}
 }
 
@@ -162,7 +163,7 @@ func (c *contract) check(t *testing.T, method, target string, res response) {
 	}
 	c.seen[fmt.Sprintf("%s %s %d", route.Method, route.Path, res.status)] = true
 	if strings.HasPrefix(res.header.Get("Content-Type"), "application/problem+json") {
-		var p problem
+		var p api.Problem
 		if err := json.Unmarshal(res.body, &p); err == nil {
 			c.problems[p.Code] = p
 		}
@@ -205,7 +206,7 @@ func TestContractResponsesMatchSpec(t *testing.T) {
 	full := `{"reference":"inv-1","customer_id":"cus_1","amount":2500,"currency":"EUR","description":"Invoice","metadata":{"plan":"pro"}}`
 	created := post(t, "create", 201, e.a.Key, "k-create", full)
 	post(t, "replay", 201, e.a.Key, "k-create", full)
-	id := decodeOrder(t, created).ID
+	id := decodeOrder(t, created).Id.String()
 
 	post(t, "validation_failed", 400, e.a.Key, "k-invalid", `{"reference":"","customer_id":"cus_1","amount":0,"currency":"eur"}`)
 	post(t, "validation_failed replay", 400, e.a.Key, "k-invalid", `{"reference":"","customer_id":"cus_1","amount":0,"currency":"eur"}`)
@@ -262,33 +263,33 @@ func TestContractResponsesMatchSpec(t *testing.T) {
 	toDecline := e.newOrder(t, e.a, "inv-decline")
 	toFail := e.newOrder(t, e.a, "inv-fail")
 
-	paid := send(t, "pay", 201, pay, e.a.Key, "p-create", payBody(toPay.ID, cardVisa))
-	send(t, "pay replay", 201, pay, e.a.Key, "p-create", payBody(toPay.ID, cardVisa))
-	paymentID := decodePayment(t, paid).ID
-	declined := send(t, "card_declined", 402, pay, e.a.Key, "p-declined", payBody(toDecline.ID, cardDeclined))
-	send(t, "card_declined replay", 402, pay, e.a.Key, "p-declined", payBody(toDecline.ID, cardDeclined))
-	declinedID := wantProblem(t, declined, 402, httpapi.CodeCardDeclined).PaymentID
-	send(t, "pay validation_failed", 400, pay, e.a.Key, "p-invalid", paymentBody(toPay.ID, 0, "EUR", "visa"))
+	paid := send(t, "pay", 201, pay, e.a.Key, "p-create", payBody(toPay.Id.String(), cardVisa))
+	send(t, "pay replay", 201, pay, e.a.Key, "p-create", payBody(toPay.Id.String(), cardVisa))
+	paymentID := decodePayment(t, paid).Id.String()
+	declined := send(t, "card_declined", 402, pay, e.a.Key, "p-declined", payBody(toDecline.Id.String(), cardDeclined))
+	send(t, "card_declined replay", 402, pay, e.a.Key, "p-declined", payBody(toDecline.Id.String(), cardDeclined))
+	declinedID := idString(wantProblem(t, declined, 402, httpapi.CodeCardDeclined).PaymentId)
+	send(t, "pay validation_failed", 400, pay, e.a.Key, "p-invalid", paymentBody(toPay.Id.String(), 0, "EUR", "visa"))
 	send(t, "pay invalid_json", 400, pay, e.a.Key, "p-json", `{"order_id":`)
-	send(t, "pay idempotency_key_missing", 400, pay, e.a.Key, "", payBody(toPay.ID, cardVisa))
-	send(t, "pay idempotency_key_invalid", 400, pay, e.a.Key, `"unterminated`, payBody(toPay.ID, cardVisa))
-	send(t, "pay unauthorized", 401, pay, "", "p-auth", payBody(toPay.ID, cardVisa))
-	send(t, "payment_exists", 409, pay, e.a.Key, "p-exists", payBody(toPay.ID, cardVisa))
-	send(t, "payment_exists replay", 409, pay, e.a.Key, "p-exists", payBody(toPay.ID, cardVisa))
+	send(t, "pay idempotency_key_missing", 400, pay, e.a.Key, "", payBody(toPay.Id.String(), cardVisa))
+	send(t, "pay idempotency_key_invalid", 400, pay, e.a.Key, `"unterminated`, payBody(toPay.Id.String(), cardVisa))
+	send(t, "pay unauthorized", 401, pay, "", "p-auth", payBody(toPay.Id.String(), cardVisa))
+	send(t, "payment_exists", 409, pay, e.a.Key, "p-exists", payBody(toPay.Id.String(), cardVisa))
+	send(t, "payment_exists replay", 409, pay, e.a.Key, "p-exists", payBody(toPay.Id.String(), cardVisa))
 	send(t, "pay body_too_large", 413, pay, e.a.Key, "p-big", `{"payment_method":"`+strings.Repeat("x", httpapi.MaxBodyBytes)+`"}`)
-	send(t, "pay unsupported_media_type", 415, pay, e.a.Key, "p-media", payBody(toPay.ID, cardVisa), withContentType("text/plain"))
+	send(t, "pay unsupported_media_type", 415, pay, e.a.Key, "p-media", payBody(toPay.Id.String(), cardVisa), withContentType("text/plain"))
 	send(t, "order_not_found", 422, pay, e.a.Key, "p-no-order", payBody(uuid.NewString(), cardVisa))
-	send(t, "payment_amount_mismatch", 422, pay, e.a.Key, "p-mismatch", paymentBody(toFail.ID, 1, "EUR", cardVisa))
-	send(t, "processor_rejected", 422, pay, e.a.Key, "p-rejected", payBody(toFail.ID, "pm_card_unknown"))
-	send(t, "pay idempotency_key_reused", 422, pay, e.a.Key, "p-create", payBody(toFail.ID, cardVisa))
+	send(t, "payment_amount_mismatch", 422, pay, e.a.Key, "p-mismatch", paymentBody(toFail.Id.String(), 1, "EUR", cardVisa))
+	send(t, "processor_rejected", 422, pay, e.a.Key, "p-rejected", payBody(toFail.Id.String(), "pm_card_unknown"))
+	send(t, "pay idempotency_key_reused", 422, pay, e.a.Key, "p-create", payBody(toFail.Id.String(), cardVisa))
 	e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: processorsim.FaultStatus, Status: http.StatusTooManyRequests})
-	send(t, "processor_unavailable", 503, pay, e.a.Key, "p-limited", payBody(toFail.ID, cardVisa))
+	send(t, "processor_unavailable", 503, pay, e.a.Key, "p-limited", payBody(toFail.Id.String(), cardVisa))
 	e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: processorsim.FaultServerError})
 	e.setLease(t, e.a.ID, endpointPayments, "p-limited", -time.Second) // its Retry-After passed
-	send(t, "processor_outcome_unknown", 503, pay, e.a.Key, "p-limited", payBody(toFail.ID, cardVisa))
+	send(t, "processor_outcome_unknown", 503, pay, e.a.Key, "p-limited", payBody(toFail.Id.String(), cardVisa))
 	// Another attempt holds the released key's lease now.
 	e.setLease(t, e.a.ID, endpointPayments, "p-limited", time.Hour)
-	send(t, "pay idempotency_key_in_use", 409, pay, e.a.Key, "p-limited", payBody(toFail.ID, cardVisa))
+	send(t, "pay idempotency_key_in_use", 409, pay, e.a.Key, "p-limited", payBody(toFail.Id.String(), cardVisa))
 
 	get(t, "get payment", 200, e.a.Key, "/v1/payments/"+paymentID)
 	get(t, "get declined payment", 200, e.a.Key, "/v1/payments/"+declinedID)
@@ -305,7 +306,7 @@ func TestContractResponsesMatchSpec(t *testing.T) {
 	get(t, "get refund malformed id", 404, e.a.Key, refunds+"/not-a-uuid")
 	get(t, "get refund unauthorized", 401, "", refundAt)
 	get(t, "list payments", 200, e.a.Key, "/v1/payments?limit=1")
-	get(t, "list payments of an order", 200, e.a.Key, "/v1/payments?order_id="+toPay.ID)
+	get(t, "list payments of an order", 200, e.a.Key, "/v1/payments?order_id="+toPay.Id.String())
 	get(t, "list payments invalid_query", 400, e.a.Key, "/v1/payments?order_id=nope")
 	get(t, "list payments unauthorized", 401, "", "/v1/payments")
 	send(t, "refund replay", 201, refunds, e.a.Key, "r-create", refundBody(1000))
@@ -435,7 +436,7 @@ func TestContractResponsesMatchSpec(t *testing.T) {
 	get(t, "list down", 503, e.a.Key, "/v1/orders")
 	get(t, "key status down", 503, e.a.Key, keyStatus("k-create", endpointOrders))
 	get(t, "get down", 503, e.a.Key, "/v1/orders/"+uuid.NewString())
-	send(t, "pay down", 503, pay, e.a.Key, "p-outage", payBody(toFail.ID, cardVisa))
+	send(t, "pay down", 503, pay, e.a.Key, "p-outage", payBody(toFail.Id.String(), cardVisa))
 	get(t, "get payment down", 503, e.a.Key, "/v1/payments/"+paymentID)
 	get(t, "list payments down", 503, e.a.Key, "/v1/payments")
 	get(t, "get refund down", 503, e.a.Key, refundAt)
@@ -470,7 +471,7 @@ func TestContractResponsesMatchSpec(t *testing.T) {
 		for name, ref := range c.doc.Components.Responses {
 			for _, mt := range ref.Value.Content {
 				for exName, ex := range mt.Examples {
-					var want problem
+					var want api.Problem
 					raw, err := json.Marshal(ex.Value.Value)
 					if err != nil || json.Unmarshal(raw, &want) != nil || want.Code == "" {
 						continue

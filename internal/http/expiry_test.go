@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/idemref/payments/client/api"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/tooling/processorsim"
 )
@@ -53,8 +54,8 @@ func TestOrderKeyAcrossTheTwoHorizons(t *testing.T) {
 	e.ageKey(t, e.a.ID, endpointOrders, key, false)
 	res := e.post(t, e.a.Key, key, body)
 	p := wantProblem(t, res, http.StatusConflict, httpapi.CodeResultExpired)
-	if p.Resource != "/v1/orders/"+o.ID || p.OriginalStatus != http.StatusCreated {
-		t.Errorf("resource %q, original_status %d; want /v1/orders/%s and 201", p.Resource, p.OriginalStatus, o.ID)
+	if deref(p.Resource) != "/v1/orders/"+o.Id.String() || deref(p.OriginalStatus) != http.StatusCreated {
+		t.Errorf("resource %q, original_status %d; want /v1/orders/%s and 201", deref(p.Resource), deref(p.OriginalStatus), o.Id.String())
 	}
 	if res.header.Get(httpapi.ReplayedHeader) != "" {
 		t.Error("a result_expired answer must not be marked as a replay")
@@ -64,8 +65,8 @@ func TestOrderKeyAcrossTheTwoHorizons(t *testing.T) {
 
 	e.ageKey(t, e.a.ID, endpointOrders, key, true)
 	again := wantProblem(t, e.post(t, e.a.Key, key, body), http.StatusConflict, httpapi.CodeReferenceExists)
-	if again.OrderID != o.ID {
-		t.Errorf("order_id = %q, want the existing order %s", again.OrderID, o.ID)
+	if idString(again.OrderId) != o.Id.String() {
+		t.Errorf("order_id = %q, want the existing order %s", idString(again.OrderId), o.Id.String())
 	}
 	e.wantRows(t, 1, 1) // the key row was claimed over, not added
 	if n := e.countOrdersWithReference(t, e.a.ID, "inv-expiring"); n != 1 {
@@ -80,7 +81,7 @@ func TestPaymentKeyResultExpired(t *testing.T) {
 	e := setup(t, withProcessor())
 	o := e.newOrder(t, e.a, "inv-1")
 	const key = "pay-expiring"
-	body := payBody(o.ID, cardVisa)
+	body := payBody(o.Id.String(), cardVisa)
 	first := e.pay(t, e.a.Key, key, body)
 	wantStatus(t, first, http.StatusCreated)
 	p := decodePayment(t, first)
@@ -88,29 +89,15 @@ func TestPaymentKeyResultExpired(t *testing.T) {
 
 	e.ageKey(t, e.a.ID, endpointPayments, key, false)
 	got := wantProblem(t, e.pay(t, e.a.Key, key, body), http.StatusConflict, httpapi.CodeResultExpired)
-	if got.Resource != "/v1/payments/"+p.ID || got.OriginalStatus != http.StatusCreated {
-		t.Errorf("resource %q, original_status %d; want /v1/payments/%s and 201", got.Resource, got.OriginalStatus, p.ID)
+	if deref(got.Resource) != "/v1/payments/"+p.Id.String() || deref(got.OriginalStatus) != http.StatusCreated {
+		t.Errorf("resource %q, original_status %d; want /v1/payments/%s and 201", deref(got.Resource), deref(got.OriginalStatus), p.Id.String())
 	}
 	if n := len(e.sim.Calls()); n != calls {
 		t.Errorf("processor calls = %d, want %d: nothing may run again", n, calls)
 	}
-	if n := e.netCharged(o.ID); n != orderAmount {
+	if n := e.netCharged(o.Id.String()); n != orderAmount {
 		t.Errorf("net charged = %d, want %d", n, orderAmount)
 	}
-}
-
-// keyStatus is the client's view of GET /v1/idempotency-keys/{key}.
-type keyStatus struct {
-	Key            string  `json:"key"`
-	Endpoint       string  `json:"endpoint"`
-	State          string  `json:"state"`
-	RecoveryPoint  *string `json:"recovery_point"`
-	ResponseStatus *int    `json:"response_status"`
-	Resource       *string `json:"resource"`
-	CreatedAt      string  `json:"created_at"`
-	CompletedAt    *string `json:"completed_at"`
-	ExpiresAt      string  `json:"expires_at"`
-	RetainUntil    string  `json:"retain_until"`
 }
 
 func statusPath(key, endpoint string) string {
@@ -129,10 +116,10 @@ func TestKeyStatus(t *testing.T) {
 	wantStatus(t, created, http.StatusCreated)
 	o := decodeOrder(t, created)
 
-	get := func(t *testing.T, apiKey, key, endpoint string) (response, keyStatus) {
+	get := func(t *testing.T, apiKey, key, endpoint string) (response, api.IdempotencyKeyStatus) {
 		t.Helper()
 		res := e.get(t, apiKey, statusPath(key, endpoint))
-		var st keyStatus
+		var st api.IdempotencyKeyStatus
 		if res.status == http.StatusOK {
 			decodeJSON(t, res, &st)
 			if res.header.Get("Cache-Control") != "no-store" {
@@ -146,8 +133,8 @@ func TestKeyStatus(t *testing.T) {
 		res, st := get(t, e.a.Key, orderKey, endpointOrders)
 		wantStatus(t, res, http.StatusOK)
 		if st.Key != orderKey || st.Endpoint != endpointOrders || st.State != "completed" ||
-			st.ResponseStatus == nil || *st.ResponseStatus != 201 || st.Resource == nil || *st.Resource != "/v1/orders/"+o.ID ||
-			st.CompletedAt == nil || st.ExpiresAt == "" || st.RetainUntil == "" {
+			st.ResponseStatus == nil || *st.ResponseStatus != 201 || st.Resource == nil || *st.Resource != "/v1/orders/"+o.Id.String() ||
+			st.CompletedAt == nil || st.ExpiresAt.IsZero() || st.RetainUntil.IsZero() {
 			t.Errorf("status = %+v", st)
 		}
 		if strings.Contains(string(res.body), "inv-status") {
@@ -158,8 +145,8 @@ func TestKeyStatus(t *testing.T) {
 	t.Run("InProgressPayment", func(t *testing.T) {
 		po := e.newOrder(t, e.a, "inv-pay")
 		e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: processorsim.FaultServerError})
-		wantStatus(t, e.pay(t, e.a.Key, "pay-status", payBody(po.ID, cardVisa)), http.StatusServiceUnavailable)
-		row := e.onePayment(t, po.ID)
+		wantStatus(t, e.pay(t, e.a.Key, "pay-status", payBody(po.Id.String(), cardVisa)), http.StatusServiceUnavailable)
+		row := e.onePayment(t, po.Id.String())
 		res, st := get(t, e.a.Key, "pay-status", endpointPayments)
 		wantStatus(t, res, http.StatusOK)
 		if st.State != "in_progress" || st.RecoveryPoint == nil || *st.RecoveryPoint != "charge_sent" ||
@@ -183,7 +170,7 @@ func TestKeyStatus(t *testing.T) {
 		e.ageKey(t, e.a.ID, endpointOrders, orderKey, false)
 		res, st := get(t, e.a.Key, orderKey, endpointOrders)
 		wantStatus(t, res, http.StatusOK)
-		if st.State != "result_expired" || st.Resource == nil || *st.Resource != "/v1/orders/"+o.ID {
+		if st.State != "result_expired" || st.Resource == nil || *st.Resource != "/v1/orders/"+o.Id.String() {
 			t.Errorf("status = %+v, want result_expired with the order", st)
 		}
 		e.ageKey(t, e.a.ID, endpointOrders, orderKey, true)

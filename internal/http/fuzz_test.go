@@ -12,6 +12,7 @@ import (
 	"time"
 
 	apispec "github.com/idemref/payments"
+	"github.com/idemref/payments/client/api"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/payments"
@@ -89,10 +90,7 @@ func FuzzRequest(f *testing.F) {
 			t.Fatalf("%s %q → %d with Content-Type %q, want application/problem+json; body: %.500s",
 				req.Method, path, status, ct, rec.Body.Bytes())
 		}
-		var p struct {
-			Code   string `json:"code"`
-			Status int    `json:"status"`
-		}
+		var p api.Problem
 		if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil || p.Code == "" || p.Status != status {
 			t.Fatalf("%s %q → %d with a problem that has no code or another status (%v); body: %.500s",
 				req.Method, path, status, err, rec.Body.Bytes())
@@ -164,14 +162,13 @@ func fuzzServer(tb testing.TB) (http.Handler, string, string) {
 		}
 		return rec.Body.Bytes()
 	}
-	var created struct {
-		ID string `json:"id"`
-	}
-	if err := json.Unmarshal(send("/v1/orders", "fuzz-order", orderBody("fuzz-paid")), &created); err != nil {
+	var o api.Order
+	if err := json.Unmarshal(send("/v1/orders", "fuzz-order", orderBody("fuzz-paid")), &o); err != nil {
 		tb.Fatal(err)
 	}
-	if err := json.Unmarshal(send("/v1/payments", "fuzz-pay", payBody(created.ID, cardVisa)), &created); err != nil {
+	var p api.Payment
+	if err := json.Unmarshal(send("/v1/payments", "fuzz-pay", payBody(o.Id.String(), cardVisa)), &p); err != nil {
 		tb.Fatal(err)
 	}
-	return handler, apiKey, created.ID
+	return handler, apiKey, p.Id.String()
 }

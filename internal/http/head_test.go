@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/idemref/payments/client/api"
 )
 
 // RFC 9110 section 9.3.2: every GET route answers HEAD with the status and
@@ -13,16 +15,14 @@ import (
 func TestEveryGetRouteAnswersHead(t *testing.T) {
 	e := setup(t, withProcessor())
 	o := decodeOrder(t, e.post(t, e.a.Key, "head-order", orderBody("head-1")))
-	pay := e.pay(t, e.a.Key, "head-pay", payBody(o.ID, cardVisa))
-	var paid struct {
-		ID string `json:"id"`
-	}
-	if err := json.Unmarshal(pay.body, &paid); err != nil || paid.ID == "" {
+	pay := e.pay(t, e.a.Key, "head-pay", payBody(o.Id.String(), cardVisa))
+	var paid api.Payment
+	if err := json.Unmarshal(pay.body, &paid); err != nil || paid.Id == (api.Uuid{}) {
 		t.Fatalf("payment = %d %s: %v", pay.status, pay.body, err)
 	}
 	for _, path := range []string{
 		"/healthz", "/readyz", "/metrics", "/openapi.yaml", "/docs",
-		"/v1/orders", "/v1/orders/" + o.ID, "/v1/payments", "/v1/payments/" + paid.ID,
+		"/v1/orders", "/v1/orders/" + o.Id.String(), "/v1/payments", "/v1/payments/" + paid.Id.String(),
 		"/v1/idempotency-keys/head-order?endpoint=POST%20/v1/orders",
 		"/v1/orders/00000000-0000-4000-8000-000000000000", // a 404 is a 404 for HEAD too
 	} {
@@ -37,7 +37,7 @@ func TestEveryGetRouteAnswersHead(t *testing.T) {
 			}
 		}
 	}
-	res := e.do(t, http.MethodDelete, "/v1/orders/"+o.ID, e.a.Key, nil)
+	res := e.do(t, http.MethodDelete, "/v1/orders/"+o.Id.String(), e.a.Key, nil)
 	if allow := res.header.Get("Allow"); res.status != http.StatusMethodNotAllowed || !strings.Contains(allow, "GET, HEAD") {
 		t.Errorf("DELETE /v1/orders/{id} = %d, Allow %q; want 405 listing GET, HEAD", res.status, allow)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	apispec "github.com/idemref/payments"
+	"github.com/idemref/payments/client/api"
 	"github.com/idemref/payments/internal/db"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
@@ -352,31 +353,9 @@ func orderBody(ref string) string {
 	return `{"reference":"` + ref + `","customer_id":"cus_1","amount":2500,"currency":"EUR"}`
 }
 
-type fieldError struct {
-	Field   string `json:"field"`
-	Message string `json:"message"`
-}
-
-// problem is the client's view of an RFC 9457 problem document.
-type problem struct {
-	Type    string       `json:"type"`
-	Title   string       `json:"title"`
-	Status  int          `json:"status"`
-	Detail  string       `json:"detail"`
-	Code    string       `json:"code"`
-	Errors  []fieldError `json:"errors"`
-	OrderID string       `json:"order_id"`
-	// PaymentID and DeclineCode come with payment problems.
-	PaymentID   string `json:"payment_id"`
-	DeclineCode string `json:"decline_code"`
-	// Resource and OriginalStatus come with idempotency_result_expired.
-	Resource       string `json:"resource"`
-	OriginalStatus int    `json:"original_status"`
-}
-
 // wantProblem checks that res is a problem with the given status and code,
 // with the headers every problem carries, and returns it.
-func wantProblem(t *testing.T, res response, status int, code string) problem {
+func wantProblem(t *testing.T, res response, status int, code string) api.Problem {
 	t.Helper()
 	if res.status != status {
 		t.Fatalf("status = %d, want %d; body: %s", res.status, status, res.body)
@@ -387,7 +366,7 @@ func wantProblem(t *testing.T, res response, status int, code string) problem {
 	if cc := res.header.Get("Cache-Control"); cc != "no-store" {
 		t.Errorf("Cache-Control = %q, want no-store", cc)
 	}
-	var p problem
+	var p api.Problem
 	if err := json.Unmarshal(res.body, &p); err != nil {
 		t.Fatalf("decode problem: %v; body: %s", err, res.body)
 	}
@@ -420,25 +399,9 @@ func wantStatus(t *testing.T, res response, status int) {
 	}
 }
 
-// order is the client's view of an order.
-type order struct {
-	ID          string            `json:"id"`
-	Reference   string            `json:"reference"`
-	CustomerID  string            `json:"customer_id"`
-	Amount      int64             `json:"amount"`
-	Currency    string            `json:"currency"`
-	Description string            `json:"description"`
-	Metadata    map[string]string `json:"metadata"`
-	Status      string            `json:"status"`
-	AmountPaid  int64             `json:"amount_paid"`
-	// AmountRefunded follows refund events.
-	AmountRefunded int64  `json:"amount_refunded"`
-	CreatedAt      string `json:"created_at"`
-}
-
-func decodeOrder(t *testing.T, res response) order {
+func decodeOrder(t *testing.T, res response) api.Order {
 	t.Helper()
-	var o order
+	var o api.Order
 	if err := json.Unmarshal(res.body, &o); err != nil {
 		t.Fatalf("decode order: %v; body: %s", err, res.body)
 	}
@@ -535,4 +498,21 @@ func (e *bundle) countOrdersWithReference(t *testing.T, tenantID uuid.UUID, ref 
 // customerBody is a valid PUT /v1/customers/{id} body.
 func customerBody(name string) string {
 	return `{"name":"` + name + `","email":"` + strings.ToLower(name) + `@example.com"}`
+}
+
+// deref is *p, or the zero value when the member p decodes is absent.
+func deref[T any](p *T) T {
+	if p == nil {
+		var zero T
+		return zero
+	}
+	return *p
+}
+
+// idString is the text of the id *id, or "" when the member is absent.
+func idString(id *api.Uuid) string {
+	if id == nil {
+		return ""
+	}
+	return id.String()
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemref/payments/client/api"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
 )
@@ -126,7 +127,7 @@ func TestHostileRequests(t *testing.T) {
 	// newOrder is a valid body with a reference no other row uses, so a row
 	// that slips through cannot collide with the next.
 	newOrder := func() members { refs++; return orderOf(fmt.Sprintf("hostile-%d", refs)) }
-	pay := func() members { return paymentOf(unpaid.ID) }
+	pay := func() members { return paymentOf(unpaid.Id.String()) }
 	const refundOf100 = `{"amount":100}`
 
 	// Keys that are well-formed but never issued.
@@ -137,7 +138,7 @@ func TestHostileRequests(t *testing.T) {
 		orders   = "/v1/orders"
 		payments = "/v1/payments"
 	)
-	refunds := "/v1/payments/" + paid.ID + "/refunds"
+	refunds := "/v1/payments/" + paid.Id.String() + "/refunds"
 	tooLarge := padTo(newOrder().String(), httpapi.MaxBodyBytes+1)
 	// Bodies two rows send alike: the second is a replay.
 	zeroAmount := orderOf("hostile-zero").set("amount", "0").String()
@@ -280,7 +281,7 @@ func TestHostileRequests(t *testing.T) {
 		{name: "Pay/AmountZero", method: post, path: payments, body: pay().set("amount", "0").String(), status: 400, code: invalid, writes: writesKey},
 		{name: "Pay/AmountInt64Max", method: post, path: payments, body: pay().set("amount", "9223372036854775807").String(), status: 400, code: invalid, writes: writesKey},
 		{name: "Pay/CurrencyLowercase", method: post, path: payments, body: pay().set("currency", `"eur"`).String(), status: 400, code: invalid, writes: writesKey},
-		{name: "Pay/CharsetUTF8Accepted", method: post, path: payments, opts: []reqOption{ct("application/json; charset=utf-8")}, body: paymentOf(toPay.ID).String(), status: 201, writes: writesPayment},
+		{name: "Pay/CharsetUTF8Accepted", method: post, path: payments, opts: []reqOption{ct("application/json; charset=utf-8")}, body: paymentOf(toPay.Id.String()).String(), status: 201, writes: writesPayment},
 
 		// --- POST /v1/payments/{id}/refunds ---
 		{name: "Refund/KeyMissing", method: post, path: refunds, key: noHeader, body: refundOf100, status: 400, code: keyMissing},
@@ -300,7 +301,7 @@ func TestHostileRequests(t *testing.T) {
 		{name: "Refund/AmountZero", method: post, path: refunds, body: `{"amount":0}`, status: 400, code: invalid, writes: writesKey},
 		{name: "Refund/AmountNegative", method: post, path: refunds, body: `{"amount":-100}`, status: 400, code: invalid, writes: writesKey},
 		{name: "Refund/AmountInt64Max", method: post, path: refunds, body: `{"amount":9223372036854775807}`, status: 400, code: invalid, writes: writesKey},
-		{name: "Refund/OtherTenantsPayment", method: post, path: "/v1/payments/" + otherPaid.ID + "/refunds", body: refundOf100, status: 404, code: notFound, writes: writesKey},
+		{name: "Refund/OtherTenantsPayment", method: post, path: "/v1/payments/" + otherPaid.Id.String() + "/refunds", body: refundOf100, status: 404, code: notFound, writes: writesKey},
 		{name: "Refund/SFStringKeyAccepted", method: post, path: refunds, key: []string{`"hostile-refund-1"`}, body: refundOf100, status: 201, writes: writesRefund},
 
 		// --- GET /v1/orders: queries ---
@@ -321,18 +322,18 @@ func TestHostileRequests(t *testing.T) {
 		{name: "ListOrders/LowercaseSchemeAccepted", method: get, path: orders, auth: []string{"bearer " + e.b.Key}, status: 200},
 
 		// --- GET /v1/orders/{id} and /v1/payments/{id} ---
-		{name: "GetOrder/Own", method: get, path: orders + "/" + paidOrder.ID, status: 200},
+		{name: "GetOrder/Own", method: get, path: orders + "/" + paidOrder.Id.String(), status: 200},
 		{name: "GetOrder/MalformedUUID", method: get, path: orders + "/not-a-uuid", status: 404, code: notFound},
-		{name: "GetOrder/UUIDWithTrailingJunk", method: get, path: orders + "/" + paidOrder.ID + "x", status: 404, code: notFound},
+		{name: "GetOrder/UUIDWithTrailingJunk", method: get, path: orders + "/" + paidOrder.Id.String() + "x", status: 404, code: notFound},
 		{name: "GetOrder/EncodedSlashInID", method: get, path: orders + "/a%2Fb", status: 404, code: notFound},
 		{name: "GetOrder/DotDotAsID", method: get, path: orders + "/..", status: 404, code: notFound},
 		{name: "GetOrder/UnknownUUID", method: get, path: orders + "/" + uuid.NewString(), status: 404, code: notFound},
-		{name: "GetOrder/OtherTenantsOrder", method: get, path: orders + "/" + otherOrder.ID, status: 404, code: notFound},
-		{name: "GetOrder/NoAuthorization", method: get, path: orders + "/" + paidOrder.ID, auth: noHeader, status: 401, code: unauth},
-		{name: "GetPayment/Own", method: get, path: payments + "/" + paid.ID, status: 200},
+		{name: "GetOrder/OtherTenantsOrder", method: get, path: orders + "/" + otherOrder.Id.String(), status: 404, code: notFound},
+		{name: "GetOrder/NoAuthorization", method: get, path: orders + "/" + paidOrder.Id.String(), auth: noHeader, status: 401, code: unauth},
+		{name: "GetPayment/Own", method: get, path: payments + "/" + paid.Id.String(), status: 200},
 		{name: "GetPayment/MalformedUUID", method: get, path: payments + "/not-a-uuid", status: 404, code: notFound},
-		{name: "GetPayment/OtherTenantsPayment", method: get, path: payments + "/" + otherPaid.ID, status: 404, code: notFound},
-		{name: "GetPayment/WrongAPIKey", method: get, path: payments + "/" + paid.ID, auth: []string{bearer(wrongKey)}, status: 401, code: unauth, wrongToken: true},
+		{name: "GetPayment/OtherTenantsPayment", method: get, path: payments + "/" + otherPaid.Id.String(), status: 404, code: notFound},
+		{name: "GetPayment/WrongAPIKey", method: get, path: payments + "/" + paid.Id.String(), auth: []string{bearer(wrongKey)}, status: 401, code: unauth, wrongToken: true},
 
 		// --- PUT /v1/customers/{id}: the id in its canonical form only ---
 		{name: "PutCustomer/BracedUUID", method: http.MethodPut, path: "/v1/customers/{" + uuid.NewString() + "}", body: `{"name":"Ada","email":"ada@example.com"}`, status: 400, code: invalid},
@@ -347,9 +348,9 @@ func TestHostileRequests(t *testing.T) {
 		{name: "Route/UnknownVersion", method: get, path: "/v2/orders", status: 404, code: notFound},
 		{name: "Route/PostToUnknownUnderV1", method: post, path: "/v1/charges", body: newOrder().String(), status: 404, code: notFound},
 		{name: "Method/DeleteOrders", method: del, path: orders, status: 405, code: badMethod},
-		{name: "Method/DeleteOrder", method: del, path: orders + "/" + paidOrder.ID, status: 405, code: badMethod},
-		{name: "Method/PatchOrderWithoutIfMatch", method: http.MethodPatch, path: orders + "/" + paidOrder.ID, body: "{}", status: 428, code: httpapi.CodePreconditionRequired},
-		{name: "Method/PutPayment", method: http.MethodPut, path: payments + "/" + paid.ID, body: "{}", status: 405, code: badMethod},
+		{name: "Method/DeleteOrder", method: del, path: orders + "/" + paidOrder.Id.String(), status: 405, code: badMethod},
+		{name: "Method/PatchOrderWithoutIfMatch", method: http.MethodPatch, path: orders + "/" + paidOrder.Id.String(), body: "{}", status: 428, code: httpapi.CodePreconditionRequired},
+		{name: "Method/PutPayment", method: http.MethodPut, path: payments + "/" + paid.Id.String(), body: "{}", status: 405, code: badMethod},
 		{name: "Method/GetRefunds", method: get, path: refunds, status: 405, code: badMethod},
 		{name: "Method/PostHealthz", method: post, path: "/healthz", body: "{}", status: 405, code: badMethod},
 
@@ -443,16 +444,16 @@ func (tt hostileCase) check(t *testing.T, res response) {
 		t.Errorf("status = %d, want %d; body: %.500s", res.status, tt.status, res.body)
 	}
 	if tt.status >= 400 {
-		var p problem
+		var p api.Problem
 		switch ct := res.header.Get("Content-Type"); {
 		case ct != "application/problem+json":
 			t.Errorf("Content-Type = %q, want application/problem+json", ct)
 		case json.Unmarshal(res.body, &p) != nil:
 			t.Errorf("the problem does not decode; body: %.500s", res.body)
 		case p.Code != tt.code:
-			t.Errorf("problem code = %q, want %q; detail: %s", p.Code, tt.code, p.Detail)
-		case !strings.Contains(p.Detail, tt.detail):
-			t.Errorf("problem detail = %q, want it to name %q", p.Detail, tt.detail)
+			t.Errorf("problem code = %q, want %q; detail: %s", p.Code, tt.code, deref(p.Detail))
+		case !strings.Contains(deref(p.Detail), tt.detail):
+			t.Errorf("problem detail = %q, want it to name %q", deref(p.Detail), tt.detail)
 		}
 	}
 	// R2: on every response; no-store on every /v1 response, whatever it is.

@@ -24,7 +24,7 @@ func TestCreateOrderReplay(t *testing.T) {
 	first := e.post(t, e.a.Key, key, body)
 	wantStatus(t, first, http.StatusCreated)
 	o := decodeOrder(t, first)
-	if got, want := first.header.Get("Location"), "/v1/orders/"+o.ID; got != want {
+	if got, want := first.header.Get("Location"), "/v1/orders/"+o.Id.String(); got != want {
 		t.Errorf("Location = %q, want %q", got, want)
 	}
 	if got := first.header.Get("Content-Type"); got != "application/json" {
@@ -53,7 +53,7 @@ func TestCreateOrderReplay(t *testing.T) {
 	})
 
 	t.Run("ReplayShowsTheOrderAsCreated", func(t *testing.T) {
-		got := e.get(t, e.a.Key, "/v1/orders/"+o.ID)
+		got := e.get(t, e.a.Key, "/v1/orders/"+o.Id.String())
 		wantStatus(t, got, http.StatusOK)
 		if diff := cmp.Diff(o, decodeOrder(t, got)); diff != "" {
 			t.Errorf("GET differs from the created order (-created +get):\n%s", diff)
@@ -89,7 +89,7 @@ func TestCreateOrderKeyReuse(t *testing.T) {
 		if res.header.Get(httpapi.ReplayedHeader) != "" {
 			t.Error("tenant b got a replay of tenant a's response")
 		}
-		if decodeOrder(t, res).ID == decodeOrder(t, first).ID {
+		if decodeOrder(t, res).Id == decodeOrder(t, first).Id {
 			t.Error("tenant b got tenant a's order")
 		}
 		e.wantRows(t, 2, 2)
@@ -347,7 +347,7 @@ func TestCreateOrderValidationFailureIsRecorded(t *testing.T) {
 			first := e.post(t, e.a.Key, key, tt.body)
 			p := wantProblem(t, first, http.StatusBadRequest, httpapi.CodeValidationFailed)
 			var got []string
-			for _, f := range p.Errors {
+			for _, f := range deref(p.Errors) {
 				got = append(got, f.Field)
 				if f.Message == "" {
 					t.Errorf("field %s has no message", f.Field)
@@ -376,8 +376,8 @@ func TestCreateOrderNaturalKeyBackstop(t *testing.T) {
 
 	conflict := e.post(t, e.a.Key, "key-b", orderBody("inv-1"))
 	p := wantProblem(t, conflict, http.StatusConflict, httpapi.CodeReferenceExists)
-	if p.OrderID != created.ID {
-		t.Errorf("order_id = %q, want the first order %q", p.OrderID, created.ID)
+	if idString(p.OrderId) != created.Id.String() {
+		t.Errorf("order_id = %q, want the first order %q", idString(p.OrderId), created.Id.String())
 	}
 	e.wantRows(t, 1, 2)
 	e.wantKeyRecord(t, e.a.ID, "key-a", http.StatusCreated)

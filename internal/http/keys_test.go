@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemref/payments/client/api"
 	httpapi "github.com/idemref/payments/internal/http"
 )
 
@@ -98,11 +99,11 @@ func TestKeyStatusFindsEveryKeyForm(t *testing.T) {
 				t.Errorf("%s: GET %s = %d %s, want 200", tc.name, path, res.status, res.body)
 				continue
 			}
-			var st keyStatus
+			var st api.IdempotencyKeyStatus
 			decodeJSON(t, res, &st)
 			if st.Key != tc.stored || st.State != "completed" || st.ResponseStatus == nil || *st.ResponseStatus != http.StatusCreated ||
-				st.Resource == nil || *st.Resource != "/v1/orders/"+o.ID {
-				t.Errorf("%s: GET %s = %+v, want key %q completed with 201 and /v1/orders/%s", tc.name, path, st, tc.stored, o.ID)
+				st.Resource == nil || *st.Resource != "/v1/orders/"+o.Id.String() {
+				t.Errorf("%s: GET %s = %+v, want key %q completed with 201 and /v1/orders/%s", tc.name, path, st, tc.stored, o.Id.String())
 			}
 		}
 	}

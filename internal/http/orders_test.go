@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	apispec "github.com/idemref/payments"
+	"github.com/idemref/payments/client/api"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/tenants"
@@ -88,17 +89,17 @@ func TestGetOrder(t *testing.T) {
 	o := decodeOrder(t, created)
 
 	t.Run("OwnerSeesTheOrder", func(t *testing.T) {
-		res := e.get(t, e.a.Key, "/v1/orders/"+o.ID)
+		res := e.get(t, e.a.Key, "/v1/orders/"+o.Id.String())
 		wantStatus(t, res, http.StatusOK)
-		want := order{
-			ID: o.ID, Reference: "inv-1", CustomerID: "cus_1", Amount: 2500, Currency: "EUR",
-			Description: "", Metadata: map[string]string{}, Status: "pending", AmountPaid: 0, CreatedAt: o.CreatedAt,
+		want := api.Order{
+			Id: o.Id, Reference: "inv-1", CustomerId: "cus_1", Amount: 2500, Currency: "EUR",
+			Description: "", Metadata: api.Metadata{}, Status: api.OrderStatusPending, AmountPaid: 0, CreatedAt: o.CreatedAt,
 		}
 		if diff := cmp.Diff(want, decodeOrder(t, res)); diff != "" {
 			t.Errorf("order (-want +got):\n%s", diff)
 		}
-		if _, err := uuid.Parse(o.ID); err != nil {
-			t.Errorf("id %q is not a UUID", o.ID)
+		if _, err := uuid.Parse(o.Id.String()); err != nil {
+			t.Errorf("id %q is not a UUID", o.Id.String())
 		}
 	})
 
@@ -107,32 +108,27 @@ func TestGetOrder(t *testing.T) {
 		key  string
 		path string
 	}{
-		{name: "OtherTenantsOrder", key: e.b.Key, path: "/v1/orders/" + o.ID},
+		{name: "OtherTenantsOrder", key: e.b.Key, path: "/v1/orders/" + o.Id.String()},
 		{name: "UnknownID", key: e.a.Key, path: "/v1/orders/" + uuid.NewString()},
 		{name: "MalformedID", key: e.a.Key, path: "/v1/orders/not-a-uuid"},
-		{name: "IDWithTrailingJunk", key: e.a.Key, path: "/v1/orders/" + o.ID + "x"},
+		{name: "IDWithTrailingJunk", key: e.a.Key, path: "/v1/orders/" + o.Id.String() + "x"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+"IsNotFound", func(t *testing.T) {
 			res := e.get(t, tt.key, tt.path)
 			p := wantProblem(t, res, http.StatusNotFound, httpapi.CodeNotFound)
-			if strings.Contains(string(res.body), o.ID) {
+			if strings.Contains(string(res.body), o.Id.String()) {
 				t.Errorf("the 404 mentions the order id: %+v", p)
 			}
 		})
 	}
 }
 
-type orderList struct {
-	Data       []order `json:"data"`
-	NextCursor *string `json:"next_cursor"`
-}
-
-func (e *bundle) list(t *testing.T, apiKey, query string) orderList {
+func (e *bundle) list(t *testing.T, apiKey, query string) api.OrderList {
 	t.Helper()
 	res := e.get(t, apiKey, "/v1/orders"+query)
 	wantStatus(t, res, http.StatusOK)
-	var l orderList
+	var l api.OrderList
 	if err := json.Unmarshal(res.body, &l); err != nil {
 		t.Fatalf("decode list: %v; body: %s", err, res.body)
 	}
@@ -142,10 +138,10 @@ func (e *bundle) list(t *testing.T, apiKey, query string) orderList {
 	return l
 }
 
-func ids(orders []order) []string {
+func ids(orders []api.Order) []string {
 	out := []string{}
 	for _, o := range orders {
-		out = append(out, o.ID)
+		out = append(out, o.Id.String())
 	}
 	return out
 }
@@ -158,7 +154,7 @@ func TestListOrders(t *testing.T) {
 	for i := range 5 {
 		res := e.post(t, e.a.Key, fmt.Sprintf("list-%d", i), orderBody(fmt.Sprintf("inv-%d", i)))
 		wantStatus(t, res, http.StatusCreated)
-		created = append([]string{decodeOrder(t, res).ID}, created...)
+		created = append([]string{decodeOrder(t, res).Id.String()}, created...)
 	}
 	other := e.post(t, e.b.Key, "list-b", orderBody("inv-b"))
 	wantStatus(t, other, http.StatusCreated)
@@ -173,7 +169,7 @@ func TestListOrders(t *testing.T) {
 			t.Errorf("next_cursor = %q on the only page, want null", *l.NextCursor)
 		}
 		lb := e.list(t, e.b.Key, "")
-		if diff := cmp.Diff([]string{decodeOrder(t, other).ID}, ids(lb.Data)); diff != "" {
+		if diff := cmp.Diff([]string{decodeOrder(t, other).Id.String()}, ids(lb.Data)); diff != "" {
 			t.Errorf("tenant b's list (-want +got):\n%s", diff)
 		}
 	})
@@ -213,7 +209,7 @@ func TestListOrders(t *testing.T) {
 		l := e.list(t, e.b.Key, "?cursor="+url.QueryEscape(*first.NextCursor))
 		for _, o := range l.Data {
 			if o.Reference != "inv-b" {
-				t.Errorf("tenant b's page contains %s (%s)", o.ID, o.Reference)
+				t.Errorf("tenant b's page contains %s (%s)", o.Id.String(), o.Reference)
 			}
 		}
 	})

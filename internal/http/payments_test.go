@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/uuid"
 
+	"github.com/idemref/payments/client/api"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/payments"
@@ -74,7 +75,7 @@ func (e *bundle) refund(t *testing.T, apiKey, idemKey, paymentID, body string, o
 }
 
 // newOrder creates an order of orderAmount EUR for tn.
-func (e *bundle) newOrder(t *testing.T, tn tenant, ref string) order {
+func (e *bundle) newOrder(t *testing.T, tn tenant, ref string) api.Order {
 	t.Helper()
 	res := e.post(t, tn.Key, "order-"+ref, orderBody(ref))
 	wantStatus(t, res, http.StatusCreated)
@@ -83,58 +84,24 @@ func (e *bundle) newOrder(t *testing.T, tn tenant, ref string) order {
 
 // paidOrder creates an order for tn and pays it in full under the key
 // "pay-"+ref.
-func (e *bundle) paidOrder(t *testing.T, tn tenant, ref string) (order, payment) {
+func (e *bundle) paidOrder(t *testing.T, tn tenant, ref string) (api.Order, api.Payment) {
 	t.Helper()
 	o := e.newOrder(t, tn, ref)
-	res := e.pay(t, tn.Key, "pay-"+ref, payBody(o.ID, cardVisa))
+	res := e.pay(t, tn.Key, "pay-"+ref, payBody(o.Id.String(), cardVisa))
 	wantStatus(t, res, http.StatusCreated)
 	return o, decodePayment(t, res)
 }
 
-// payment is the client's view of a payment.
-type payment struct {
-	ID             string  `json:"id"`
-	OrderID        string  `json:"order_id"`
-	Amount         int64   `json:"amount"`
-	Currency       string  `json:"currency"`
-	PaymentMethod  string  `json:"payment_method"`
-	Status         string  `json:"status"`
-	ChargeID       *string `json:"charge_id"`
-	DeclineCode    *string `json:"decline_code"`
-	RefundedAmount int64   `json:"refunded_amount"`
-	// Compensations: refunds of extra charges reconciliation found.
-	Compensations []compensation `json:"compensations"`
-	CreatedAt     string         `json:"created_at"`
-}
-
-// compensation is the client's view of a compensating refund.
-type compensation struct {
-	ChargeID string  `json:"charge_id"`
-	Amount   int64   `json:"amount"`
-	Reason   string  `json:"reason"`
-	Status   string  `json:"status"`
-	RefundID *string `json:"refund_id"`
-}
-
-func decodePayment(t *testing.T, res response) payment {
+func decodePayment(t *testing.T, res response) api.Payment {
 	t.Helper()
-	var p payment
+	var p api.Payment
 	decodeJSON(t, res, &p)
 	return p
 }
 
-// refund is the client's view of a refund.
-type refund struct {
-	ID        string `json:"id"`
-	PaymentID string `json:"payment_id"`
-	Amount    int64  `json:"amount"`
-	Status    string `json:"status"`
-	CreatedAt string `json:"created_at"`
-}
-
-func decodeRefund(t *testing.T, res response) refund {
+func decodeRefund(t *testing.T, res response) api.Refund {
 	t.Helper()
-	var r refund
+	var r api.Refund
 	decodeJSON(t, res, &r)
 	return r
 }
@@ -429,7 +396,7 @@ func TestPayOrder(t *testing.T) {
 	e := setup(t, withProcessor())
 	o := e.newOrder(t, e.a, "inv-1")
 	const key = "8e03978e-40d5-43e8-bc93-6894a57f9324"
-	body := payBody(o.ID, cardVisa)
+	body := payBody(o.Id.String(), cardVisa)
 	derived := chargeKey(e.a.ID, key)
 
 	first := e.pay(t, e.a.Key, key, body)
@@ -438,14 +405,14 @@ func TestPayOrder(t *testing.T) {
 	ch := e.oneCharge(t, derived)
 
 	t.Run("AnswersWithTheSucceededPayment", func(t *testing.T) {
-		want := payment{
-			ID: p.ID, OrderID: o.ID, Amount: orderAmount, Currency: "EUR", PaymentMethod: cardVisa,
-			Status: "succeeded", ChargeID: &ch.ID, DeclineCode: nil, RefundedAmount: 0, Compensations: []compensation{}, CreatedAt: p.CreatedAt,
+		want := api.Payment{
+			Id: p.Id, OrderId: o.Id, Amount: orderAmount, Currency: "EUR", PaymentMethod: cardVisa,
+			Status: api.PaymentStatusSucceeded, ChargeId: &ch.ID, DeclineCode: nil, RefundedAmount: 0, Compensations: []api.Compensation{}, CreatedAt: p.CreatedAt,
 		}
 		if diff := cmp.Diff(want, p); diff != "" {
 			t.Errorf("payment (-want +got):\n%s", diff)
 		}
-		if got, want := first.header.Get("Location"), "/v1/payments/"+p.ID; got != want {
+		if got, want := first.header.Get("Location"), "/v1/payments/"+p.Id.String(); got != want {
 			t.Errorf("Location = %q, want %q", got, want)
 		}
 		if got := first.header.Get("Content-Type"); got != "application/json" {
@@ -467,7 +434,7 @@ func TestPayOrder(t *testing.T) {
 		}
 		want := processor.Charge{
 			ID: ch.ID, Object: "charge", Amount: orderAmount, Currency: "EUR", PaymentMethod: cardVisa,
-			Status: processor.StatusSucceeded, Metadata: map[string]string{"payment_id": p.ID, "order_id": o.ID},
+			Status: processor.StatusSucceeded, Metadata: map[string]string{"payment_id": p.Id.String(), "order_id": o.Id.String()},
 			IdempotencyKey: derived, Created: ch.Created,
 		}
 		if diff := cmp.Diff(want, ch); diff != "" {
@@ -477,16 +444,16 @@ func TestPayOrder(t *testing.T) {
 
 	t.Run("PaymentOrderAndKeyRows", func(t *testing.T) {
 		want := []paymentRow{{
-			ID: p.ID, Status: "succeeded", Amount: orderAmount, Currency: "EUR", PaymentMethod: cardVisa,
+			ID: p.Id.String(), Status: "succeeded", Amount: orderAmount, Currency: "EUR", PaymentMethod: cardVisa,
 			ChargeKey: derived, ChargeID: ch.ID,
 		}}
-		if diff := cmp.Diff(want, e.paymentRows(t, o.ID)); diff != "" {
+		if diff := cmp.Diff(want, e.paymentRows(t, o.Id.String())); diff != "" {
 			t.Errorf("payments rows (-want +got):\n%s", diff)
 		}
-		if diff := cmp.Diff(orderEvents{Succeeded: 1, Amount: orderAmount}, e.orderEvents(t, o.ID)); diff != "" {
+		if diff := cmp.Diff(orderEvents{Succeeded: 1, Amount: orderAmount}, e.orderEvents(t, o.Id.String())); diff != "" {
 			t.Errorf("order row (-want +got):\n%s", diff)
 		}
-		e.wantKeyState(t, e.a.ID, endpointPayments, key, completed(http.StatusCreated, p.ID))
+		e.wantKeyState(t, e.a.ID, endpointPayments, key, completed(http.StatusCreated, p.Id.String()))
 		e.wantRows(t, 1, 2) // the order's key and the payment's
 		if n := e.count(t, "SELECT count(*) FROM payments"); n != 1 {
 			t.Errorf("payments rows = %d, want 1", n)
@@ -494,7 +461,7 @@ func TestPayOrder(t *testing.T) {
 	})
 
 	t.Run("ReadsShowThePaymentAndTheOrderLeftToItsEvent", func(t *testing.T) {
-		res := e.get(t, e.a.Key, "/v1/payments/"+p.ID)
+		res := e.get(t, e.a.Key, "/v1/payments/"+p.Id.String())
 		wantStatus(t, res, http.StatusOK)
 		if diff := cmp.Diff(p, decodePayment(t, res)); diff != "" {
 			t.Errorf("GET differs from the created payment (-created +get):\n%s", diff)
@@ -502,7 +469,7 @@ func TestPayOrder(t *testing.T) {
 		// The payment does not touch the order: the orders consumer applies
 		// its payment.succeeded event (run here by no one), so the order is
 		// still pending and its event is waiting in the outbox.
-		got := decodeOrder(t, e.get(t, e.a.Key, "/v1/orders/"+o.ID))
+		got := decodeOrder(t, e.get(t, e.a.Key, "/v1/orders/"+o.Id.String()))
 		if got.Status != "pending" || got.AmountPaid != 0 {
 			t.Errorf("order status/amount_paid = %s/%d, want pending/0 until its event is applied", got.Status, got.AmountPaid)
 		}
@@ -527,13 +494,13 @@ func TestPayDeclined(t *testing.T) {
 			e := setup(t, withProcessor())
 			o := e.newOrder(t, e.a, "inv-1")
 			const key = "declined-key"
-			body := payBody(o.ID, tt.method)
+			body := payBody(o.Id.String(), tt.method)
 			derived := chargeKey(e.a.ID, key)
 
 			first := e.pay(t, e.a.Key, key, body)
 			p := wantProblem(t, first, http.StatusPaymentRequired, httpapi.CodeCardDeclined)
-			if p.DeclineCode != tt.declineCode {
-				t.Errorf("decline_code = %q, want %q", p.DeclineCode, tt.declineCode)
+			if deref(p.DeclineCode) != tt.declineCode {
+				t.Errorf("decline_code = %q, want %q", deref(p.DeclineCode), tt.declineCode)
 			}
 			ch := e.oneCharge(t, derived)
 
@@ -542,16 +509,16 @@ func TestPayDeclined(t *testing.T) {
 					t.Errorf("processor charge status/decline_code = %s/%s, want failed/%s", ch.Status, ch.DeclineCode, tt.declineCode)
 				}
 				want := []paymentRow{{
-					ID: p.PaymentID, Status: "declined", Amount: orderAmount, Currency: "EUR", PaymentMethod: tt.method,
+					ID: idString(p.PaymentId), Status: "declined", Amount: orderAmount, Currency: "EUR", PaymentMethod: tt.method,
 					ChargeKey: derived, ChargeID: ch.ID, DeclineCode: tt.declineCode,
 				}}
-				if diff := cmp.Diff(want, e.paymentRows(t, o.ID)); diff != "" {
+				if diff := cmp.Diff(want, e.paymentRows(t, o.Id.String())); diff != "" {
 					t.Errorf("payments rows (-want +got):\n%s", diff)
 				}
-				if diff := cmp.Diff(orderEvents{}, e.orderEvents(t, o.ID)); diff != "" {
+				if diff := cmp.Diff(orderEvents{}, e.orderEvents(t, o.Id.String())); diff != "" {
 					t.Errorf("order row (-want +got):\n%s", diff)
 				}
-				e.wantKeyState(t, e.a.ID, endpointPayments, key, completed(http.StatusPaymentRequired, p.PaymentID))
+				e.wantKeyState(t, e.a.ID, endpointPayments, key, completed(http.StatusPaymentRequired, idString(p.PaymentId)))
 			})
 
 			t.Run("DeclineIsReplayedWithoutCallingTheProcessor", func(t *testing.T) {
@@ -561,31 +528,31 @@ func TestPayDeclined(t *testing.T) {
 			})
 
 			t.Run("GetShowsTheDeclinedPayment", func(t *testing.T) {
-				res := e.get(t, e.a.Key, "/v1/payments/"+p.PaymentID)
+				res := e.get(t, e.a.Key, "/v1/payments/"+idString(p.PaymentId))
 				wantStatus(t, res, http.StatusOK)
 				got := decodePayment(t, res)
 				if got.Status != "declined" || got.DeclineCode == nil || *got.DeclineCode != tt.declineCode ||
-					got.ChargeID == nil || *got.ChargeID != ch.ID {
+					got.ChargeId == nil || *got.ChargeId != ch.ID {
 					t.Errorf("payment = %+v, want declined with decline_code %s and charge_id %s", got, tt.declineCode, ch.ID)
 				}
 			})
 
 			t.Run("NewKeyMayPayWithAnotherCard", func(t *testing.T) {
-				res := e.pay(t, e.a.Key, "second-try", payBody(o.ID, cardVisa))
+				res := e.pay(t, e.a.Key, "second-try", payBody(o.Id.String(), cardVisa))
 				wantStatus(t, res, http.StatusCreated)
 				paid := decodePayment(t, res)
 				retryKey := chargeKey(e.a.ID, "second-try")
 				ok := e.oneCharge(t, retryKey)
 				want := []paymentRow{
-					{ID: p.PaymentID, Status: "declined", Amount: orderAmount, Currency: "EUR", PaymentMethod: tt.method,
+					{ID: idString(p.PaymentId), Status: "declined", Amount: orderAmount, Currency: "EUR", PaymentMethod: tt.method,
 						ChargeKey: derived, ChargeID: ch.ID, DeclineCode: tt.declineCode},
-					{ID: paid.ID, Status: "succeeded", Amount: orderAmount, Currency: "EUR", PaymentMethod: cardVisa,
+					{ID: paid.Id.String(), Status: "succeeded", Amount: orderAmount, Currency: "EUR", PaymentMethod: cardVisa,
 						ChargeKey: retryKey, ChargeID: ok.ID},
 				}
-				if diff := cmp.Diff(want, e.paymentRows(t, o.ID)); diff != "" {
+				if diff := cmp.Diff(want, e.paymentRows(t, o.Id.String())); diff != "" {
 					t.Errorf("payments rows (-want +got):\n%s", diff)
 				}
-				if diff := cmp.Diff(orderEvents{Succeeded: 1, Amount: orderAmount}, e.orderEvents(t, o.ID)); diff != "" {
+				if diff := cmp.Diff(orderEvents{Succeeded: 1, Amount: orderAmount}, e.orderEvents(t, o.Id.String())); diff != "" {
 					t.Errorf("order row (-want +got):\n%s", diff)
 				}
 				e.wantCalls(t, chargeCall(derived, "", true), chargeCall(retryKey, "", true))
@@ -602,33 +569,33 @@ func TestPayNaturalKeyBackstop(t *testing.T) {
 	o, p := e.paidOrder(t, e.a, "inv-1")
 	firstKey := chargeKey(e.a.ID, "pay-inv-1")
 
-	conflict := e.pay(t, e.a.Key, "another-key", payBody(o.ID, cardVisa))
+	conflict := e.pay(t, e.a.Key, "another-key", payBody(o.Id.String(), cardVisa))
 	pr := wantProblem(t, conflict, http.StatusConflict, httpapi.CodePaymentExists)
-	if pr.PaymentID != p.ID {
-		t.Errorf("payment_id = %q, want the existing payment %q", pr.PaymentID, p.ID)
+	if idString(pr.PaymentId) != p.Id.String() {
+		t.Errorf("payment_id = %q, want the existing payment %q", idString(pr.PaymentId), p.Id.String())
 	}
 	e.wantKeyState(t, e.a.ID, endpointPayments, "another-key", completed(http.StatusConflict, ""))
 
 	t.Run("ConflictIsReplayed", func(t *testing.T) {
-		replay := e.pay(t, e.a.Key, "another-key", payBody(o.ID, cardVisa))
+		replay := e.pay(t, e.a.Key, "another-key", payBody(o.Id.String(), cardVisa))
 		wantReplay(t, conflict, replay)
 	})
 
 	t.Run("AnyCardAndAmountConflict", func(t *testing.T) {
 		// The backstop is the order, not the request: it is checked first.
-		res := e.pay(t, e.a.Key, "third-key", paymentBody(o.ID, 1, "EUR", processorsim.PaymentMethodMastercard))
+		res := e.pay(t, e.a.Key, "third-key", paymentBody(o.Id.String(), 1, "EUR", processorsim.PaymentMethodMastercard))
 		pr := wantProblem(t, res, http.StatusConflict, httpapi.CodePaymentExists)
-		if pr.PaymentID != p.ID {
-			t.Errorf("payment_id = %q, want %q", pr.PaymentID, p.ID)
+		if idString(pr.PaymentId) != p.Id.String() {
+			t.Errorf("payment_id = %q, want %q", idString(pr.PaymentId), p.Id.String())
 		}
 	})
 
 	t.Run("NoSecondPaymentNorCharge", func(t *testing.T) {
-		if rows := e.paymentRows(t, o.ID); len(rows) != 1 || rows[0].ID != p.ID {
-			t.Errorf("payments rows = %+v, want only %s", rows, p.ID)
+		if rows := e.paymentRows(t, o.Id.String()); len(rows) != 1 || rows[0].ID != p.Id.String() {
+			t.Errorf("payments rows = %+v, want only %s", rows, p.Id.String())
 		}
 		e.wantCalls(t, chargeCall(firstKey, "", true))
-		if diff := cmp.Diff(orderEvents{Succeeded: 1, Amount: orderAmount}, e.orderEvents(t, o.ID)); diff != "" {
+		if diff := cmp.Diff(orderEvents{Succeeded: 1, Amount: orderAmount}, e.orderEvents(t, o.Id.String())); diff != "" {
 			t.Errorf("order row (-want +got):\n%s", diff)
 		}
 		if n := e.countKeysOf(t, endpointPayments); n != 3 {
@@ -652,19 +619,19 @@ func TestPayRejectedBeforeTheProcessor(t *testing.T) {
 		detail string   // a substring of the detail, when it matters
 		fields []string // for validation_failed
 	}{
-		{name: "AmountBelowWhatIsOwed", body: paymentBody(o.ID, orderAmount-1, "EUR", cardVisa),
+		{name: "AmountBelowWhatIsOwed", body: paymentBody(o.Id.String(), orderAmount-1, "EUR", cardVisa),
 			status: 422, code: httpapi.CodeAmountMismatch, detail: "owes 2500 EUR"},
-		{name: "AmountAboveWhatIsOwed", body: paymentBody(o.ID, orderAmount+1, "EUR", cardVisa),
+		{name: "AmountAboveWhatIsOwed", body: paymentBody(o.Id.String(), orderAmount+1, "EUR", cardVisa),
 			status: 422, code: httpapi.CodeAmountMismatch, detail: "owes 2500 EUR"},
-		{name: "WrongCurrency", body: paymentBody(o.ID, orderAmount, "USD", cardVisa),
+		{name: "WrongCurrency", body: paymentBody(o.Id.String(), orderAmount, "USD", cardVisa),
 			status: 422, code: httpapi.CodeAmountMismatch, detail: "owes 2500 EUR"},
 		{name: "UnknownOrder", body: payBody(uuid.NewString(), cardVisa),
 			status: 422, code: httpapi.CodeOrderNotFound},
-		{name: "OtherTenantsOrder", body: payBody(otherTenants.ID, cardVisa),
+		{name: "OtherTenantsOrder", body: payBody(otherTenants.Id.String(), cardVisa),
 			status: 422, code: httpapi.CodeOrderNotFound},
-		{name: "PaymentMethodWithoutPrefix", body: payBody(o.ID, "card_visa"),
+		{name: "PaymentMethodWithoutPrefix", body: payBody(o.Id.String(), "card_visa"),
 			status: 400, code: httpapi.CodeValidationFailed, fields: []string{"payment_method"}},
-		{name: "AmountZero", body: paymentBody(o.ID, 0, "EUR", cardVisa),
+		{name: "AmountZero", body: paymentBody(o.Id.String(), 0, "EUR", cardVisa),
 			status: 400, code: httpapi.CodeValidationFailed, fields: []string{"amount"}},
 		{name: "MissingOrderID", body: `{"amount":2500,"currency":"EUR","payment_method":"pm_card_visa"}`,
 			status: 400, code: httpapi.CodeValidationFailed, fields: []string{"order_id"}},
@@ -674,12 +641,12 @@ func TestPayRejectedBeforeTheProcessor(t *testing.T) {
 			key := "rejected-" + tt.name
 			first := e.pay(t, e.a.Key, key, tt.body)
 			p := wantProblem(t, first, tt.status, tt.code)
-			if !strings.Contains(p.Detail, tt.detail) {
-				t.Errorf("detail = %q, want it to contain %q", p.Detail, tt.detail)
+			if !strings.Contains(deref(p.Detail), tt.detail) {
+				t.Errorf("detail = %q, want it to contain %q", deref(p.Detail), tt.detail)
 			}
 			if tt.fields != nil {
 				var got []string
-				for _, f := range p.Errors {
+				for _, f := range deref(p.Errors) {
 					got = append(got, f.Field)
 				}
 				if diff := cmp.Diff(tt.fields, got); diff != "" {
@@ -698,7 +665,7 @@ func TestPayRejectedBeforeTheProcessor(t *testing.T) {
 			if n := e.countKeysOf(t, endpointPayments); n != i+1 {
 				t.Errorf("payment keys = %d, want %d", n, i+1)
 			}
-			if diff := cmp.Diff(orderEvents{}, e.orderEvents(t, o.ID)); diff != "" {
+			if diff := cmp.Diff(orderEvents{}, e.orderEvents(t, o.Id.String())); diff != "" {
 				t.Errorf("order row (-want +got):\n%s", diff)
 			}
 		})
@@ -712,12 +679,12 @@ func TestPayRejectedByTheProcessor(t *testing.T) {
 	e := setup(t, withProcessor())
 	o := e.newOrder(t, e.a, "inv-1")
 	const key = "unknown-card"
-	body := payBody(o.ID, "pm_card_unknown")
+	body := payBody(o.Id.String(), "pm_card_unknown")
 	derived := chargeKey(e.a.ID, key)
 
 	first := e.pay(t, e.a.Key, key, body)
 	wantProblem(t, first, http.StatusUnprocessableEntity, httpapi.CodeProcessorRejected)
-	row := e.onePayment(t, o.ID)
+	row := e.onePayment(t, o.Id.String())
 	want := paymentRow{ID: row.ID, Status: "failed", Amount: orderAmount, Currency: "EUR", PaymentMethod: "pm_card_unknown", ChargeKey: derived}
 	if diff := cmp.Diff(want, row); diff != "" {
 		t.Errorf("payment row (-want +got):\n%s", diff)
@@ -734,9 +701,9 @@ func TestPayRejectedByTheProcessor(t *testing.T) {
 	})
 
 	t.Run("NewKeyMayPayWithAKnownCard", func(t *testing.T) {
-		wantStatus(t, e.pay(t, e.a.Key, "second-try", payBody(o.ID, cardVisa)), http.StatusCreated)
+		wantStatus(t, e.pay(t, e.a.Key, "second-try", payBody(o.Id.String(), cardVisa)), http.StatusCreated)
 		e.oneCharge(t, chargeKey(e.a.ID, "second-try"))
-		if diff := cmp.Diff(orderEvents{Succeeded: 1, Amount: orderAmount}, e.orderEvents(t, o.ID)); diff != "" {
+		if diff := cmp.Diff(orderEvents{Succeeded: 1, Amount: orderAmount}, e.orderEvents(t, o.Id.String())); diff != "" {
 			t.Errorf("order row (-want +got):\n%s", diff)
 		}
 	})
@@ -749,7 +716,7 @@ func TestPayRejectedBeforeTheClaim(t *testing.T) {
 	e := setup(t, withProcessor())
 	o := e.newOrder(t, e.a, "inv-1")
 	const key = "pre-claim-key"
-	valid := payBody(o.ID, cardVisa)
+	valid := payBody(o.Id.String(), cardVisa)
 	tests := []struct {
 		name   string
 		apiKey string
@@ -762,12 +729,12 @@ func TestPayRejectedBeforeTheClaim(t *testing.T) {
 		{name: "Unauthenticated", apiKey: "", key: key, body: valid, status: 401, code: httpapi.CodeUnauthorized},
 		{name: "KeyMissing", apiKey: e.a.Key, key: "", body: valid, status: 400, code: httpapi.CodeKeyMissing},
 		{name: "KeyInvalid", apiKey: e.a.Key, key: `"unterminated`, body: valid, status: 400, code: httpapi.CodeKeyInvalid},
-		{name: "UnknownField", apiKey: e.a.Key, key: key, body: `{"order_id":"` + o.ID + `","amount":2500,"currency":"EUR","payment_method":"pm_card_visa","tip":1}`,
+		{name: "UnknownField", apiKey: e.a.Key, key: key, body: `{"order_id":"` + o.Id.String() + `","amount":2500,"currency":"EUR","payment_method":"pm_card_visa","tip":1}`,
 			status: 400, code: httpapi.CodeInvalidJSON},
 		{name: "OrderIDNotAUUID", apiKey: e.a.Key, key: key, body: payBody("not-a-uuid", cardVisa), status: 400, code: httpapi.CodeInvalidJSON},
-		{name: "AmountAsString", apiKey: e.a.Key, key: key, body: `{"order_id":"` + o.ID + `","amount":"2500","currency":"EUR","payment_method":"pm_card_visa"}`,
+		{name: "AmountAsString", apiKey: e.a.Key, key: key, body: `{"order_id":"` + o.Id.String() + `","amount":"2500","currency":"EUR","payment_method":"pm_card_visa"}`,
 			status: 400, code: httpapi.CodeInvalidJSON},
-		{name: "DuplicateMember", apiKey: e.a.Key, key: key, body: `{"order_id":"` + o.ID + `","amount":2500,"amount":1,"currency":"EUR","payment_method":"pm_card_visa"}`,
+		{name: "DuplicateMember", apiKey: e.a.Key, key: key, body: `{"order_id":"` + o.Id.String() + `","amount":2500,"amount":1,"currency":"EUR","payment_method":"pm_card_visa"}`,
 			status: 400, code: httpapi.CodeInvalidJSON},
 		{name: "TooLarge", apiKey: e.a.Key, key: key, body: `{"payment_method":"` + strings.Repeat("x", httpapi.MaxBodyBytes) + `"}`,
 			status: 413, code: httpapi.CodeBodyTooLarge},
@@ -832,7 +799,7 @@ func TestPayProcessorFailure(t *testing.T) {
 			e := setup(t, withProcessor())
 			o := e.newOrder(t, e.a, "inv-1")
 			const key = "pay-key"
-			body := payBody(o.ID, cardVisa)
+			body := payBody(o.Id.String(), cardVisa)
 			derived := chargeKey(e.a.ID, key)
 			failed := chargeCall(derived, tt.fault.Kind, tt.charged)
 
@@ -849,7 +816,7 @@ func TestPayProcessorFailure(t *testing.T) {
 			if res.header.Get(httpapi.ReplayedHeader) != "" {
 				t.Error("a 503 must not be marked as a replay")
 			}
-			row := e.onePayment(t, o.ID)
+			row := e.onePayment(t, o.Id.String())
 
 			t.Run("KeyIsReleasedAtChargeSent", func(t *testing.T) {
 				e.wantKeyState(t, e.a.ID, endpointPayments, key, keyState{
@@ -859,7 +826,7 @@ func TestPayProcessorFailure(t *testing.T) {
 				if diff := cmp.Diff(want, row); diff != "" {
 					t.Errorf("payment row (-want +got):\n%s", diff)
 				}
-				if diff := cmp.Diff(orderEvents{}, e.orderEvents(t, o.ID)); diff != "" {
+				if diff := cmp.Diff(orderEvents{}, e.orderEvents(t, o.Id.String())); diff != "" {
 					t.Errorf("order row (-want +got):\n%s", diff)
 				}
 				if got := decodePayment(t, e.get(t, e.a.Key, "/v1/payments/"+row.ID)).Status; got != "processing" {
@@ -902,8 +869,8 @@ func TestPayProcessorFailure(t *testing.T) {
 			p := decodePayment(t, retry)
 
 			t.Run("RetryResumesAndChargesExactlyOnce", func(t *testing.T) {
-				if p.ID != row.ID {
-					t.Errorf("the retry answered payment %s, want the resumed payment %s", p.ID, row.ID)
+				if p.Id.String() != row.ID {
+					t.Errorf("the retry answered payment %s, want the resumed payment %s", p.Id.String(), row.ID)
 				}
 				// The resumed attempt asks the processor first (S4); it
 				// charges again, with the same derived key, only when there
@@ -922,17 +889,17 @@ func TestPayProcessorFailure(t *testing.T) {
 				if n := len(e.sim.Charges()); n != 1 || ch.Status != processor.StatusSucceeded {
 					t.Errorf("charges at the processor = %+v, want one succeeded charge", e.sim.Charges())
 				}
-				if net := e.netCharged(o.ID); net != orderAmount {
+				if net := e.netCharged(o.Id.String()); net != orderAmount {
 					t.Errorf("net charged for the order = %d, want %d", net, orderAmount)
 				}
-				if p.ChargeID == nil || *p.ChargeID != ch.ID {
-					t.Errorf("charge_id = %v, want %s", p.ChargeID, ch.ID)
+				if p.ChargeId == nil || *p.ChargeId != ch.ID {
+					t.Errorf("charge_id = %v, want %s", p.ChargeId, ch.ID)
 				}
 				want := []paymentRow{{ID: row.ID, Status: "succeeded", Amount: orderAmount, Currency: "EUR", PaymentMethod: cardVisa, ChargeKey: derived, ChargeID: ch.ID}}
-				if diff := cmp.Diff(want, e.paymentRows(t, o.ID)); diff != "" {
+				if diff := cmp.Diff(want, e.paymentRows(t, o.Id.String())); diff != "" {
 					t.Errorf("payments rows (-want +got):\n%s", diff)
 				}
-				if diff := cmp.Diff(orderEvents{Succeeded: 1, Amount: orderAmount}, e.orderEvents(t, o.ID)); diff != "" {
+				if diff := cmp.Diff(orderEvents{Succeeded: 1, Amount: orderAmount}, e.orderEvents(t, o.Id.String())); diff != "" {
 					t.Errorf("order row (-want +got):\n%s", diff)
 				}
 				e.wantKeyState(t, e.a.ID, endpointPayments, key, completed(http.StatusCreated, row.ID))
@@ -976,13 +943,13 @@ func TestPayTransientDatabaseFailureReleasesTheKey(t *testing.T) {
 		}
 	}
 	const key = "transient-key"
-	body := payBody(o.ID, cardVisa)
+	body := payBody(o.Id.String(), cardVisa)
 	derived := chargeKey(e.a.ID, key)
 
 	res := e.pay(t, e.a.Key, key, body)
 	wantProblem(t, res, http.StatusServiceUnavailable, httpapi.CodeUnavailable)
 	wantRetryAfter(t, res)
-	row := e.onePayment(t, o.ID)
+	row := e.onePayment(t, o.Id.String())
 	if row.Status != "created" {
 		t.Errorf("payment status = %s, want created (the step to charge_sent rolled back)", row.Status)
 	}
@@ -992,8 +959,8 @@ func TestPayTransientDatabaseFailureReleasesTheKey(t *testing.T) {
 	t.Run("RetryResumesAndChargesOnce", func(t *testing.T) {
 		res := e.pay(t, e.a.Key, key, body)
 		wantStatus(t, res, http.StatusCreated)
-		if p := decodePayment(t, res); p.ID != row.ID {
-			t.Errorf("the retry answered payment %s, want the resumed payment %s", p.ID, row.ID)
+		if p := decodePayment(t, res); p.Id.String() != row.ID {
+			t.Errorf("the retry answered payment %s, want the resumed payment %s", p.Id.String(), row.ID)
 		}
 		// No charge call was ever marked as sent, so there is nothing to
 		// look up: the resumed attempt charges at once.
@@ -1013,7 +980,7 @@ func TestPayLostDeclineIsFound(t *testing.T) {
 	e := setup(t, withProcessor())
 	o := e.newOrder(t, e.a, "inv-1")
 	const key = "lost-decline"
-	body := payBody(o.ID, cardInsufficientFunds)
+	body := payBody(o.Id.String(), cardInsufficientFunds)
 	derived := chargeKey(e.a.ID, key)
 
 	e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: processorsim.FaultLostResponse})
@@ -1021,19 +988,19 @@ func TestPayLostDeclineIsFound(t *testing.T) {
 
 	res := e.pay(t, e.a.Key, key, body)
 	p := wantProblem(t, res, http.StatusPaymentRequired, httpapi.CodeCardDeclined)
-	if p.DeclineCode != "insufficient_funds" {
-		t.Errorf("decline_code = %q, want insufficient_funds", p.DeclineCode)
+	if deref(p.DeclineCode) != "insufficient_funds" {
+		t.Errorf("decline_code = %q, want insufficient_funds", deref(p.DeclineCode))
 	}
 	ch := e.oneCharge(t, derived)
 	e.wantCalls(t, chargeCall(derived, processorsim.FaultLostResponse, true), lookupCall)
 	want := []paymentRow{{
-		ID: p.PaymentID, Status: "declined", Amount: orderAmount, Currency: "EUR", PaymentMethod: cardInsufficientFunds,
+		ID: idString(p.PaymentId), Status: "declined", Amount: orderAmount, Currency: "EUR", PaymentMethod: cardInsufficientFunds,
 		ChargeKey: derived, ChargeID: ch.ID, DeclineCode: "insufficient_funds",
 	}}
-	if diff := cmp.Diff(want, e.paymentRows(t, o.ID)); diff != "" {
+	if diff := cmp.Diff(want, e.paymentRows(t, o.Id.String())); diff != "" {
 		t.Errorf("payments rows (-want +got):\n%s", diff)
 	}
-	e.wantKeyState(t, e.a.ID, endpointPayments, key, completed(http.StatusPaymentRequired, p.PaymentID))
+	e.wantKeyState(t, e.a.ID, endpointPayments, key, completed(http.StatusPaymentRequired, idString(p.PaymentId)))
 	wantReplay(t, res, e.pay(t, e.a.Key, key, body))
 }
 
@@ -1045,12 +1012,12 @@ func TestPayKeyInUseWhileTheLeaseIsHeld(t *testing.T) {
 	e := setup(t, withProcessor())
 	o := e.newOrder(t, e.a, "inv-1")
 	const key = "leased-key"
-	body := payBody(o.ID, cardVisa)
+	body := payBody(o.Id.String(), cardVisa)
 	derived := chargeKey(e.a.ID, key)
 
 	e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: processorsim.FaultServerError})
 	wantStatus(t, e.pay(t, e.a.Key, key, body), http.StatusServiceUnavailable)
-	row := e.onePayment(t, o.ID)
+	row := e.onePayment(t, o.Id.String())
 	// Another attempt took the key over and is running: its lease is live.
 	e.setLease(t, e.a.ID, endpointPayments, key, time.Hour)
 	gen := e.leaseGeneration(t, e.a.ID, endpointPayments, key)
@@ -1088,20 +1055,20 @@ func TestPayKeyReuse(t *testing.T) {
 	o2 := e.newOrder(t, e.a, "inv-2")
 
 	const key = "reused-key"
-	first := e.pay(t, e.a.Key, key, payBody(o1.ID, cardVisa))
+	first := e.pay(t, e.a.Key, key, payBody(o1.Id.String(), cardVisa))
 	wantStatus(t, first, http.StatusCreated)
 	p := decodePayment(t, first)
 
 	t.Run("CompletedKeyWithAnotherBodyIsRejected", func(t *testing.T) {
-		res := e.pay(t, e.a.Key, key, payBody(o2.ID, cardVisa))
+		res := e.pay(t, e.a.Key, key, payBody(o2.Id.String(), cardVisa))
 		wantProblem(t, res, http.StatusUnprocessableEntity, httpapi.CodeKeyReused)
 		if res.header.Get(httpapi.ReplayedHeader) != "" {
 			t.Error("a 422 must not be marked as a replay")
 		}
-		if rows := e.paymentRows(t, o2.ID); len(rows) != 0 {
+		if rows := e.paymentRows(t, o2.Id.String()); len(rows) != 0 {
 			t.Errorf("payments of the second order: %+v, want none", rows)
 		}
-		e.wantKeyState(t, e.a.ID, endpointPayments, key, completed(http.StatusCreated, p.ID))
+		e.wantKeyState(t, e.a.ID, endpointPayments, key, completed(http.StatusCreated, p.Id.String()))
 		e.wantCalls(t, chargeCall(chargeKey(e.a.ID, key), "", true))
 	})
 
@@ -1109,12 +1076,12 @@ func TestPayKeyReuse(t *testing.T) {
 		const key = "released-key"
 		derived := chargeKey(e.a.ID, key)
 		e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: processorsim.FaultServerError})
-		wantStatus(t, e.pay(t, e.a.Key, key, payBody(o2.ID, cardVisa)), http.StatusServiceUnavailable)
-		row := e.onePayment(t, o2.ID)
+		wantStatus(t, e.pay(t, e.a.Key, key, payBody(o2.Id.String(), cardVisa)), http.StatusServiceUnavailable)
+		row := e.onePayment(t, o2.Id.String())
 		gen := e.leaseGeneration(t, e.a.ID, endpointPayments, key)
 		calls := len(e.sim.Calls())
 
-		res := e.pay(t, e.a.Key, key, payBody(o2.ID, processorsim.PaymentMethodMastercard))
+		res := e.pay(t, e.a.Key, key, payBody(o2.Id.String(), processorsim.PaymentMethodMastercard))
 		wantProblem(t, res, http.StatusUnprocessableEntity, httpapi.CodeKeyReused)
 		e.wantKeyState(t, e.a.ID, endpointPayments, key, keyState{State: "in_progress", RecoveryPoint: "charge_sent", ResourceID: row.ID})
 		if got := e.leaseGeneration(t, e.a.ID, endpointPayments, key); got != gen {
@@ -1126,13 +1093,13 @@ func TestPayKeyReuse(t *testing.T) {
 
 		// The original request still resumes.
 		e.passSettleWindow(t, e.a.ID, endpointPayments, key)
-		wantStatus(t, e.pay(t, e.a.Key, key, payBody(o2.ID, cardVisa)), http.StatusCreated)
+		wantStatus(t, e.pay(t, e.a.Key, key, payBody(o2.Id.String(), cardVisa)), http.StatusCreated)
 		e.oneCharge(t, derived)
 	})
 
 	t.Run("SameKeyOnAnotherTenantIsAnotherKey", func(t *testing.T) {
 		ob := e.newOrder(t, e.b, "inv-1")
-		res := e.pay(t, e.b.Key, key, payBody(ob.ID, cardVisa))
+		res := e.pay(t, e.b.Key, key, payBody(ob.Id.String(), cardVisa))
 		wantStatus(t, res, http.StatusCreated)
 		if res.header.Get(httpapi.ReplayedHeader) != "" {
 			t.Error("tenant b got a replay of tenant a's response")
@@ -1158,7 +1125,7 @@ func TestPayAgainstAProcessorWithoutIdempotency(t *testing.T) {
 		e.sim.SetIgnoreIdempotencyKeys(true)
 		o := e.newOrder(t, e.a, "inv-1")
 		const key = "pay-key"
-		body := payBody(o.ID, cardVisa)
+		body := payBody(o.Id.String(), cardVisa)
 		derived := chargeKey(e.a.ID, key)
 
 		e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: processorsim.FaultLostResponse})
@@ -1171,13 +1138,13 @@ func TestPayAgainstAProcessorWithoutIdempotency(t *testing.T) {
 			t.Errorf("charges at the processor = %d, want 1", n)
 		}
 		e.wantCalls(t, chargeCall(derived, processorsim.FaultLostResponse, true), lookupCall)
-		if p := decodePayment(t, res); p.ChargeID == nil || *p.ChargeID != ch.ID {
-			t.Errorf("charge_id = %v, want the charge the lost call made, %s", p.ChargeID, ch.ID)
+		if p := decodePayment(t, res); p.ChargeId == nil || *p.ChargeId != ch.ID {
+			t.Errorf("charge_id = %v, want the charge the lost call made, %s", p.ChargeId, ch.ID)
 		}
 		if n := len(e.sim.Refunds()); n != 0 {
 			t.Errorf("refunds at the processor = %d, want 0", n)
 		}
-		if diff := cmp.Diff(orderEvents{Succeeded: 1, Amount: orderAmount}, e.orderEvents(t, o.ID)); diff != "" {
+		if diff := cmp.Diff(orderEvents{Succeeded: 1, Amount: orderAmount}, e.orderEvents(t, o.Id.String())); diff != "" {
 			t.Errorf("order row (-want +got):\n%s", diff)
 		}
 	})
@@ -1188,7 +1155,7 @@ func TestPayAgainstAProcessorWithoutIdempotency(t *testing.T) {
 		e.sim.SetIgnoreIdempotencyKeys(true)
 		o := e.newOrder(t, e.a, "inv-1")
 		const key = "pay-key"
-		body := payBody(o.ID, cardVisa)
+		body := payBody(o.Id.String(), cardVisa)
 
 		e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: processorsim.FaultLostResponse})
 		wantProblem(t, e.pay(t, e.a.Key, key, body), http.StatusServiceUnavailable, httpapi.CodeOutcomeUnknown)
@@ -1216,17 +1183,17 @@ func TestPayAgainstAProcessorWithoutIdempotency(t *testing.T) {
 		}
 
 		t.Run("TheFirstChargeIsKept", func(t *testing.T) {
-			if p.ChargeID == nil || *p.ChargeID != kept.ID {
-				t.Errorf("charge_id = %v, want the first charge %s", p.ChargeID, kept.ID)
+			if p.ChargeId == nil || *p.ChargeId != kept.ID {
+				t.Errorf("charge_id = %v, want the first charge %s", p.ChargeId, kept.ID)
 			}
-			row := e.onePayment(t, o.ID)
+			row := e.onePayment(t, o.Id.String())
 			if row.Status != "succeeded" || row.ChargeID != kept.ID || row.RefundedAmount != 0 {
 				t.Errorf("payment row = %+v, want succeeded with charge %s and nothing refunded", row, kept.ID)
 			}
-			if diff := cmp.Diff(orderEvents{Succeeded: 1, Amount: orderAmount}, e.orderEvents(t, o.ID)); diff != "" {
+			if diff := cmp.Diff(orderEvents{Succeeded: 1, Amount: orderAmount}, e.orderEvents(t, o.Id.String())); diff != "" {
 				t.Errorf("order row (-want +got):\n%s", diff)
 			}
-			if rows := e.refundRows(t, p.ID); len(rows) != 0 {
+			if rows := e.refundRows(t, p.Id.String()); len(rows) != 0 {
 				t.Errorf("refunds rows = %+v; the duplicate's refund is not a refund of the payment", rows)
 			}
 		})
@@ -1249,15 +1216,15 @@ func TestPayAgainstAProcessorWithoutIdempotency(t *testing.T) {
 				lookupCall,
 				lookupCall, // the sweep's
 				refundCall(re.IdempotencyKey, "", true))
-			if net := e.netCharged(o.ID); net != orderAmount {
+			if net := e.netCharged(o.Id.String()); net != orderAmount {
 				t.Errorf("net charged = %d, want %d", net, orderAmount)
 			}
 		})
 
 		t.Run("ThePaymentShowsTheCompensation", func(t *testing.T) {
-			got := decodePayment(t, e.get(t, e.a.Key, "/v1/payments/"+p.ID)).Compensations
+			got := decodePayment(t, e.get(t, e.a.Key, "/v1/payments/"+p.Id.String())).Compensations
 			refundID := e.sim.Refunds()[0].ID
-			want := []compensation{{ChargeID: dup.ID, Amount: dup.Amount, Reason: "duplicate_charge", Status: "succeeded", RefundID: &refundID}}
+			want := []api.Compensation{{ChargeId: dup.ID, Amount: dup.Amount, Reason: api.DuplicateCharge, Status: api.CompensationStatusSucceeded, RefundId: &refundID}}
 			if diff := cmp.Diff(want, got); diff != "" {
 				t.Errorf("compensations (-want +got):\n%s", diff)
 			}
@@ -1281,12 +1248,12 @@ func TestCompleterFinishesAnAbandonedPayment(t *testing.T) {
 	e := setup(t, withProcessor())
 	o := e.newOrder(t, e.a, "inv-1")
 	const key = "abandoned-key"
-	body := payBody(o.ID, cardVisa)
+	body := payBody(o.Id.String(), cardVisa)
 	derived := chargeKey(e.a.ID, key)
 
 	e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: processorsim.FaultServerError})
 	wantStatus(t, e.pay(t, e.a.Key, key, body), http.StatusServiceUnavailable)
-	row := e.onePayment(t, o.ID)
+	row := e.onePayment(t, o.Id.String())
 	e.passSettleWindow(t, e.a.ID, endpointPayments, key)
 
 	if n := payments.NewCompleter(e.payments, time.Hour).RunOnce(t.Context()); n != 1 {
@@ -1295,10 +1262,10 @@ func TestCompleterFinishesAnAbandonedPayment(t *testing.T) {
 	e.wantKeyState(t, e.a.ID, endpointPayments, key, completed(http.StatusCreated, row.ID))
 	ch := e.oneCharge(t, derived)
 	e.wantCalls(t, chargeCall(derived, processorsim.FaultServerError, false), lookupCall, chargeCall(derived, "", true))
-	if got := e.onePayment(t, o.ID); got.Status != "succeeded" || got.ChargeID != ch.ID {
+	if got := e.onePayment(t, o.Id.String()); got.Status != "succeeded" || got.ChargeID != ch.ID {
 		t.Errorf("payment row = %+v, want succeeded with charge %s", got, ch.ID)
 	}
-	if diff := cmp.Diff(orderEvents{Succeeded: 1, Amount: orderAmount}, e.orderEvents(t, o.ID)); diff != "" {
+	if diff := cmp.Diff(orderEvents{Succeeded: 1, Amount: orderAmount}, e.orderEvents(t, o.Id.String())); diff != "" {
 		t.Errorf("order row (-want +got):\n%s", diff)
 	}
 
@@ -1331,7 +1298,7 @@ func TestPayConcurrentDuplicates(t *testing.T) {
 	t.Run("OneKey", func(t *testing.T) {
 		o := e.newOrder(t, e.a, "inv-1")
 		const key = "concurrent-key"
-		body := []byte(payBody(o.ID, cardVisa))
+		body := []byte(payBody(o.Id.String(), cardVisa))
 		results := testkit.Fire(t, n, func(int) (response, error) {
 			return e.send(t.Context(), http.MethodPost, "/v1/payments", e.a.Key, body, withHeader(idem.HeaderName, key))
 		})
@@ -1362,19 +1329,19 @@ func TestPayConcurrentDuplicates(t *testing.T) {
 		if posts != 1 {
 			t.Errorf("charge calls under the key = %d, want 1", posts)
 		}
-		if rows := e.paymentRows(t, o.ID); len(rows) != 1 {
+		if rows := e.paymentRows(t, o.Id.String()); len(rows) != 1 {
 			t.Errorf("payments rows = %+v, want one", rows)
 		}
 	})
 
 	t.Run("NewKeyPerRequest", func(t *testing.T) {
 		o := e.newOrder(t, e.a, "inv-2")
-		body := []byte(payBody(o.ID, cardVisa))
+		body := []byte(payBody(o.Id.String(), cardVisa))
 		results := testkit.Fire(t, n, func(i int) (response, error) {
 			return e.send(t.Context(), http.MethodPost, "/v1/payments", e.a.Key, body, withHeader(idem.HeaderName, fmt.Sprintf("new-key-%d", i)))
 		})
-		var created []payment
-		var conflicts []problem
+		var created []api.Payment
+		var conflicts []api.Problem
 		for i, res := range results {
 			switch res.status {
 			case http.StatusCreated:
@@ -1389,16 +1356,16 @@ func TestPayConcurrentDuplicates(t *testing.T) {
 			t.Fatalf("201s = %d, want 1", len(created))
 		}
 		for _, p := range conflicts {
-			if p.PaymentID != created[0].ID {
-				t.Errorf("payment_id = %q, want %q", p.PaymentID, created[0].ID)
+			if idString(p.PaymentId) != created[0].Id.String() {
+				t.Errorf("payment_id = %q, want %q", idString(p.PaymentId), created[0].Id.String())
 			}
 		}
-		rows := e.paymentRows(t, o.ID)
+		rows := e.paymentRows(t, o.Id.String())
 		if len(rows) != 1 {
 			t.Fatalf("payments rows = %+v, want one", rows)
 		}
 		e.oneCharge(t, rows[0].ChargeKey)
-		if diff := cmp.Diff(orderEvents{Succeeded: 1, Amount: orderAmount}, e.orderEvents(t, o.ID)); diff != "" {
+		if diff := cmp.Diff(orderEvents{Succeeded: 1, Amount: orderAmount}, e.orderEvents(t, o.Id.String())); diff != "" {
 			t.Errorf("order row (-want +got):\n%s", diff)
 		}
 	})
@@ -1412,7 +1379,7 @@ func TestGetPayment(t *testing.T) {
 	_, p := e.paidOrder(t, e.a, "inv-1")
 
 	t.Run("OwnerSeesThePayment", func(t *testing.T) {
-		res := e.get(t, e.a.Key, "/v1/payments/"+p.ID)
+		res := e.get(t, e.a.Key, "/v1/payments/"+p.Id.String())
 		wantStatus(t, res, http.StatusOK)
 		if diff := cmp.Diff(p, decodePayment(t, res)); diff != "" {
 			t.Errorf("payment (-created +get):\n%s", diff)
@@ -1424,23 +1391,23 @@ func TestGetPayment(t *testing.T) {
 		key  string
 		path string
 	}{
-		{name: "OtherTenantsPayment", key: e.b.Key, path: "/v1/payments/" + p.ID},
+		{name: "OtherTenantsPayment", key: e.b.Key, path: "/v1/payments/" + p.Id.String()},
 		{name: "UnknownID", key: e.a.Key, path: "/v1/payments/" + uuid.NewString()},
 		{name: "MalformedID", key: e.a.Key, path: "/v1/payments/not-a-uuid"},
-		{name: "IDWithTrailingJunk", key: e.a.Key, path: "/v1/payments/" + p.ID + "x"},
+		{name: "IDWithTrailingJunk", key: e.a.Key, path: "/v1/payments/" + p.Id.String() + "x"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+"IsNotFound", func(t *testing.T) {
 			res := e.get(t, tt.key, tt.path)
 			wantProblem(t, res, http.StatusNotFound, httpapi.CodeNotFound)
-			if strings.Contains(string(res.body), p.ID) {
+			if strings.Contains(string(res.body), p.Id.String()) {
 				t.Errorf("the 404 mentions the payment id: %s", res.body)
 			}
 		})
 	}
 
 	t.Run("UnauthenticatedIsRejected", func(t *testing.T) {
-		wantProblem(t, e.get(t, "", "/v1/payments/"+p.ID), http.StatusUnauthorized, httpapi.CodeUnauthorized)
+		wantProblem(t, e.get(t, "", "/v1/payments/"+p.Id.String()), http.StatusUnauthorized, httpapi.CodeUnauthorized)
 	})
 }
 
@@ -1453,7 +1420,7 @@ func TestRefund(t *testing.T) {
 	t.Parallel()
 	e := setup(t, withProcessor())
 	_, p := e.paidOrder(t, e.a, "inv-1")
-	chargeID := *p.ChargeID
+	chargeID := *p.ChargeId
 	payKey := chargeKey(e.a.ID, "pay-inv-1")
 
 	// refundCalls counts the POST /v1/refunds the simulator saw.
@@ -1468,7 +1435,7 @@ func TestRefund(t *testing.T) {
 	}
 	wantRefunded := func(t *testing.T, amount int64) {
 		t.Helper()
-		res := e.get(t, e.a.Key, "/v1/payments/"+p.ID)
+		res := e.get(t, e.a.Key, "/v1/payments/"+p.Id.String())
 		wantStatus(t, res, http.StatusOK)
 		if got := decodePayment(t, res).RefundedAmount; got != amount {
 			t.Errorf("refunded_amount = %d, want %d", got, amount)
@@ -1479,18 +1446,18 @@ func TestRefund(t *testing.T) {
 		}
 	}
 
-	var r1 refund
+	var r1 api.Refund
 	t.Run("PartialRefund", func(t *testing.T) {
 		const key = "refund-1"
-		first := e.refund(t, e.a.Key, key, p.ID, refundBody(1000))
+		first := e.refund(t, e.a.Key, key, p.Id.String(), refundBody(1000))
 		wantStatus(t, first, http.StatusCreated)
 		r1 = decodeRefund(t, first)
-		want := refund{ID: r1.ID, PaymentID: p.ID, Amount: 1000, Status: "succeeded", CreatedAt: r1.CreatedAt}
+		want := api.Refund{Id: r1.Id, PaymentId: p.Id, Amount: 1000, Status: api.RefundStatusSucceeded, CreatedAt: r1.CreatedAt}
 		if diff := cmp.Diff(want, r1); diff != "" {
 			t.Errorf("refund (-want +got):\n%s", diff)
 		}
 
-		wantReplay(t, first, e.refund(t, e.a.Key, key, p.ID, refundBody(1000)))
+		wantReplay(t, first, e.refund(t, e.a.Key, key, p.Id.String(), refundBody(1000)))
 
 		derived := refundKey(e.a.ID, key)
 		wantDerivedKey(t, derived, key)
@@ -1504,27 +1471,27 @@ func TestRefund(t *testing.T) {
 		if n := refundCalls(); n != 1 {
 			t.Errorf("refund calls = %d, want 1", n)
 		}
-		wantRows := []refundRow{{ID: r1.ID, Amount: 1000, Status: "succeeded", RefundKey: derived, ProcessorRefundID: refunds[0].ID}}
-		if diff := cmp.Diff(wantRows, e.refundRows(t, p.ID)); diff != "" {
+		wantRows := []refundRow{{ID: r1.Id.String(), Amount: 1000, Status: "succeeded", RefundKey: derived, ProcessorRefundID: refunds[0].ID}}
+		if diff := cmp.Diff(wantRows, e.refundRows(t, p.Id.String())); diff != "" {
 			t.Errorf("refunds rows (-want +got):\n%s", diff)
 		}
-		e.wantKeyState(t, e.a.ID, endpointRefunds, key, completed(http.StatusCreated, r1.ID))
+		e.wantKeyState(t, e.a.ID, endpointRefunds, key, completed(http.StatusCreated, r1.Id.String()))
 		wantRefunded(t, 1000)
 	})
 
 	t.Run("MoreThanIsLeftIsRejectedAndRecorded", func(t *testing.T) {
 		const key = "refund-too-much"
-		first := e.refund(t, e.a.Key, key, p.ID, refundBody(1501))
+		first := e.refund(t, e.a.Key, key, p.Id.String(), refundBody(1501))
 		pr := wantProblem(t, first, http.StatusUnprocessableEntity, httpapi.CodeRefundExceeds)
-		if !strings.Contains(pr.Detail, "1500") {
-			t.Errorf("detail = %q, want it to say 1500 can still be refunded", pr.Detail)
+		if !strings.Contains(deref(pr.Detail), "1500") {
+			t.Errorf("detail = %q, want it to say 1500 can still be refunded", deref(pr.Detail))
 		}
 		e.wantKeyState(t, e.a.ID, endpointRefunds, key, completed(http.StatusUnprocessableEntity, ""))
-		wantReplay(t, first, e.refund(t, e.a.Key, key, p.ID, refundBody(1501)))
+		wantReplay(t, first, e.refund(t, e.a.Key, key, p.Id.String(), refundBody(1501)))
 		if n := refundCalls(); n != 1 {
 			t.Errorf("refund calls = %d, want still 1", n)
 		}
-		if rows := e.refundRows(t, p.ID); len(rows) != 1 {
+		if rows := e.refundRows(t, p.Id.String()); len(rows) != 1 {
 			t.Errorf("refunds rows = %+v, want only the first", rows)
 		}
 		wantRefunded(t, 1000)
@@ -1532,7 +1499,7 @@ func TestRefund(t *testing.T) {
 
 	t.Run("SecondPartialRefundUpToTheTotal", func(t *testing.T) {
 		const key = "refund-2"
-		res := e.refund(t, e.a.Key, key, p.ID, refundBody(1500))
+		res := e.refund(t, e.a.Key, key, p.Id.String(), refundBody(1500))
 		wantStatus(t, res, http.StatusCreated)
 		r2 := decodeRefund(t, res)
 		refunds := e.refundsUnder(refundKey(e.a.ID, key))
@@ -1540,10 +1507,10 @@ func TestRefund(t *testing.T) {
 			t.Fatalf("processor refunds under the second key: %+v, want one of 1500", refunds)
 		}
 		wantRows := []refundRow{
-			{ID: r1.ID, Amount: 1000, Status: "succeeded", RefundKey: refundKey(e.a.ID, "refund-1"), ProcessorRefundID: e.refundsUnder(refundKey(e.a.ID, "refund-1"))[0].ID},
-			{ID: r2.ID, Amount: 1500, Status: "succeeded", RefundKey: refundKey(e.a.ID, key), ProcessorRefundID: refunds[0].ID},
+			{ID: r1.Id.String(), Amount: 1000, Status: "succeeded", RefundKey: refundKey(e.a.ID, "refund-1"), ProcessorRefundID: e.refundsUnder(refundKey(e.a.ID, "refund-1"))[0].ID},
+			{ID: r2.Id.String(), Amount: 1500, Status: "succeeded", RefundKey: refundKey(e.a.ID, key), ProcessorRefundID: refunds[0].ID},
 		}
-		if diff := cmp.Diff(wantRows, e.refundRows(t, p.ID)); diff != "" {
+		if diff := cmp.Diff(wantRows, e.refundRows(t, p.Id.String())); diff != "" {
 			t.Errorf("refunds rows (-want +got):\n%s", diff)
 		}
 		if n := refundCalls(); n != 2 {
@@ -1553,9 +1520,9 @@ func TestRefund(t *testing.T) {
 	})
 
 	t.Run("NothingLeftToRefund", func(t *testing.T) {
-		pr := wantProblem(t, e.refund(t, e.a.Key, "refund-3", p.ID, refundBody(1)), http.StatusUnprocessableEntity, httpapi.CodeRefundExceeds)
-		if !strings.Contains(pr.Detail, "At most 0") {
-			t.Errorf("detail = %q, want it to say nothing can be refunded", pr.Detail)
+		pr := wantProblem(t, e.refund(t, e.a.Key, "refund-3", p.Id.String(), refundBody(1)), http.StatusUnprocessableEntity, httpapi.CodeRefundExceeds)
+		if !strings.Contains(deref(pr.Detail), "At most 0") {
+			t.Errorf("detail = %q, want it to say nothing can be refunded", deref(pr.Detail))
 		}
 		if n := refundCalls(); n != 2 {
 			t.Errorf("refund calls = %d, want 2", n)
@@ -1563,21 +1530,21 @@ func TestRefund(t *testing.T) {
 	})
 
 	t.Run("AmountZeroIsRecordedAsAValidationFailure", func(t *testing.T) {
-		first := e.refund(t, e.a.Key, "refund-zero", p.ID, refundBody(0))
+		first := e.refund(t, e.a.Key, "refund-zero", p.Id.String(), refundBody(0))
 		pr := wantProblem(t, first, http.StatusBadRequest, httpapi.CodeValidationFailed)
-		if len(pr.Errors) != 1 || pr.Errors[0].Field != "amount" {
-			t.Errorf("errors = %+v, want one for amount", pr.Errors)
+		if len(deref(pr.Errors)) != 1 || deref(pr.Errors)[0].Field != "amount" {
+			t.Errorf("errors = %+v, want one for amount", deref(pr.Errors))
 		}
 		e.wantKeyState(t, e.a.ID, endpointRefunds, "refund-zero", completed(http.StatusBadRequest, ""))
-		wantReplay(t, first, e.refund(t, e.a.Key, "refund-zero", p.ID, refundBody(0)))
+		wantReplay(t, first, e.refund(t, e.a.Key, "refund-zero", p.Id.String(), refundBody(0)))
 	})
 
 	t.Run("SameKeyForAnotherPaymentIsReused", func(t *testing.T) {
 		// The payment id is a path parameter, part of the fingerprint (F2).
 		_, p2 := e.paidOrder(t, e.a, "inv-2")
-		res := e.refund(t, e.a.Key, "refund-1", p2.ID, refundBody(1000))
+		res := e.refund(t, e.a.Key, "refund-1", p2.Id.String(), refundBody(1000))
 		wantProblem(t, res, http.StatusUnprocessableEntity, httpapi.CodeKeyReused)
-		if rows := e.refundRows(t, p2.ID); len(rows) != 0 {
+		if rows := e.refundRows(t, p2.Id.String()); len(rows) != 0 {
 			t.Errorf("refunds of the second payment: %+v, want none", rows)
 		}
 		if n := refundCalls(); n != 2 {
@@ -1586,7 +1553,7 @@ func TestRefund(t *testing.T) {
 
 		t.Run("ThePaymentsKeyIsAnotherKeyOnTheRefundEndpoint", func(t *testing.T) {
 			// K2: a key is scoped by endpoint.
-			res := e.refund(t, e.a.Key, "pay-inv-2", p2.ID, refundBody(500))
+			res := e.refund(t, e.a.Key, "pay-inv-2", p2.Id.String(), refundBody(500))
 			wantStatus(t, res, http.StatusCreated)
 			if refunds := e.refundsUnder(refundKey(e.a.ID, "pay-inv-2")); len(refunds) != 1 {
 				t.Errorf("processor refunds under the key: %+v, want one", refunds)
@@ -1601,7 +1568,7 @@ func TestRefundRejected(t *testing.T) {
 	t.Parallel()
 	e := setup(t, withProcessor())
 	o := e.newOrder(t, e.a, "inv-1")
-	declined := wantProblem(t, e.pay(t, e.a.Key, "pay-declined", payBody(o.ID, cardDeclined)),
+	declined := wantProblem(t, e.pay(t, e.a.Key, "pay-declined", payBody(o.Id.String(), cardDeclined)),
 		http.StatusPaymentRequired, httpapi.CodeCardDeclined)
 	_, otherTenants := e.paidOrder(t, e.b, "inv-b")
 
@@ -1614,9 +1581,9 @@ func TestRefundRejected(t *testing.T) {
 		// before it.
 		recorded bool
 	}{
-		{name: "DeclinedPaymentIsNotRefundable", paymentID: declined.PaymentID, status: 409, code: httpapi.CodeNotRefundable, recorded: true},
+		{name: "DeclinedPaymentIsNotRefundable", paymentID: idString(declined.PaymentId), status: 409, code: httpapi.CodeNotRefundable, recorded: true},
 		{name: "UnknownPayment", paymentID: uuid.NewString(), status: 404, code: httpapi.CodeNotFound, recorded: true},
-		{name: "OtherTenantsPayment", paymentID: otherTenants.ID, status: 404, code: httpapi.CodeNotFound, recorded: true},
+		{name: "OtherTenantsPayment", paymentID: otherTenants.Id.String(), status: 404, code: httpapi.CodeNotFound, recorded: true},
 		{name: "MalformedPaymentID", paymentID: "not-a-uuid", status: 404, code: httpapi.CodeNotFound},
 	}
 	for _, tt := range tests {
@@ -1652,7 +1619,7 @@ func TestRefundRejected(t *testing.T) {
 				t.Errorf("processor call %+v, want no refund call", c)
 			}
 		}
-		if got := e.paymentRows(t, o.ID); len(got) != 1 || got[0].Status != "declined" {
+		if got := e.paymentRows(t, o.Id.String()); len(got) != 1 || got[0].Status != "declined" {
 			t.Errorf("payments rows = %+v, want the one declined payment", got)
 		}
 	})
@@ -1684,15 +1651,15 @@ func TestRefundProcessorFailure(t *testing.T) {
 			calls := e.processorCalls() // the payment's
 
 			e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathRefunds, Kind: tt.fault})
-			res := e.refund(t, e.a.Key, key, p.ID, refundBody(1000))
+			res := e.refund(t, e.a.Key, key, p.Id.String(), refundBody(1000))
 			wantProblem(t, res, http.StatusServiceUnavailable, httpapi.CodeOutcomeUnknown)
 			wantRetryAfter(t, res)
-			rows := e.refundRows(t, p.ID)
+			rows := e.refundRows(t, p.Id.String())
 			if len(rows) != 1 || rows[0].Status != "refund_sent" || rows[0].RefundKey != derived {
 				t.Fatalf("refunds rows = %+v, want one at refund_sent under the derived key", rows)
 			}
 			e.wantKeyState(t, e.a.ID, endpointRefunds, key, keyState{State: "in_progress", RecoveryPoint: "refund_sent", ResourceID: rows[0].ID})
-			if got := e.onePayment(t, p.OrderID).RefundedAmount; got != 0 {
+			if got := e.onePayment(t, p.OrderId.String()).RefundedAmount; got != 0 {
 				t.Errorf("refunded_amount = %d, want 0 before the refund is confirmed", got)
 			}
 			lookup := call{Method: http.MethodGet, Path: processorsim.PathRefunds}
@@ -1700,12 +1667,12 @@ func TestRefundProcessorFailure(t *testing.T) {
 			if !tt.executed {
 				// Nothing found, and the failed call may still land: no
 				// second refund call until the settle window has passed.
-				wantProblem(t, e.refund(t, e.a.Key, key, p.ID, refundBody(1000)), http.StatusServiceUnavailable, httpapi.CodeOutcomeUnknown)
+				wantProblem(t, e.refund(t, e.a.Key, key, p.Id.String(), refundBody(1000)), http.StatusServiceUnavailable, httpapi.CodeOutcomeUnknown)
 				e.passSettleWindow(t, e.a.ID, endpointRefunds, key)
 				retried = append(retried, lookup, refundCall(derived, "", true))
 			}
 
-			retry := e.refund(t, e.a.Key, key, p.ID, refundBody(1000))
+			retry := e.refund(t, e.a.Key, key, p.Id.String(), refundBody(1000))
 			wantStatus(t, retry, http.StatusCreated)
 			r := decodeRefund(t, retry)
 
@@ -1716,15 +1683,15 @@ func TestRefundProcessorFailure(t *testing.T) {
 			// The resumed attempt looks the refund up first; it sends it
 			// again only when the failed call never executed.
 			e.wantCalls(t, append(append(calls, refundCall(derived, tt.fault, tt.executed)), retried...)...)
-			wantRows := []refundRow{{ID: r.ID, Amount: 1000, Status: "succeeded", RefundKey: derived, ProcessorRefundID: refunds[0].ID}}
-			if diff := cmp.Diff(wantRows, e.refundRows(t, p.ID)); diff != "" {
+			wantRows := []refundRow{{ID: r.Id.String(), Amount: 1000, Status: "succeeded", RefundKey: derived, ProcessorRefundID: refunds[0].ID}}
+			if diff := cmp.Diff(wantRows, e.refundRows(t, p.Id.String())); diff != "" {
 				t.Errorf("refunds rows (-want +got):\n%s", diff)
 			}
-			if got := e.onePayment(t, p.OrderID).RefundedAmount; got != 1000 {
+			if got := e.onePayment(t, p.OrderId.String()).RefundedAmount; got != 1000 {
 				t.Errorf("refunded_amount = %d, want 1000", got)
 			}
-			e.wantKeyState(t, e.a.ID, endpointRefunds, key, completed(http.StatusCreated, r.ID))
-			wantReplay(t, retry, e.refund(t, e.a.Key, key, p.ID, refundBody(1000)))
+			e.wantKeyState(t, e.a.ID, endpointRefunds, key, completed(http.StatusCreated, r.Id.String()))
+			wantReplay(t, retry, e.refund(t, e.a.Key, key, p.Id.String(), refundBody(1000)))
 		})
 	}
 }
@@ -1736,25 +1703,25 @@ func TestRefundRejectedByTheProcessor(t *testing.T) {
 	e := setup(t, withProcessor())
 	o, p := e.paidOrder(t, e.a, "inv-1")
 	// The processor does not know the payment's charge (any more).
-	if _, err := e.pool.Exec(context.Background(), `UPDATE payments SET charge_id = 'ch_unknown' WHERE id::text = $1`, p.ID); err != nil {
+	if _, err := e.pool.Exec(context.Background(), `UPDATE payments SET charge_id = 'ch_unknown' WHERE id::text = $1`, p.Id.String()); err != nil {
 		t.Fatal(err)
 	}
 	const key = "refund-key"
 	derived := refundKey(e.a.ID, key)
 
-	first := e.refund(t, e.a.Key, key, p.ID, refundBody(1000))
+	first := e.refund(t, e.a.Key, key, p.Id.String(), refundBody(1000))
 	wantProblem(t, first, http.StatusUnprocessableEntity, httpapi.CodeProcessorRejected)
-	rows := e.refundRows(t, p.ID)
+	rows := e.refundRows(t, p.Id.String())
 	if len(rows) != 1 || rows[0].Status != "failed" || rows[0].ProcessorRefundID != "" {
 		t.Fatalf("refunds rows = %+v, want one failed", rows)
 	}
 	e.wantKeyState(t, e.a.ID, endpointRefunds, key, completed(http.StatusUnprocessableEntity, rows[0].ID))
-	wantReplay(t, first, e.refund(t, e.a.Key, key, p.ID, refundBody(1000)))
+	wantReplay(t, first, e.refund(t, e.a.Key, key, p.Id.String(), refundBody(1000)))
 	if n := len(e.sim.Refunds()); n != 0 {
 		t.Errorf("processor refunds = %d, want 0", n)
 	}
 	e.wantCalls(t, chargeCall(chargeKey(e.a.ID, "pay-inv-1"), "", true), refundCall(derived, "", false))
-	if got := e.onePayment(t, o.ID).RefundedAmount; got != 0 {
+	if got := e.onePayment(t, o.Id.String()).RefundedAmount; got != 0 {
 		t.Errorf("refunded_amount = %d, want 0", got)
 	}
 }
@@ -1770,8 +1737,8 @@ func TestRefundAgainstAProcessorWithoutIdempotency(t *testing.T) {
 	derived := refundKey(e.a.ID, key)
 
 	e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathRefunds, Kind: processorsim.FaultLostResponse})
-	wantProblem(t, e.refund(t, e.a.Key, key, p.ID, refundBody(1000)), http.StatusServiceUnavailable, httpapi.CodeOutcomeUnknown)
-	res := e.refund(t, e.a.Key, key, p.ID, refundBody(1000))
+	wantProblem(t, e.refund(t, e.a.Key, key, p.Id.String(), refundBody(1000)), http.StatusServiceUnavailable, httpapi.CodeOutcomeUnknown)
+	res := e.refund(t, e.a.Key, key, p.Id.String(), refundBody(1000))
 	wantStatus(t, res, http.StatusCreated)
 
 	if refunds := e.sim.Refunds(); len(refunds) != 1 || refunds[0].IdempotencyKey != derived {
@@ -1780,7 +1747,7 @@ func TestRefundAgainstAProcessorWithoutIdempotency(t *testing.T) {
 	if ch := e.oneCharge(t, chargeKey(e.a.ID, "pay-inv-1")); ch.RefundedAmount != 1000 {
 		t.Errorf("refunded at the processor = %d, want 1000", ch.RefundedAmount)
 	}
-	if got := e.onePayment(t, p.OrderID).RefundedAmount; got != 1000 {
+	if got := e.onePayment(t, p.OrderId.String()).RefundedAmount; got != 1000 {
 		t.Errorf("refunded_amount = %d, want 1000", got)
 	}
 }
@@ -1793,13 +1760,13 @@ func TestRefundRetryWithUpperCasePaymentIDReplays(t *testing.T) {
 	e := setup(t, withProcessor())
 	_, p := e.paidOrder(t, e.a, "inv-1")
 	const key = "refund-case"
-	first := e.refund(t, e.a.Key, key, p.ID, refundBody(1000))
+	first := e.refund(t, e.a.Key, key, p.Id.String(), refundBody(1000))
 	wantStatus(t, first, http.StatusCreated)
-	wantReplay(t, first, e.refund(t, e.a.Key, key, strings.ToUpper(p.ID), refundBody(1000)))
+	wantReplay(t, first, e.refund(t, e.a.Key, key, strings.ToUpper(p.Id.String()), refundBody(1000)))
 	if n := len(e.sim.Refunds()); n != 1 {
 		t.Errorf("refunds at the processor = %d, want 1", n)
 	}
-	if rows := e.refundRows(t, p.ID); len(rows) != 1 {
+	if rows := e.refundRows(t, p.Id.String()); len(rows) != 1 {
 		t.Errorf("refunds rows = %+v, want one", rows)
 	}
 }

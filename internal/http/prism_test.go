@@ -24,6 +24,7 @@ import (
 	"github.com/getkin/kin-openapi/routers/legacy"
 	"github.com/google/uuid"
 
+	"github.com/idemref/payments/client/api"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/tooling/processorsim"
@@ -299,7 +300,7 @@ func TestPrismProxyFindsNoViolations(t *testing.T) {
 	// Orders.
 	full := `{"reference":"prism-1","customer_id":"cus_1","amount":2500,"currency":"EUR","description":"Invoice","metadata":{"plan":"pro"}}`
 	created := do(t, exchange{name: "create order", method: "POST", path: "/v1/orders", apiKey: a, body: full, header: key("o-create"), want: 201})
-	orderID := decodeOrder(t, created).ID
+	orderID := decodeOrder(t, created).Id.String()
 	orderPath := "/v1/orders/" + orderID
 	run(t,
 		exchange{name: "create order replay", method: "POST", path: "/v1/orders", apiKey: a, body: full, header: key("o-create"), want: 201},
@@ -388,36 +389,36 @@ func TestPrismProxyFindsNoViolations(t *testing.T) {
 	toDecline := e.newOrder(t, e.a, "prism-decline")
 	toFail := e.newOrder(t, e.a, "prism-fail")
 	const pay = "/v1/payments"
-	paid := do(t, exchange{name: "pay", method: "POST", path: pay, apiKey: a, body: payBody(toPay.ID, cardVisa), header: key("p-create"), want: 201})
-	paymentID := decodePayment(t, paid).ID
-	declined := do(t, exchange{name: "pay card_declined", method: "POST", path: pay, apiKey: a, body: payBody(toDecline.ID, cardDeclined), header: key("p-declined"), want: 402})
-	var declinedProblem problem
-	if err := json.Unmarshal(declined.body, &declinedProblem); err != nil || declinedProblem.PaymentID == "" {
+	paid := do(t, exchange{name: "pay", method: "POST", path: pay, apiKey: a, body: payBody(toPay.Id.String(), cardVisa), header: key("p-create"), want: 201})
+	paymentID := decodePayment(t, paid).Id.String()
+	declined := do(t, exchange{name: "pay card_declined", method: "POST", path: pay, apiKey: a, body: payBody(toDecline.Id.String(), cardDeclined), header: key("p-declined"), want: 402})
+	var declinedProblem api.Problem
+	if err := json.Unmarshal(declined.body, &declinedProblem); err != nil || declinedProblem.PaymentId == nil {
 		t.Fatalf("card_declined without payment_id: %s", declined.body)
 	}
-	declinedID := declinedProblem.PaymentID
+	declinedID := declinedProblem.PaymentId.String()
 	run(t,
-		exchange{name: "pay replay", method: "POST", path: pay, apiKey: a, body: payBody(toPay.ID, cardVisa), header: key("p-create"), want: 201},
-		exchange{name: "pay card_declined replay", method: "POST", path: pay, apiKey: a, body: payBody(toDecline.ID, cardDeclined), header: key("p-declined"), want: 402},
-		exchange{name: "pay validation_failed", method: "POST", path: pay, apiKey: a, body: paymentBody(toFail.ID, orderAmount, "QQQ", cardVisa), header: key("p-invalid"), want: 400},
-		exchange{name: "pay invalid_json", method: "POST", path: pay, apiKey: a, body: `{"order_id":"` + toFail.ID + `","amount":2500,"currency":"EUR","payment_method":"pm_card_visa","tip":1}`, header: key("p-json"), want: 400, invalid: true},
-		exchange{name: "pay idempotency_key_missing", method: "POST", path: pay, apiKey: a, body: payBody(toFail.ID, cardVisa), want: 400, invalid: true},
-		exchange{name: "pay unauthorized", method: "POST", path: pay, body: payBody(toFail.ID, cardVisa), header: key("p-auth"), want: 401, invalid: true},
-		exchange{name: "pay payment_exists", method: "POST", path: pay, apiKey: a, body: payBody(toPay.ID, cardVisa), header: key("p-exists"), want: 409},
+		exchange{name: "pay replay", method: "POST", path: pay, apiKey: a, body: payBody(toPay.Id.String(), cardVisa), header: key("p-create"), want: 201},
+		exchange{name: "pay card_declined replay", method: "POST", path: pay, apiKey: a, body: payBody(toDecline.Id.String(), cardDeclined), header: key("p-declined"), want: 402},
+		exchange{name: "pay validation_failed", method: "POST", path: pay, apiKey: a, body: paymentBody(toFail.Id.String(), orderAmount, "QQQ", cardVisa), header: key("p-invalid"), want: 400},
+		exchange{name: "pay invalid_json", method: "POST", path: pay, apiKey: a, body: `{"order_id":"` + toFail.Id.String() + `","amount":2500,"currency":"EUR","payment_method":"pm_card_visa","tip":1}`, header: key("p-json"), want: 400, invalid: true},
+		exchange{name: "pay idempotency_key_missing", method: "POST", path: pay, apiKey: a, body: payBody(toFail.Id.String(), cardVisa), want: 400, invalid: true},
+		exchange{name: "pay unauthorized", method: "POST", path: pay, body: payBody(toFail.Id.String(), cardVisa), header: key("p-auth"), want: 401, invalid: true},
+		exchange{name: "pay payment_exists", method: "POST", path: pay, apiKey: a, body: payBody(toPay.Id.String(), cardVisa), header: key("p-exists"), want: 409},
 		exchange{name: "pay body_too_large", method: "POST", path: pay, apiKey: a, body: `{"payment_method":"` + big + `"}`, header: key("p-big"), want: 413, invalid: true},
-		exchange{name: "pay unsupported_media_type", method: "POST", path: pay, apiKey: a, body: payBody(toFail.ID, cardVisa), header: map[string]string{idem.HeaderName: "p-media", "Content-Type": "text/plain"}, want: 415, invalid: true},
+		exchange{name: "pay unsupported_media_type", method: "POST", path: pay, apiKey: a, body: payBody(toFail.Id.String(), cardVisa), header: map[string]string{idem.HeaderName: "p-media", "Content-Type": "text/plain"}, want: 415, invalid: true},
 		exchange{name: "pay order_not_found", method: "POST", path: pay, apiKey: a, body: payBody(uuid.NewString(), cardVisa), header: key("p-no-order"), want: 422},
-		exchange{name: "pay payment_amount_mismatch", method: "POST", path: pay, apiKey: a, body: paymentBody(toFail.ID, 1, "EUR", cardVisa), header: key("p-mismatch"), want: 422},
-		exchange{name: "pay processor_rejected", method: "POST", path: pay, apiKey: a, body: payBody(toFail.ID, "pm_card_unknown"), header: key("p-rejected"), want: 422},
-		exchange{name: "pay idempotency_key_reused", method: "POST", path: pay, apiKey: a, body: payBody(toFail.ID, cardVisa), header: key("p-create"), want: 422},
+		exchange{name: "pay payment_amount_mismatch", method: "POST", path: pay, apiKey: a, body: paymentBody(toFail.Id.String(), 1, "EUR", cardVisa), header: key("p-mismatch"), want: 422},
+		exchange{name: "pay processor_rejected", method: "POST", path: pay, apiKey: a, body: payBody(toFail.Id.String(), "pm_card_unknown"), header: key("p-rejected"), want: 422},
+		exchange{name: "pay idempotency_key_reused", method: "POST", path: pay, apiKey: a, body: payBody(toFail.Id.String(), cardVisa), header: key("p-create"), want: 422},
 	)
 	e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: processorsim.FaultStatus, Status: http.StatusTooManyRequests})
-	do(t, exchange{name: "pay processor_unavailable", method: "POST", path: pay, apiKey: a, body: payBody(toFail.ID, cardVisa), header: key("p-limited"), want: 503})
+	do(t, exchange{name: "pay processor_unavailable", method: "POST", path: pay, apiKey: a, body: payBody(toFail.Id.String(), cardVisa), header: key("p-limited"), want: 503})
 	e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: processorsim.FaultServerError})
 	e.setLease(t, e.a.ID, endpointPayments, "p-limited", -time.Second)
-	do(t, exchange{name: "pay processor_outcome_unknown", method: "POST", path: pay, apiKey: a, body: payBody(toFail.ID, cardVisa), header: key("p-limited"), want: 503})
+	do(t, exchange{name: "pay processor_outcome_unknown", method: "POST", path: pay, apiKey: a, body: payBody(toFail.Id.String(), cardVisa), header: key("p-limited"), want: 503})
 	e.setLease(t, e.a.ID, endpointPayments, "p-limited", time.Hour)
-	do(t, exchange{name: "pay idempotency_key_in_use", method: "POST", path: pay, apiKey: a, body: payBody(toFail.ID, cardVisa), header: key("p-limited"), want: 409})
+	do(t, exchange{name: "pay idempotency_key_in_use", method: "POST", path: pay, apiKey: a, body: payBody(toFail.Id.String(), cardVisa), header: key("p-limited"), want: 409})
 
 	run(t,
 		exchange{name: "get payment", method: "GET", path: pay + "/" + paymentID, apiKey: a, want: 200},
@@ -426,7 +427,7 @@ func TestPrismProxyFindsNoViolations(t *testing.T) {
 		exchange{name: "get payment malformed id", method: "GET", path: pay + "/not-a-uuid", apiKey: a, want: 404, invalid: true},
 		exchange{name: "get payment unauthorized", method: "GET", path: pay + "/" + paymentID, want: 401, invalid: true},
 		exchange{name: "list payments", method: "GET", path: pay + "?limit=1", apiKey: a, want: 200},
-		exchange{name: "list payments of an order", method: "GET", path: pay + "?order_id=" + toPay.ID, apiKey: a, want: 200},
+		exchange{name: "list payments of an order", method: "GET", path: pay + "?order_id=" + toPay.Id.String(), apiKey: a, want: 200},
 		exchange{name: "list payments bad order_id", method: "GET", path: pay + "?order_id=nope", apiKey: a, want: 400, invalid: true},
 		exchange{name: "list payments unauthorized", method: "GET", path: pay, want: 401, invalid: true},
 	)

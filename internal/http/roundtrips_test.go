@@ -36,7 +36,7 @@ func TestRoundTripsPerRequest(t *testing.T) {
 	wantStatus(t, create("warm-order", "warm-1"), http.StatusCreated)
 	wantStatus(t, create("warm-order", "warm-1"), http.StatusCreated)
 	warm := decodeOrder(t, create("warm-order-2", "warm-2"))
-	wantStatus(t, e.pay(t, e.a.Key, "warm-pay", payBody(warm.ID, cardVisa)), http.StatusCreated)
+	wantStatus(t, e.pay(t, e.a.Key, "warm-pay", payBody(warm.Id.String(), cardVisa)), http.StatusCreated)
 
 	measure := func(name string, rt int64, fn func() response, want int) {
 		t.Helper()
@@ -62,14 +62,14 @@ func TestRoundTripsPerRequest(t *testing.T) {
 	measure("replay", roundTripsReplay, func() response { return create("rt-create", "rt-1") }, http.StatusCreated)
 	o := decodeOrder(t, create("rt-order", "rt-2"))
 	measure("payment", roundTripsPayment, func() response {
-		return e.pay(t, e.a.Key, "rt-pay", payBody(o.ID, cardVisa))
+		return e.pay(t, e.a.Key, "rt-pay", payBody(o.Id.String(), cardVisa))
 	}, http.StatusCreated)
 
 	// The side effects: the create ran once, the payment charged once.
 	if n := e.countOrdersWithReference(t, e.a.ID, "rt-1"); n != 1 {
 		t.Errorf("orders with reference rt-1: %d, want 1", n)
 	}
-	if n := e.count(t, `SELECT count(*) FROM payments WHERE order_id = $1 AND status = 'succeeded'`, o.ID); n != 1 {
+	if n := e.count(t, `SELECT count(*) FROM payments WHERE order_id = $1 AND status = 'succeeded'`, o.Id.String()); n != 1 {
 		t.Errorf("succeeded payments of the order: %d, want 1", n)
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/idemref/payments/client/api"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
@@ -103,7 +104,7 @@ func (e *bundle) postedCalls(path string) []processorsim.Call {
 	return out
 }
 
-func (e *bundle) compensationsOf(t *testing.T, paymentID string) []compensation {
+func (e *bundle) compensationsOf(t *testing.T, paymentID string) []api.Compensation {
 	t.Helper()
 	return decodePayment(t, e.get(t, e.a.Key, "/v1/payments/"+paymentID)).Compensations
 }
@@ -121,12 +122,12 @@ func TestLateChargeWithClientRetry(t *testing.T) {
 			e.sim.SetIgnoreIdempotencyKeys(ignore)
 			o := e.newOrder(t, e.a, "inv-1")
 			const key = "late-key"
-			body := payBody(o.ID, cardVisa)
+			body := payBody(o.Id.String(), cardVisa)
 
 			e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: processorsim.FaultLateExecution, Latency: lateDelay})
 			first := e.pay(t, e.a.Key, key, body)
 			wantProblem(t, first, http.StatusServiceUnavailable, httpapi.CodeOutcomeUnknown)
-			row := e.onePayment(t, o.ID)
+			row := e.onePayment(t, o.Id.String())
 			if got := decodePayment(t, e.get(t, e.a.Key, "/v1/payments/"+row.ID)).Status; got != "processing" {
 				t.Errorf("payment status while the charge is held = %q, want processing", got)
 			}
@@ -141,13 +142,13 @@ func TestLateChargeWithClientRetry(t *testing.T) {
 				t.Errorf("charge calls = %+v, want only the first one: the retries must find the late charge", posts)
 			}
 			ch := e.oneCharge(t, chargeKey(e.a.ID, key))
-			if p.ChargeID == nil || *p.ChargeID != ch.ID {
-				t.Errorf("charge_id = %v, want the late charge %s", p.ChargeID, ch.ID)
+			if p.ChargeId == nil || *p.ChargeId != ch.ID {
+				t.Errorf("charge_id = %v, want the late charge %s", p.ChargeId, ch.ID)
 			}
-			if net := e.netCharged(o.ID); net != orderAmount {
+			if net := e.netCharged(o.Id.String()); net != orderAmount {
 				t.Errorf("net charged = %d, want %d", net, orderAmount)
 			}
-			if got := e.onePayment(t, o.ID); got.Status != "succeeded" || got.ChargeID != ch.ID {
+			if got := e.onePayment(t, o.Id.String()); got.Status != "succeeded" || got.ChargeID != ch.ID {
 				t.Errorf("payment row = %+v, want succeeded with %s", got, ch.ID)
 			}
 			e.wantKeyState(t, e.a.ID, endpointPayments, key, completed(http.StatusCreated, row.ID))
@@ -170,11 +171,11 @@ func TestLateChargeAnsweredInProgress(t *testing.T) {
 	e := setup(t, withProcessor(), withSettleWindow(window))
 	o := e.newOrder(t, e.a, "inv-1")
 	const key = "held-key"
-	body := payBody(o.ID, cardVisa)
+	body := payBody(o.Id.String(), cardVisa)
 
 	e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: processorsim.FaultLateExecution, Latency: delay})
 	wantProblem(t, e.pay(t, e.a.Key, key, body), http.StatusServiceUnavailable, httpapi.CodeOutcomeUnknown)
-	row := e.onePayment(t, o.ID)
+	row := e.onePayment(t, o.Id.String())
 
 	// Retry until the resend has been answered 409, then look at the state.
 	deadline := time.Now().Add(10 * time.Second)
@@ -192,7 +193,7 @@ func TestLateChargeAnsweredInProgress(t *testing.T) {
 		e.wantKeyState(t, e.a.ID, endpointPayments, key, keyState{
 			State: "in_progress", RecoveryPoint: "charge_sent", LeaseHeld: e.keyState(t, e.a.ID, endpointPayments, key).LeaseHeld, ResourceID: row.ID,
 		})
-		if got := e.onePayment(t, o.ID).Status; got != "charge_sent" {
+		if got := e.onePayment(t, o.Id.String()).Status; got != "charge_sent" {
 			t.Errorf("payment row status = %s, want charge_sent: a 409 in progress says nothing about the charge", got)
 		}
 		if got := decodePayment(t, e.get(t, e.a.Key, "/v1/payments/"+row.ID)).Status; got != "processing" {
@@ -204,14 +205,14 @@ func TestLateChargeAnsweredInProgress(t *testing.T) {
 	wantStatus(t, final, http.StatusCreated)
 	e.waitIdle(t)
 	ch := e.oneCharge(t, chargeKey(e.a.ID, key))
-	if p := decodePayment(t, final); p.ChargeID == nil || *p.ChargeID != ch.ID {
-		t.Errorf("charge_id = %v, want %s", p.ChargeID, ch.ID)
+	if p := decodePayment(t, final); p.ChargeId == nil || *p.ChargeId != ch.ID {
+		t.Errorf("charge_id = %v, want %s", p.ChargeId, ch.ID)
 	}
-	if net := e.netCharged(o.ID); net != orderAmount {
+	if net := e.netCharged(o.Id.String()); net != orderAmount {
 		t.Errorf("net charged = %d, want %d", net, orderAmount)
 	}
 	e.wantKeyState(t, e.a.ID, endpointPayments, key, completed(http.StatusCreated, row.ID))
-	if got := e.onePayment(t, o.ID).Status; got != "succeeded" {
+	if got := e.onePayment(t, o.Id.String()).Status; got != "succeeded" {
 		t.Errorf("payment row status = %s, want succeeded", got)
 	}
 }
@@ -237,7 +238,7 @@ func TestLateDuplicateChargeIsRefundedBySweep(t *testing.T) {
 	e.sim.SetIgnoreIdempotencyKeys(true)
 	o := e.newOrder(t, e.a, "inv-1")
 	const key = "dup-key"
-	body := payBody(o.ID, cardVisa)
+	body := payBody(o.Id.String(), cardVisa)
 
 	e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: processorsim.FaultLateExecution, Latency: delay})
 	wantProblem(t, e.pay(t, e.a.Key, key, body), http.StatusServiceUnavailable, httpapi.CodeOutcomeUnknown)
@@ -251,14 +252,14 @@ func TestLateDuplicateChargeIsRefundedBySweep(t *testing.T) {
 		t.Fatalf("charges under the key = %+v, want the retry's and the late one", charges)
 	}
 	late := charges[1] // the processor lists charges as they landed: the held one last
-	if p.ChargeID == nil || *p.ChargeID != charges[0].ID {
-		t.Fatalf("the payment recorded %v; want the retry's charge, not the late %s", p.ChargeID, late.ID)
+	if p.ChargeId == nil || *p.ChargeId != charges[0].ID {
+		t.Fatalf("the payment recorded %v; want the retry's charge, not the late %s", p.ChargeId, late.ID)
 	}
-	if net := e.netCharged(o.ID); net != 2*orderAmount {
+	if net := e.netCharged(o.Id.String()); net != 2*orderAmount {
 		t.Fatalf("net charged before the sweep = %d, want %d (the double charge the sweep must undo)", net, 2*orderAmount)
 	}
 
-	e.sweepUntil(t, "the late charge refunded", func() bool { return e.netCharged(o.ID) == orderAmount })
+	e.sweepUntil(t, "the late charge refunded", func() bool { return e.netCharged(o.Id.String()) == orderAmount })
 	if metrics := string(e.get(t, "", "/metrics").body); !regexp.MustCompile(`(?m)^payments_compensations_total\{reason="duplicate_charge"\} [1-9]`).MatchString(metrics) {
 		t.Errorf("/metrics does not count the compensation:\n%s", grepLines(metrics, "payments_"))
 	}
@@ -266,11 +267,11 @@ func TestLateDuplicateChargeIsRefundedBySweep(t *testing.T) {
 	if len(refunds) != 1 || refunds[0].Charge != late.ID || refunds[0].Amount != late.Amount {
 		t.Errorf("refunds = %+v, want the late charge %s refunded in full", refunds, late.ID)
 	}
-	want := []compensation{{ChargeID: late.ID, Amount: late.Amount, Reason: "duplicate_charge", Status: "succeeded", RefundID: &refunds[0].ID}}
-	if diff := cmp.Diff(want, e.compensationsOf(t, p.ID)); diff != "" {
+	want := []api.Compensation{{ChargeId: late.ID, Amount: late.Amount, Reason: api.DuplicateCharge, Status: api.CompensationStatusSucceeded, RefundId: &refunds[0].ID}}
+	if diff := cmp.Diff(want, e.compensationsOf(t, p.Id.String())); diff != "" {
 		t.Errorf("compensations (-want +got):\n%s", diff)
 	}
-	if got := e.onePayment(t, o.ID); got.Status != "succeeded" || got.RefundedAmount != 0 {
+	if got := e.onePayment(t, o.Id.String()); got.Status != "succeeded" || got.RefundedAmount != 0 {
 		t.Errorf("payment row = %+v: the compensation is not a refund of the payment", got)
 	}
 	if n := e.count(t, "SELECT count(*) FROM payments WHERE sweep_at IS NOT NULL"); n != 0 {
@@ -287,7 +288,7 @@ func TestLateDuplicateChargeIsRefundedBySweep(t *testing.T) {
 		if n := len(e.sim.Refunds()); n != 1 {
 			t.Errorf("refunds after a second sweep = %d, want 1", n)
 		}
-		if net := e.netCharged(o.ID); net != orderAmount {
+		if net := e.netCharged(o.Id.String()); net != orderAmount {
 			t.Errorf("net charged = %d, want %d", net, orderAmount)
 		}
 	})
@@ -317,7 +318,7 @@ func TestLateChargeWithCompleterOnly(t *testing.T) {
 			e.sim.SetIgnoreIdempotencyKeys(tt.ignore)
 			o := e.newOrder(t, e.a, "inv-1")
 			const key = "abandoned-key"
-			body := payBody(o.ID, cardVisa)
+			body := payBody(o.Id.String(), cardVisa)
 
 			e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: processorsim.FaultLateExecution, Latency: tt.delay})
 			wantProblem(t, e.pay(t, e.a.Key, key, body), http.StatusServiceUnavailable, httpapi.CodeOutcomeUnknown)
@@ -328,10 +329,10 @@ func TestLateChargeWithCompleterOnly(t *testing.T) {
 			t.Cleanup(func() { stop(); wg.Wait() })
 
 			deadline := time.Now().Add(20 * time.Second)
-			for e.keyState(t, e.a.ID, endpointPayments, key).State != "completed" || e.netCharged(o.ID) != orderAmount ||
+			for e.keyState(t, e.a.ID, endpointPayments, key).State != "completed" || e.netCharged(o.Id.String()) != orderAmount ||
 				len(e.chargesUnder(chargeKey(e.a.ID, key))) != tt.charges {
 				if time.Now().After(deadline) {
-					t.Fatalf("after 20 s: key %+v, net %d, charges %+v", e.keyState(t, e.a.ID, endpointPayments, key), e.netCharged(o.ID), e.sim.Charges())
+					t.Fatalf("after 20 s: key %+v, net %d, charges %+v", e.keyState(t, e.a.ID, endpointPayments, key), e.netCharged(o.Id.String()), e.sim.Charges())
 				}
 				time.Sleep(50 * time.Millisecond)
 			}
@@ -339,17 +340,17 @@ func TestLateChargeWithCompleterOnly(t *testing.T) {
 			stop()
 			wg.Wait()
 
-			if net := e.netCharged(o.ID); net != orderAmount {
+			if net := e.netCharged(o.Id.String()); net != orderAmount {
 				t.Errorf("net charged = %d, want %d", net, orderAmount)
 			}
 			if got := len(e.chargesUnder(chargeKey(e.a.ID, key))); got != tt.charges {
 				t.Errorf("charges = %d, want %d", got, tt.charges)
 			}
 			late := e.replayOf(t, key, body)
-			if got := len(e.compensationsOf(t, late.ID)); got != tt.charges-1 {
+			if got := len(e.compensationsOf(t, late.Id.String())); got != tt.charges-1 {
 				t.Errorf("compensations = %d, want %d", got, tt.charges-1)
 			}
-			if diff := cmp.Diff(orderEvents{Succeeded: 1, Amount: orderAmount}, e.orderEvents(t, o.ID)); diff != "" {
+			if diff := cmp.Diff(orderEvents{Succeeded: 1, Amount: orderAmount}, e.orderEvents(t, o.Id.String())); diff != "" {
 				t.Errorf("order row (-want +got):\n%s", diff)
 			}
 		})
@@ -358,7 +359,7 @@ func TestLateChargeWithCompleterOnly(t *testing.T) {
 
 // replayOf sends the request again, expects the replay of what the
 // completer recorded, and returns the payment.
-func (e *bundle) replayOf(t *testing.T, key, body string) payment {
+func (e *bundle) replayOf(t *testing.T, key, body string) api.Payment {
 	t.Helper()
 	res := e.pay(t, e.a.Key, key, body)
 	wantStatus(t, res, http.StatusCreated)
@@ -382,8 +383,8 @@ func TestLateRefundWithClientRetry(t *testing.T) {
 			body := refundBody(1000)
 
 			e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathRefunds, Kind: processorsim.FaultLateExecution, Latency: lateDelay})
-			wantProblem(t, e.refund(t, e.a.Key, key, p.ID, body), http.StatusServiceUnavailable, httpapi.CodeOutcomeUnknown)
-			final, _ := retryUntilFinal(t, func() response { return e.refund(t, e.a.Key, key, p.ID, body) })
+			wantProblem(t, e.refund(t, e.a.Key, key, p.Id.String(), body), http.StatusServiceUnavailable, httpapi.CodeOutcomeUnknown)
+			final, _ := retryUntilFinal(t, func() response { return e.refund(t, e.a.Key, key, p.Id.String(), body) })
 			wantStatus(t, final, http.StatusCreated)
 			e.waitIdle(t)
 
@@ -397,10 +398,10 @@ func TestLateRefundWithClientRetry(t *testing.T) {
 			if refunded != 1000 {
 				t.Errorf("refunded at the processor = %d, want exactly the 1000 asked", refunded)
 			}
-			if net := e.netCharged(o.ID); net != orderAmount-1000 {
+			if net := e.netCharged(o.Id.String()); net != orderAmount-1000 {
 				t.Errorf("net charged = %d, want %d", net, orderAmount-1000)
 			}
-			if got := e.onePayment(t, o.ID).RefundedAmount; got != 1000 {
+			if got := e.onePayment(t, o.Id.String()).RefundedAmount; got != 1000 {
 				t.Errorf("refunded_amount = %d, want 1000", got)
 			}
 		})
@@ -419,8 +420,8 @@ func TestDoubleRefundIsReported(t *testing.T) {
 	body := refundBody(1000)
 
 	e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathRefunds, Kind: processorsim.FaultLateExecution, Latency: 2 * time.Second})
-	wantProblem(t, e.refund(t, e.a.Key, key, p.ID, body), http.StatusServiceUnavailable, httpapi.CodeOutcomeUnknown)
-	final, _ := retryUntilFinal(t, func() response { return e.refund(t, e.a.Key, key, p.ID, body) })
+	wantProblem(t, e.refund(t, e.a.Key, key, p.Id.String(), body), http.StatusServiceUnavailable, httpapi.CodeOutcomeUnknown)
+	final, _ := retryUntilFinal(t, func() response { return e.refund(t, e.a.Key, key, p.Id.String(), body) })
 	wantStatus(t, final, http.StatusCreated)
 	r := decodeRefund(t, final)
 	e.waitIdle(t)
@@ -429,7 +430,7 @@ func TestDoubleRefundIsReported(t *testing.T) {
 	}
 
 	duplicate := func() int {
-		return e.count(t, `SELECT duplicate_amount::int FROM refunds WHERE id::text = $1`, r.ID)
+		return e.count(t, `SELECT duplicate_amount::int FROM refunds WHERE id::text = $1`, r.Id.String())
 	}
 	e.sweepUntil(t, "the double refund flagged", func() bool { return duplicate() != 0 })
 	if got := duplicate(); got != 1000 {
@@ -452,13 +453,13 @@ func TestReconciliationReadsEveryPage(t *testing.T) {
 	e.sim.SetIgnoreIdempotencyKeys(true)
 	o := e.newOrder(t, e.a, "inv-1")
 	const key = "paged-key"
-	body := payBody(o.ID, cardVisa)
+	body := payBody(o.Id.String(), cardVisa)
 	derived := chargeKey(e.a.ID, key)
 
 	e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: processorsim.FaultTimeout})
 	wantProblem(t, e.pay(t, e.a.Key, key, body), http.StatusServiceUnavailable, httpapi.CodeOutcomeUnknown)
-	row := e.onePayment(t, o.ID)
-	md := map[string]string{"payment_id": row.ID, "order_id": o.ID}
+	row := e.onePayment(t, o.Id.String())
+	md := map[string]string{"payment_id": row.ID, "order_id": o.Id.String()}
 	for range processor.DefaultListLimit + 1 {
 		e.sim.CreateChargeDirect(processor.ChargeRequest{Amount: orderAmount, Currency: "EUR", PaymentMethod: cardDeclined, Metadata: md}, derived)
 	}
@@ -469,13 +470,13 @@ func TestReconciliationReadsEveryPage(t *testing.T) {
 	res := e.pay(t, e.a.Key, key, body)
 	wantStatus(t, res, http.StatusCreated)
 	p := decodePayment(t, res)
-	if p.ChargeID == nil || *p.ChargeID != kept.ID {
-		t.Errorf("charge_id = %v, want %s from the second page", p.ChargeID, kept.ID)
+	if p.ChargeId == nil || *p.ChargeId != kept.ID {
+		t.Errorf("charge_id = %v, want %s from the second page", p.ChargeId, kept.ID)
 	}
 	if posts := e.postedCalls(processorsim.PathCharges); len(posts) != 1 {
 		t.Errorf("charge calls = %d, want 1: the charge existed, none may be added", len(posts))
 	}
-	e.sweepUntil(t, "the double charge refunded", func() bool { return e.netCharged(o.ID) == orderAmount })
+	e.sweepUntil(t, "the double charge refunded", func() bool { return e.netCharged(o.Id.String()) == orderAmount })
 	refunds := e.sim.Refunds()
 	if len(refunds) != 1 || refunds[0].Charge != dup.ID {
 		t.Errorf("refunds = %+v, want the duplicate %s refunded", refunds, dup.ID)
@@ -494,9 +495,9 @@ func grepLines(s, sub string) string {
 }
 
 // decodeProblem reads a problem body without asserting on it.
-func decodeProblem(t *testing.T, res response) problem {
+func decodeProblem(t *testing.T, res response) api.Problem {
 	t.Helper()
-	var p problem
+	var p api.Problem
 	if err := json.Unmarshal(res.body, &p); err != nil {
 		t.Fatalf("decode problem: %v; status %d, body: %s", err, res.status, res.body)
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemref/payments/client/api"
 	"github.com/idemref/payments/internal/processor"
 	"github.com/idemref/payments/internal/tooling/processorsim"
 	"github.com/idemref/payments/internal/webhook"
@@ -43,19 +44,19 @@ func chargeEvent(t *testing.T, ch processor.Charge) []byte {
 // lostCharge pays o with the charge's response lost: the charge exists at
 // the processor, the payment stays at charge_sent (503 outcome unknown).
 // It returns the charge.
-func (e *bundle) lostCharge(t *testing.T, o order, key string) processor.Charge {
+func (e *bundle) lostCharge(t *testing.T, o api.Order, key string) processor.Charge {
 	t.Helper()
 	e.sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: processorsim.FaultLostResponse})
-	res := e.pay(t, e.a.Key, key, payBody(o.ID, cardVisa))
+	res := e.pay(t, e.a.Key, key, payBody(o.Id.String(), cardVisa))
 	wantProblem(t, res, http.StatusServiceUnavailable, "processor_outcome_unknown")
 	var found []processor.Charge
 	for _, ch := range e.sim.Charges() {
-		if ch.Metadata["order_id"] == o.ID {
+		if ch.Metadata["order_id"] == o.Id.String() {
 			found = append(found, ch)
 		}
 	}
 	if len(found) != 1 {
-		t.Fatalf("charges for order %s = %d, want 1", o.ID, len(found))
+		t.Fatalf("charges for order %s = %d, want 1", o.Id.String(), len(found))
 	}
 	return found[0]
 }
@@ -89,7 +90,7 @@ func TestWebhookDeliveredFiveTimesOutOfOrderDuringRotation(t *testing.T) {
 	// times; the second payment's event, created meanwhile, goes at once.
 	e.sim.InjectWebhookFault(processorsim.WebhookFault{Duplicates: 4, Delay: 300 * time.Millisecond})
 	ch := e.lostCharge(t, o, "pay-hooked")
-	wantStatus(t, e.pay(t, e.a.Key, "pay-other", payBody(other.ID, cardVisa)), http.StatusCreated)
+	wantStatus(t, e.pay(t, e.a.Key, "pay-other", payBody(other.Id.String(), cardVisa)), http.StatusCreated)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	if err := e.sim.WaitWebhooks(ctx); err != nil {
@@ -114,10 +115,10 @@ func TestWebhookDeliveredFiveTimesOutOfOrderDuringRotation(t *testing.T) {
 		t.Errorf("the second event did not overtake the held one: %+v then %+v", others, hooked)
 	}
 
-	if status, chargeID := e.paymentStatusOfOrder(t, o.ID); status != "succeeded" || chargeID != ch.ID {
+	if status, chargeID := e.paymentStatusOfOrder(t, o.Id.String()); status != "succeeded" || chargeID != ch.ID {
 		t.Errorf("payment = %s with %s, want succeeded with %s", status, chargeID, ch.ID)
 	}
-	if got := e.orderEvents(t, o.ID); got != (orderEvents{Succeeded: 1, Amount: orderAmount}) {
+	if got := e.orderEvents(t, o.Id.String()); got != (orderEvents{Succeeded: 1, Amount: orderAmount}) {
 		t.Errorf("events of the hooked order = %+v, want one payment.succeeded", got)
 	}
 	if n := e.count(t, `SELECT count(*) FROM processed_messages WHERE consumer = 'processor-webhooks' AND message_id = $1`, hooked[0].EventID); n != 1 {
@@ -131,15 +132,15 @@ func TestWebhookDeliveredFiveTimesOutOfOrderDuringRotation(t *testing.T) {
 	// settled already, so the key is completed without a processor call.
 	calls := len(e.sim.Calls())
 	e.setLease(t, e.a.ID, endpointPayments, "pay-hooked", -time.Second)
-	res := e.pay(t, e.a.Key, "pay-hooked", payBody(o.ID, cardVisa))
+	res := e.pay(t, e.a.Key, "pay-hooked", payBody(o.Id.String(), cardVisa))
 	wantStatus(t, res, http.StatusCreated)
-	if p := decodePayment(t, res); p.ChargeID == nil || *p.ChargeID != ch.ID {
-		t.Errorf("the retry answered charge %v, want %s", p.ChargeID, ch.ID)
+	if p := decodePayment(t, res); p.ChargeId == nil || *p.ChargeId != ch.ID {
+		t.Errorf("the retry answered charge %v, want %s", p.ChargeId, ch.ID)
 	}
 	if n := len(e.sim.Calls()) - calls; n != 0 {
 		t.Errorf("the retry made %d processor calls, want 0 (the webhook confirmed the charge)", n)
 	}
-	if got := e.orderEvents(t, o.ID); got.Succeeded != 1 {
+	if got := e.orderEvents(t, o.Id.String()); got.Succeeded != 1 {
 		t.Errorf("payment.succeeded events after the retry = %d, want 1", got.Succeeded)
 	}
 }
@@ -179,7 +180,7 @@ func TestWebhookRejectedWritesNothing(t *testing.T) {
 	if n := e.count(t, `SELECT count(*) FROM processed_messages`); n != 0 {
 		t.Errorf("inbox rows = %d, want 0", n)
 	}
-	if status, _ := e.paymentStatusOfOrder(t, o.ID); status != "charge_sent" {
+	if status, _ := e.paymentStatusOfOrder(t, o.Id.String()); status != "charge_sent" {
 		t.Errorf("payment = %s, want still charge_sent", status)
 	}
 	if n := e.count(t, `SELECT count(*) FROM outbox`); n != 0 {
@@ -189,7 +190,7 @@ func TestWebhookRejectedWritesNothing(t *testing.T) {
 	// The same event, signed right, is applied.
 	res := e.sendWebhook(t, body, webhook.Sign(body, now, webhookSecret))
 	wantStatus(t, res, http.StatusOK)
-	if status, _ := e.paymentStatusOfOrder(t, o.ID); status != "succeeded" {
+	if status, _ := e.paymentStatusOfOrder(t, o.Id.String()); status != "succeeded" {
 		t.Errorf("payment = %s after the signed delivery, want succeeded", status)
 	}
 	// Delivered again (signed anew, as a retry is): the inbox skips it.
@@ -203,7 +204,7 @@ func TestWebhookRejectedWritesNothing(t *testing.T) {
 	if n := e.count(t, `SELECT count(*) FROM processed_messages`); n != 1 {
 		t.Errorf("inbox rows after two deliveries = %d, want 1", n)
 	}
-	if got := e.orderEvents(t, o.ID); got.Succeeded != 1 {
+	if got := e.orderEvents(t, o.Id.String()); got.Succeeded != 1 {
 		t.Errorf("payment.succeeded events after two deliveries = %d, want 1", got.Succeeded)
 	}
 }
@@ -220,7 +221,7 @@ func TestWebhookLookupAndSweepRace(t *testing.T) {
 	e := setup(t, withProcessor())
 	const n = 8
 	type racer struct {
-		o    order
+		o    api.Order
 		key  string
 		ch   processor.Charge
 		body []byte
@@ -244,7 +245,7 @@ func TestWebhookLookupAndSweepRace(t *testing.T) {
 			}
 		})
 		wg.Go(func() {
-			res, err := e.send(t.Context(), http.MethodPost, "/v1/payments", e.a.Key, []byte(payBody(r.o.ID, cardVisa)), withHeader("Idempotency-Key", r.key))
+			res, err := e.send(t.Context(), http.MethodPost, "/v1/payments", e.a.Key, []byte(payBody(r.o.Id.String(), cardVisa)), withHeader("Idempotency-Key", r.key))
 			if err != nil || res.status != http.StatusCreated {
 				t.Errorf("retry: %v %d %s", err, res.status, res.body)
 			}
@@ -252,10 +253,10 @@ func TestWebhookLookupAndSweepRace(t *testing.T) {
 	}
 	wg.Wait()
 	for _, r := range racers {
-		if status, chargeID := e.paymentStatusOfOrder(t, r.o.ID); status != "succeeded" || chargeID != r.ch.ID {
+		if status, chargeID := e.paymentStatusOfOrder(t, r.o.Id.String()); status != "succeeded" || chargeID != r.ch.ID {
 			t.Errorf("payment of %s = %s with %s, want succeeded with %s", r.o.Reference, status, chargeID, r.ch.ID)
 		}
-		if got := e.orderEvents(t, r.o.ID); got != (orderEvents{Succeeded: 1, Amount: orderAmount}) {
+		if got := e.orderEvents(t, r.o.Id.String()); got != (orderEvents{Succeeded: 1, Amount: orderAmount}) {
 			t.Errorf("events of %s = %+v, want one payment.succeeded", r.o.Reference, got)
 		}
 	}
@@ -284,7 +285,7 @@ func TestWebhookLookupAndSweepRace(t *testing.T) {
 	if !refunded {
 		t.Errorf("the late duplicate %s was not refunded by the sweep", dup.ID)
 	}
-	if got := e.orderEvents(t, first.o.ID); got.Succeeded != 1 {
+	if got := e.orderEvents(t, first.o.Id.String()); got.Succeeded != 1 {
 		t.Errorf("payment.succeeded events after the duplicate = %d, want 1", got.Succeeded)
 	}
 }
@@ -311,7 +312,7 @@ func TestStandardWebhooks(t *testing.T) {
 			t.Errorf("delivery %+v was not answered 200", d)
 		}
 	}
-	if status, chargeID := e.paymentStatusOfOrder(t, o.ID); status != "succeeded" || chargeID != ch.ID {
+	if status, chargeID := e.paymentStatusOfOrder(t, o.Id.String()); status != "succeeded" || chargeID != ch.ID {
 		t.Errorf("payment = %s with %s, want succeeded with %s (confirmed by the webhook)", status, chargeID, ch.ID)
 	}
 
@@ -350,7 +351,7 @@ func TestStandardWebhooks(t *testing.T) {
 	if n := e.count(t, `SELECT count(*) FROM processed_messages`); n != inbox {
 		t.Errorf("inbox rows went from %d to %d after refused deliveries", inbox, n)
 	}
-	if status, _ := e.paymentStatusOfOrder(t, other.ID); status != "charge_sent" {
+	if status, _ := e.paymentStatusOfOrder(t, other.Id.String()); status != "charge_sent" {
 		t.Errorf("the payment of the refused deliveries is %s, want charge_sent", status)
 	}
 	if res := e.do(t, http.MethodPost, webhookPath, "", body, standard("msg_2", now, standardWebhookSecret, body)); res.status != http.StatusOK {
