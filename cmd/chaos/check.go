@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -18,6 +17,7 @@ import (
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/orders"
 	"github.com/idemref/payments/internal/payments"
+	"github.com/idemref/payments/internal/tooling/harness"
 	"github.com/idemref/payments/internal/tooling/processorsim"
 )
 
@@ -159,7 +159,7 @@ func check(ctx context.Context, db *pgxpool.Pool, processorURL string, led *ledg
 	ops := led.Operations()
 	obs, stuck, err := awaitQuiescence(ctx, db, processorURL, ledgerReferences(ops), wait)
 	if err == nil {
-		obs.calls, err = readProcessorCalls(ctx, processorURL)
+		obs.calls, err = harness.ProcessorCalls(ctx, processorURL)
 	}
 	if err != nil {
 		// Without the records nothing can be compared: an empty read
@@ -363,29 +363,6 @@ func processorHolds(ctx context.Context, processorURL string) (bool, error) {
 		return false, fmt.Errorf("processor idle: %s", res.Status)
 	}
 	return false, nil
-}
-
-// readProcessorCalls reads every call the simulator recorded.
-func readProcessorCalls(ctx context.Context, processorURL string) ([]processorsim.Call, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, processorURL+"/_sim/calls", nil)
-	if err != nil {
-		return nil, err
-	}
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("processor calls: %w", err)
-	}
-	defer res.Body.Close()
-	if res.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("processor calls: %s", res.Status)
-	}
-	var v struct {
-		Data []processorsim.Call `json:"data"`
-	}
-	if err := json.NewDecoder(res.Body).Decode(&v); err != nil {
-		return nil, fmt.Errorf("processor calls: %w", err)
-	}
-	return v.Data, nil
 }
 
 // findings collects violations into a result.

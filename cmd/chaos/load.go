@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemref/payments/internal/tooling/harness"
 	"github.com/idemref/payments/internal/tooling/processorsim"
 )
 
@@ -249,11 +250,7 @@ func (l *ledger) P99(from, to time.Time) time.Duration {
 		}
 	}
 	l.mu.Unlock()
-	if len(lat) == 0 {
-		return 0
-	}
-	slices.Sort(lat)
-	return lat[(len(lat)*99+99)/100-1]
+	return harness.Percentile(lat, 99)
 }
 
 // Outage measures how long the service could not be used within

@@ -14,6 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	vegeta "github.com/tsenart/vegeta/v12/lib"
+
+	"github.com/idemref/payments/internal/tooling/harness"
 )
 
 // replayedHeader is httpapi.ReplayedHeader, spelled out: the benchmark
@@ -422,7 +424,7 @@ func (l *load) storm(ctx context.Context, n int) (stormResult, error) {
 	if err != nil {
 		return out, err
 	}
-	out.p99 = percentile(r.latencies, 99)
+	out.p99 = harness.Percentile(r.latencies, 99)
 	if r.ok != n {
 		return out, fmt.Errorf("storm: %d of %d requests answered", r.ok, n)
 	}

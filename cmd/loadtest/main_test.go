@@ -13,6 +13,7 @@ import (
 	vegeta "github.com/tsenart/vegeta/v12/lib"
 
 	"github.com/idemref/payments/db/migrations"
+	"github.com/idemref/payments/internal/tooling/harness"
 )
 
 func TestSeries(t *testing.T) {
@@ -52,13 +53,13 @@ func TestPercentileNearestRank(t *testing.T) {
 	for i := 100; i >= 1; i-- {
 		l = append(l, time.Duration(i)*time.Millisecond)
 	}
-	if got := percentile(l, 99); got != 99*time.Millisecond {
+	if got := harness.Percentile(l, 99); got != 99*time.Millisecond {
 		t.Errorf("p99 = %v, want 99ms", got)
 	}
-	if got := percentile(l, 50); got != 50*time.Millisecond {
+	if got := harness.Percentile(l, 50); got != 50*time.Millisecond {
 		t.Errorf("p50 = %v, want 50ms", got)
 	}
-	if got := percentile(l[:1], 99); got != 100*time.Millisecond {
+	if got := harness.Percentile(l[:1], 99); got != 100*time.Millisecond {
 		t.Errorf("p99 of one = %v, want 100ms", got)
 	}
 }

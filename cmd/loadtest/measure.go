@@ -2,12 +2,13 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/idemref/payments/internal/tooling/harness"
 )
 
 // scenario is one kind of request's figures, one entry per round.
@@ -18,8 +19,8 @@ type scenario struct {
 
 func (s *scenario) add(r outcome) {
 	s.rps = append(s.rps, r.rps())
-	s.p50 = append(s.p50, ms(percentile(r.latencies, 50)))
-	s.p99 = append(s.p99, ms(percentile(r.latencies, 99)))
+	s.p50 = append(s.p50, ms(harness.Percentile(r.latencies, 50)))
+	s.p99 = append(s.p99, ms(harness.Percentile(r.latencies, 99)))
 	s.requests += r.ok
 }
 
@@ -140,26 +141,12 @@ func oneRound(ctx context.Context, o options, l *load, res *results, d time.Dura
 // executedCharges counts the charges the simulator executed (deduplicated
 // calls excluded).
 func executedCharges(ctx context.Context, processorURL string) (int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, processorURL+"/_sim/calls", nil)
+	calls, err := harness.ProcessorCalls(ctx, processorURL)
 	if err != nil {
 		return 0, err
-	}
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer res.Body.Close()
-	var calls struct {
-		Data []struct {
-			Method, Path       string
-			Executed, Replayed bool
-		}
-	}
-	if err := json.NewDecoder(res.Body).Decode(&calls); err != nil {
-		return 0, fmt.Errorf("processor calls: %w", err)
 	}
 	n := 0
-	for _, c := range calls.Data {
+	for _, c := range calls {
 		if c.Method == http.MethodPost && c.Path == "/v1/charges" && c.Executed && !c.Replayed {
 			n++
 		}

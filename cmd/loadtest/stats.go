@@ -43,15 +43,4 @@ func ratio(a, b series) series {
 	return out
 }
 
-// percentile returns the p-th percentile (0 < p <= 100) of latencies by
-// the nearest-rank method.
-func percentile(latencies []time.Duration, p float64) time.Duration {
-	if len(latencies) == 0 {
-		return 0
-	}
-	v := slices.Sorted(slices.Values(latencies))
-	rank := int(math.Ceil(p / 100 * float64(len(v))))
-	return v[max(rank, 1)-1]
-}
-
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
