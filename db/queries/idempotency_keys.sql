@@ -5,27 +5,26 @@
 SELECT set_config('lock_timeout', @timeout::text, true);
 
 -- name: IdemKeyClaim :one
--- The claim (L1), in one statement. The primary key decides who owns the
--- key: no check-then-insert. The INSERT returns no row when the key
--- exists; when another transaction holds an uncommitted claim on it, it
--- waits for that transaction (bounded by lock_timeout). A key that exists
--- but is past its retention (E3) and finished is unknown: the UPDATE claims
--- it over in the same statement, re-checking the horizon under the row
--- lock, so two requests cannot both take it. Rows inside their retention
--- match neither and are not locked, so a replay takes no write lock. No row
--- back: the key exists (see IdemKeyGet).
+-- The multi-step path's claim (L1, S3), in one statement. The primary key
+-- decides who owns the key: no check-then-insert. The INSERT returns no row
+-- when the key exists; when another transaction holds an uncommitted claim
+-- on it, it waits for that transaction (bounded by lock_timeout). A key
+-- that exists but is past its retention (E3) and finished is unknown: the
+-- UPDATE claims it over in the same statement, re-checking the horizon
+-- under the row lock, so two requests cannot both take it. Rows inside
+-- their retention match neither and are not locked, so a replay takes no
+-- write lock. No row back: the key exists (see IdemKeyGet).
 --
--- A multi-step key (S3) is claimed holding a lease of lease_seconds at
--- recovery point 'started'; a one-transaction key passes NULL and holds no
--- lease. A key claimed over gets a new lease generation, fencing off
--- anything that still holds the old one.
+-- The key is claimed in progress, holding a lease of lease_seconds at
+-- recovery point 'started', and committed so, before the processor is
+-- called. A key claimed over gets a new lease generation, fencing off
+-- anything that still holds the old one. (The one-transaction path claims
+-- with IdemKeyClaimCompleted instead.)
 WITH inserted AS (
     INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at,
                                   retain_until, recovery_point, locked_until, lease_generation)
     VALUES (@tenant_id, @endpoint, @idem_key, @fingerprint, @fingerprint_version, @expires_at, @retain_until,
-            CASE WHEN sqlc.narg('lease_seconds')::float8 IS NOT NULL THEN 'started' END,
-            now() + make_interval(0, 0, 0, 0, 0, 0, sqlc.narg('lease_seconds')::float8),
-            CASE WHEN sqlc.narg('lease_seconds')::float8 IS NOT NULL THEN 1 ELSE 0 END)
+            'started', now() + make_interval(secs => @lease_seconds::float8), 1)
     ON CONFLICT (tenant_id, endpoint, idem_key) DO NOTHING
     RETURNING lease_generation
 ), reclaimed AS (
@@ -34,9 +33,9 @@ WITH inserted AS (
         state = 'in_progress', response_status = NULL, response_headers = NULL, response_body = NULL,
         resource_id = NULL, resource_location = NULL, created_at = now(), completed_at = NULL,
         expires_at = @expires_at, retain_until = @retain_until,
-        recovery_point = CASE WHEN sqlc.narg('lease_seconds')::float8 IS NOT NULL THEN 'started' END,
-        locked_until = now() + make_interval(0, 0, 0, 0, 0, 0, sqlc.narg('lease_seconds')::float8),
-        lease_generation = CASE WHEN sqlc.narg('lease_seconds')::float8 IS NOT NULL THEN lease_generation + 1 ELSE 0 END
+        recovery_point = 'started',
+        locked_until = now() + make_interval(secs => @lease_seconds::float8),
+        lease_generation = lease_generation + 1
     WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key
       AND idem_forgotten(state, retain_until)
       AND NOT EXISTS (SELECT 1 FROM inserted)
@@ -47,29 +46,47 @@ UNION ALL
 SELECT lease_generation FROM reclaimed;
 
 -- name: IdemKeyGet :one
--- result_expired: the response is no longer replayed (E3), whether the
--- reaper has pruned it to a tombstone yet or not. The horizons' rules are
--- the functions of migration 000014, shared by every query here.
+-- What a key holds, read before executing (the one-transaction path's
+-- replay check) and after a claim that found the key taken. A plain read:
+-- it takes no row lock and writes nothing (P4). result_expired: the
+-- response is no longer replayed (E3), whether the reaper has pruned it to
+-- a tombstone yet or not; forgotten: the key is past its retention and
+-- unknown, as if the reaper had deleted it. The horizons' rules are the
+-- functions of migration 000014, shared by every query here.
 SELECT sqlc.embed(idempotency_keys),
-       idem_result_expired(state, expires_at)::boolean AS result_expired
+       idem_result_expired(state, expires_at)::boolean AS result_expired,
+       idem_forgotten(state, retain_until)::boolean AS forgotten
 FROM idempotency_keys
 WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key;
 
--- name: IdemKeyComplete :one
--- The record step (L3): the exact response, in the claim's transaction.
--- The headers stored are only those no column holds already (R6: a
--- smaller row): Location is resource_location, and Idempotency-Expires
--- (E4) is expires_at, returned here to stamp the answer and read again by
--- every replay, so the two say the same instant (keyrow.go, HTTPDate).
-UPDATE idempotency_keys
-SET state = 'completed',
-    response_status = @response_status,
-    response_headers = @response_headers,
-    response_body = @response_body,
-    resource_location = sqlc.narg('resource_location'),
-    completed_at = now()
+-- name: IdemKeyForget :exec
+-- Deletes a key past its retention (E3) before it is used afresh, as the
+-- reaper would: the one-transaction claim is a plain INSERT, which such a
+-- row would otherwise refuse. Re-checked here, so a key claimed over
+-- meanwhile is kept.
+DELETE FROM idempotency_keys
 WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key
-  AND state = 'in_progress'
+  AND idem_forgotten(state, retain_until);
+
+-- name: IdemKeyClaimCompleted :one
+-- The one-transaction path's claim and record (L1, L3) in one statement:
+-- the key row is inserted once, already completed with the exact response,
+-- as the transaction's last statement. A plain INSERT, no ON CONFLICT: if
+-- the key exists, or another transaction has inserted it and not yet
+-- committed (the insert waits for it, bounded by lock_timeout), the
+-- statement fails on the primary key, the transaction is aborted and the
+-- COMMIT sent behind it rolls back everything the request wrote; the
+-- request then replays what the key holds. The headers stored are only
+-- those no column holds already (R6: a smaller row): Location is
+-- resource_location, and Idempotency-Expires (E4) is expires_at, returned
+-- here to stamp the answer and read again by every replay, so the two say
+-- the same instant (keyrow.go, HTTPDate).
+INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, state,
+                              response_status, response_headers, response_body, resource_location,
+                              completed_at, expires_at, retain_until)
+VALUES (@tenant_id, @endpoint, @idem_key, @fingerprint, @fingerprint_version, 'completed',
+        @response_status, @response_headers, @response_body, sqlc.narg('resource_location'),
+        now(), @expires_at, @retain_until)
 RETURNING expires_at;
 
 -- name: IdemKeyGetForUpdate :one

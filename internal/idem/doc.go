@@ -12,48 +12,63 @@
 //     and the decoded body after Canonicalize (sorted members, one number
 //     format, minimal escapes); FingerprintVersion is stored with the hash.
 //
-// Store.Execute then runs the one-transaction path, in a READ COMMITTED
-// transaction:
+// Store.Execute then runs the one-transaction path. Its four steps, in the
+// order they run:
 //
-//  1. Claim: INSERT … ON CONFLICT DO NOTHING on the primary key
-//     (tenant_id, endpoint, idem_key) (L1, K2).
-//  2. Execute: exec runs in the same transaction, inside a savepoint (L2).
-//  3. Record: the key row becomes completed with the exact status, the
-//     RecordedHeaders and the body bytes, and commits with the business rows (L3).
-//  4. Replay: a claim that inserted nothing reads the row instead (L4, L5):
-//     completed with the same fingerprint → the stored response, replayed
+//  1. Replay, looked up first: one plain read of the key (L4, L5).
+//     Completed with the same fingerprint → the stored response, replayed
 //     = true (the HTTP layer adds Idempotent-Replayed: true); a different
-//     fingerprint → ErrKeyReused (422); in progress → ErrKeyInUse (409 with
-//     Retry-After), also when the claim waited longer than
-//     Config.LockTimeout on another transaction's uncommitted claim. A key
-//     store that is unreachable or fails transiently gives ErrUnavailable
-//     (503 with Retry-After): without a claim nothing executes, and nothing
-//     is recorded (L6).
+//     fingerprint → ErrKeyReused (422); unfinished → ErrKeyInUse (409 with
+//     Retry-After). No row: the request is new.
+//  2. Execute: in a new READ COMMITTED transaction, exec runs inside a
+//     savepoint (L2).
+//  3. Claim and record, in one statement: the key row is inserted on the
+//     primary key (tenant_id, endpoint, idem_key) (L1, K2) already
+//     completed with the exact status, the RecordedHeaders and the body
+//     bytes (L3), as the transaction's last statement, with COMMIT behind
+//     it. The business rows and the record commit together or not at all.
+//  4. Replay, after a lost race: when that insert finds the key taken, the
+//     transaction rolls back, this request's business rows with it, and it
+//     answers what the winner recorded, as in step 1.
+//
+// A key store that is unreachable or fails transiently gives ErrUnavailable
+// (503 with Retry-After): nothing the request wrote commits, and nothing is
+// recorded (L6).
 //
 // Outcomes (O1-O3): a response with status >= 400 is a deterministic
 // failure; its savepoint is rolled back (so a statement that aborted the
 // transaction leaves no trace) and the failure is recorded and replayed. An
-// error from exec rolls everything back, key row included, so the retry
-// runs again; transient errors come back wrapped in ErrUnavailable.
+// error from exec rolls everything back, and nothing is recorded, so the
+// retry runs again; transient errors come back wrapped in ErrUnavailable.
 //
-// Why an insert and not a select: two requests can both see "no row"; only
-// the unique index decides between them. Why the wait is bounded: the
-// duplicate of a slow request would otherwise hold a connection for as
-// long as the first one runs, so after lock_timeout it gets a 409 and
-// retries later. Why READ COMMITTED matters: when the insert waited on
-// another transaction's claim and that transaction committed, the insert
-// does nothing, and the next statement takes a new snapshot that sees the
-// committed row, so the duplicate replays it. Under REPEATABLE READ the
-// old snapshot would not see it and the duplicate would fail instead.
+// Why the claim comes last: the key row is then written once, complete,
+// instead of inserted in progress and updated to completed (two heap
+// tuples, two sets of index entries, twice the WAL): an idempotent create
+// costs PostgreSQL little more than the business insert plus that one row
+// (P7; docs/load-benchmark.md has the measurements and the shapes that
+// lost). Why it is still safe: the primary key decides, at the insert, as
+// it did when the insert came first; a duplicate that arrives while the
+// first request runs finds no row in step 1 and executes too, but its
+// insert waits on the first one's uncommitted row and then fails, and its
+// work rolls back with its transaction. So exec must have no effect outside
+// the transaction, the rule of this path anyway. Why an insert and not a
+// select: two requests can both see "no row"; only the unique index
+// decides between them, and the read of step 1 only serves replays. Why
+// the wait is bounded: the duplicate of a slow request would otherwise hold
+// a connection for as long as the first one runs, so after lock_timeout
+// (Config.LockTimeout; also for a wait inside exec, most often on the rows
+// the duplicate is writing) it gets ErrKeyInUse and retries later. Why READ
+// COMMITTED matters: the read of step 4 takes a new snapshot, which sees
+// the row the winner committed while our insert waited for it.
 //
-// What it costs (P2): three round trips to PostgreSQL for a create, two for
-// a replay. The transaction is a db.Tx, which pipelines: BEGIN and the
-// lock_timeout setting travel with the claim; the SAVEPOINT with exec's
-// first statement; the RELEASE and the COMMIT with the record. The four
-// steps above are still four statements, run in order, each seeing the one
-// before it; pipelining only saves the waits between those whose results
-// nothing reads. The one rule it adds: COMMIT may travel behind a statement
-// only when nothing that statement returns could decide a rollback (see
+// What it costs (P2): three round trips to PostgreSQL for a create, one
+// for a replay. The transaction is a db.Tx, which pipelines: BEGIN, the
+// lock_timeout setting and the SAVEPOINT travel with exec's first
+// statement; the RELEASE and the COMMIT with the claim. The steps above
+// are still statements run in order, each seeing the one before it;
+// pipelining only saves the waits between those whose results nothing
+// reads. The one rule it adds: COMMIT may travel behind a statement only
+// when nothing that statement returns could decide a rollback (see
 // db.Tx.CommitAfterNext); an error from it still aborts the transaction and
 // the COMMIT then rolls back. TestRoundTripsPerRequest in internal/http
 // counts them on the wire.

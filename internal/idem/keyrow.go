@@ -39,18 +39,29 @@ func stampExpiry(res *Response, expiresAt time.Time) {
 // prints GMT but not the conversion to it: a local time would be hours off).
 func HTTPDate(t time.Time) string { return t.UTC().Format(http.TimeFormat) }
 
-// existing handles a key that is already claimed: replay, 409 or 422.
+// existing reads a key that a claim found taken: replay, 409 or 422.
 // createdAt is the record's creation time, for the replay age metric.
-func (s *Store) existing(ctx context.Context, q *dbsqlc.Queries, c Claim) (res Response, createdAt time.Time, err error) {
-	row, err := q.IdemKeyGet(ctx, dbsqlc.IdemKeyGetParams{TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key})
+func (s *Store) existing(ctx context.Context, c Claim) (res Response, createdAt time.Time, err error) {
+	row, err := dbsqlc.New(s.pool).IdemKeyGet(ctx, dbsqlc.IdemKeyGetParams{TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key})
 	if errors.Is(err, pgx.ErrNoRows) {
-		// The row vanished between our insert and this read: it expired
-		// and was deleted. Rare; the retry will claim it afresh.
+		// The row vanished between the claim and this read: it was
+		// forgotten and deleted. Rare; the retry will claim it afresh.
 		return Response{}, time.Time{}, ErrKeyInUse
 	}
 	if err != nil {
 		return Response{}, time.Time{}, err
 	}
+	if row.Forgotten {
+		// Taken a moment ago by a row already past its retention: the
+		// retry deletes it and runs.
+		return Response{}, time.Time{}, ErrKeyInUse
+	}
+	return replay(row, c)
+}
+
+// replay answers a request from its key's row: the recorded response, or
+// the error that says why there is none to give.
+func replay(row dbsqlc.IdemKeyGetRow, c Claim) (Response, time.Time, error) {
 	stored, err := settled(row.IdempotencyKey, row.ResultExpired, c)
 	if err != nil {
 		return Response{}, time.Time{}, err
@@ -61,15 +72,29 @@ func (s *Store) existing(ctx context.Context, q *dbsqlc.Queries, c Claim) (res R
 	return *stored, row.IdempotencyKey.CreatedAt, nil
 }
 
-// claim inserts the key row (L1). lease is nil for a one-transaction key;
-// a multi-step key is claimed holding a lease of that length. pgx.ErrNoRows
-// means the key exists already.
-func (s *Store) claim(ctx context.Context, q *dbsqlc.Queries, c Claim, lease *time.Duration) (generation int64, err error) {
-	var seconds *float64
-	if lease != nil {
-		v := lease.Seconds()
-		seconds = &v
-	}
+// claimCompleted is the one-transaction claim and record: the key row
+// inserted already completed with rec (IdemKeyClaimCompleted). A taken key
+// fails it on keyPrimaryKey.
+func (s *Store) claimCompleted(ctx context.Context, q *dbsqlc.Queries, c Claim, rec record) (expiresAt time.Time, err error) {
+	now := time.Now()
+	return q.IdemKeyClaimCompleted(ctx, dbsqlc.IdemKeyClaimCompletedParams{
+		TenantID:           c.TenantID,
+		Endpoint:           c.Endpoint,
+		IdemKey:            c.Key,
+		Fingerprint:        c.Fingerprint,
+		FingerprintVersion: FingerprintVersion,
+		ResponseStatus:     &rec.status,
+		ResponseHeaders:    rec.headers,
+		ResponseBody:       rec.body,
+		ResourceLocation:   rec.location,
+		ExpiresAt:          now.Add(s.cfg.TTL),
+		RetainUntil:        now.Add(s.cfg.KeyRetention),
+	})
+}
+
+// claim inserts a multi-step key row (L1, S3), holding a lease of the
+// configured length. pgx.ErrNoRows means the key exists already.
+func (s *Store) claim(ctx context.Context, q *dbsqlc.Queries, c Claim) (generation int64, err error) {
 	now := time.Now()
 	return q.IdemKeyClaim(ctx, dbsqlc.IdemKeyClaimParams{
 		TenantID:           c.TenantID,
@@ -79,7 +104,7 @@ func (s *Store) claim(ctx context.Context, q *dbsqlc.Queries, c Claim, lease *ti
 		FingerprintVersion: FingerprintVersion,
 		ExpiresAt:          now.Add(s.cfg.TTL),
 		RetainUntil:        now.Add(s.cfg.KeyRetention),
-		LeaseSeconds:       seconds,
+		LeaseSeconds:       s.cfg.Lease.Seconds(),
 	})
 }
 

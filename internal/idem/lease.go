@@ -131,7 +131,7 @@ func (s *Store) Begin(ctx context.Context, c Claim, first func(ctx context.Conte
 			return err
 		}
 		start := time.Now()
-		gen, err := s.claim(ctx, q, c, &s.cfg.Lease)
+		gen, err := s.claim(ctx, q, c)
 		observeLockWait(c.Endpoint, start)
 		switch {
 		case db.IsLockTimeout(err):

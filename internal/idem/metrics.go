@@ -29,7 +29,7 @@ var (
 	}, []string{"endpoint"})
 	lockWaitSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "idempotency_lock_wait_seconds",
-		Help:    "Time the key claim (INSERT ... ON CONFLICT, and for a takeover the row lock) took; long ones waited on another request's uncommitted claim, bounded by the lock timeout.",
+		Help:    "Time the key claim took (the completed record's insert with its COMMIT, or a multi-step key's INSERT ... ON CONFLICT and, for a takeover, the row lock); long ones waited on another request's uncommitted claim, bounded by the lock timeout.",
 		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2, 5},
 	}, []string{"endpoint"})
 	replayAgeSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{

@@ -162,24 +162,41 @@ const ExpiresHeader = "Idempotency-Expires"
 var RecordedHeaders = []string{"Content-Type", "Location", "Cache-Control"}
 
 // Execute is the one-transaction idempotency path (L1-L5), for side effects
-// that live in our own database:
+// that live in our own database. Its four steps run in this order:
 //
-//  1. Claim: INSERT the key ON CONFLICT DO NOTHING, in a new transaction.
-//  2. Execute: run exec in the same transaction, inside a savepoint.
-//  3. Record: store exec's response on the key row, then commit, so the
-//     business rows and the recorded response commit together or not at all.
-//  4. Replay: when the claim finds an existing completed row, return its
-//     recorded response (replayed = true) without running exec.
+//  1. Replay, looked up first: read the key. A completed record with the
+//     same fingerprint is returned (replayed = true) without running exec;
+//     another request's key gives ErrKeyReused, an unfinished one
+//     ErrKeyInUse. No row: the request is new.
+//  2. Execute: in a new transaction, run exec inside a savepoint.
+//  3. Claim and record, in one statement: INSERT the key row already
+//     completed with exec's exact response, as the transaction's last
+//     statement, with COMMIT behind it, so the business rows and the record
+//     commit together or not at all.
+//  4. Replay, after a lost race: if that INSERT hits the primary key
+//     (a duplicate committed the key while this request executed), the
+//     transaction rolls back, business rows included, and the request
+//     replays what the winner recorded, as in step 1.
+//
+// The claim comes last so that the key row is written once (P7): the
+// primary key still decides who owns the key, at the moment of the record.
+// A duplicate that arrives while the first request runs finds no row in
+// step 1 and executes too; whichever records first wins, and the other's
+// INSERT waits on the winner's uncommitted row (bounded by
+// Config.LockTimeout, then ErrKeyInUse), fails, and rolls its own work back.
+// exec must therefore have no effect outside the transaction, which is the
+// rule of this path anyway; side effects elsewhere take the multi-step path
+// (lease.go).
 //
 // exec returns the response to record. A response with status >= 400 is a
 // deterministic failure (validation, natural-key conflict): its savepoint
 // is rolled back, so no half-written business row survives, and the
 // failure is recorded and replayed like a success (O1). An error from exec
-// rolls back everything, key row included, so the retry runs again (O2):
-// transient errors come back wrapped in ErrUnavailable, others as they are.
-//
-// Conflicts: a completed key with another fingerprint gives ErrKeyReused;
-// a key whose first request is still running gives ErrKeyInUse.
+// rolls everything back, and nothing is recorded, so the retry runs again
+// (O2): transient errors come back wrapped in ErrUnavailable, others as
+// they are. A lock wait past Config.LockTimeout, in exec or in the claim,
+// is ErrKeyInUse: another transaction, most often the duplicate's, holds
+// what this request must write.
 func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Context, tx pgx.Tx) (Response, error)) (res Response, replayed bool, err error) {
 	var createdAt time.Time
 	// Counted once, when the outcome is decided: after the commit or the
@@ -188,36 +205,28 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Cont
 	if err := s.admit(ctx, c); err != nil {
 		return Response{}, false, s.wrap(err)
 	}
-	claimed := false
-	err = db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
-		q := dbsqlc.New(tx)
 
+	// 1. Replay, looked up first. A plain read outside any transaction: one
+	// round trip, no row lock (P4).
+	row, err := dbsqlc.New(s.pool).IdemKeyGet(ctx, dbsqlc.IdemKeyGetParams{TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key})
+	switch {
+	case err == nil && row.Forgotten:
+		// Past its retention the key is unknown (E3). The claim below is a
+		// plain INSERT, so the old row goes first, as the reaper would take it.
+		if err := dbsqlc.New(s.pool).IdemKeyForget(ctx, dbsqlc.IdemKeyForgetParams{TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key}); err != nil {
+			return Response{}, false, s.wrap(err)
+		}
+	case err == nil:
+		res, createdAt, err = replay(row, c)
+		return res, err == nil, s.wrap(err)
+	case !errors.Is(err, pgx.ErrNoRows):
+		return Response{}, false, s.wrap(err)
+	}
+
+	err = db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
 		if err := s.boundLockWaits(ctx, tx); err != nil {
 			return err
 		}
-
-		// 1. Claim. The unique primary key decides who owns the key; a
-		// SELECT-then-INSERT would let two requests both see "no row".
-		start := time.Now()
-		_, err := s.claim(ctx, q, c, nil)
-		observeLockWait(c.Endpoint, start)
-		switch {
-		case db.IsLockTimeout(err):
-			return ErrKeyInUse
-		case errors.Is(err, pgx.ErrNoRows):
-			// 4. The key exists. Under READ COMMITTED this statement takes a
-			// new snapshot, so it sees the row the other transaction
-			// committed while our insert waited for it. The claim wrote
-			// nothing, so the transaction ends with this read, whatever it
-			// finds: the COMMIT travels with it.
-			db.CommitAfterNext(tx)
-			res, createdAt, err = s.existing(ctx, q, c)
-			replayed = err == nil
-			return err
-		case err != nil:
-			return err
-		}
-		claimed = true
 
 		// 2. Execute, inside a savepoint taken before the business write.
 		res, err = executeInSavepoint(ctx, tx, exec)
@@ -225,50 +234,46 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Cont
 			return err
 		}
 
-		// 3. Record the exact response before commit (L3).
+		// 3. Claim and record: the key row, inserted once with the exact
+		// response (L1, L3). COMMIT travels with it: nothing it returns can
+		// change the decision to commit, and when it fails (the key is
+		// taken) the transaction is aborted and the COMMIT rolls it back.
 		rec, err := encodeRecord(res)
 		if err != nil {
 			return err
 		}
-		// The record is the transaction's last statement, and nothing it
-		// returns can change the decision to commit: it updates the row
-		// this transaction inserted (or claimed over) and holds locked, so
-		// it cannot miss. COMMIT travels with it; an error from it still
-		// aborts the transaction, and the COMMIT then rolls everything
-		// back.
 		db.CommitAfterNext(tx)
-		expires, err := q.IdemKeyComplete(ctx, dbsqlc.IdemKeyCompleteParams{
-			TenantID:         c.TenantID,
-			Endpoint:         c.Endpoint,
-			IdemKey:          c.Key,
-			ResponseStatus:   &rec.status,
-			ResponseHeaders:  rec.headers,
-			ResponseBody:     rec.body,
-			ResourceLocation: rec.location,
-		})
-		if errors.Is(err, pgx.ErrNoRows) {
-			// Cannot happen (see above); if it did, the work committed
-			// without its record, and it must not pass silently.
-			return errors.New("idem: recording the response updated no row of the key this transaction holds")
-		}
+		start := time.Now()
+		expires, err := s.claimCompleted(ctx, dbsqlc.New(tx), c, rec)
+		observeLockWait(c.Endpoint, start)
 		if err != nil {
 			return err
 		}
 		stampExpiry(&res, expires)
 		return nil
 	})
-	if err != nil {
+	switch {
+	case db.IsUniqueViolation(err, keyPrimaryKey):
+		// 4. Replay, after a lost race: everything this request wrote has
+		// rolled back. Under READ COMMITTED this new read sees the row the
+		// winner committed.
+		res, createdAt, err = s.existing(ctx, c)
+		return res, err == nil, s.wrap(err)
+	case db.IsLockTimeout(err):
+		return Response{}, false, ErrKeyInUse
+	case err != nil:
 		return Response{}, false, s.wrap(err)
 	}
-	if claimed {
-		s.claimed(c)
-	}
+	s.claimed(c)
 	// The work is committed. A crash from here until the response is
 	// written is the window test T1 covers: the client's retry replays the
 	// stored response.
 	failpoint.Inject("idem-after-commit")
-	return res, replayed, nil
+	return res, false, nil
 }
+
+// keyPrimaryKey is the constraint a claim of a taken key fails on.
+const keyPrimaryKey = "idempotency_keys_pkey"
 
 // boundLockWaits sets lock_timeout for the rest of the transaction. A
 // duplicate of a request whose transaction is still open blocks on that

@@ -59,9 +59,7 @@ WITH inserted AS (
     INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at,
                                   retain_until, recovery_point, locked_until, lease_generation)
     VALUES ($1, $2, $3, $4, $5, $6, $7,
-            CASE WHEN $8::float8 IS NOT NULL THEN 'started' END,
-            now() + make_interval(0, 0, 0, 0, 0, 0, $8::float8),
-            CASE WHEN $8::float8 IS NOT NULL THEN 1 ELSE 0 END)
+            'started', now() + make_interval(secs => $8::float8), 1)
     ON CONFLICT (tenant_id, endpoint, idem_key) DO NOTHING
     RETURNING lease_generation
 ), reclaimed AS (
@@ -70,9 +68,9 @@ WITH inserted AS (
         state = 'in_progress', response_status = NULL, response_headers = NULL, response_body = NULL,
         resource_id = NULL, resource_location = NULL, created_at = now(), completed_at = NULL,
         expires_at = $6, retain_until = $7,
-        recovery_point = CASE WHEN $8::float8 IS NOT NULL THEN 'started' END,
-        locked_until = now() + make_interval(0, 0, 0, 0, 0, 0, $8::float8),
-        lease_generation = CASE WHEN $8::float8 IS NOT NULL THEN lease_generation + 1 ELSE 0 END
+        recovery_point = 'started',
+        locked_until = now() + make_interval(secs => $8::float8),
+        lease_generation = lease_generation + 1
     WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
       AND idem_forgotten(state, retain_until)
       AND NOT EXISTS (SELECT 1 FROM inserted)
@@ -91,23 +89,24 @@ type IdemKeyClaimParams struct {
 	FingerprintVersion int16
 	ExpiresAt          time.Time
 	RetainUntil        time.Time
-	LeaseSeconds       *float64
+	LeaseSeconds       float64
 }
 
-// The claim (L1), in one statement. The primary key decides who owns the
-// key: no check-then-insert. The INSERT returns no row when the key
-// exists; when another transaction holds an uncommitted claim on it, it
-// waits for that transaction (bounded by lock_timeout). A key that exists
-// but is past its retention (E3) and finished is unknown: the UPDATE claims
-// it over in the same statement, re-checking the horizon under the row
-// lock, so two requests cannot both take it. Rows inside their retention
-// match neither and are not locked, so a replay takes no write lock. No row
-// back: the key exists (see IdemKeyGet).
+// The multi-step path's claim (L1, S3), in one statement. The primary key
+// decides who owns the key: no check-then-insert. The INSERT returns no row
+// when the key exists; when another transaction holds an uncommitted claim
+// on it, it waits for that transaction (bounded by lock_timeout). A key
+// that exists but is past its retention (E3) and finished is unknown: the
+// UPDATE claims it over in the same statement, re-checking the horizon
+// under the row lock, so two requests cannot both take it. Rows inside
+// their retention match neither and are not locked, so a replay takes no
+// write lock. No row back: the key exists (see IdemKeyGet).
 //
-// A multi-step key (S3) is claimed holding a lease of lease_seconds at
-// recovery point 'started'; a one-transaction key passes NULL and holds no
-// lease. A key claimed over gets a new lease generation, fencing off
-// anything that still holds the old one.
+// The key is claimed in progress, holding a lease of lease_seconds at
+// recovery point 'started', and committed so, before the processor is
+// called. A key claimed over gets a new lease generation, fencing off
+// anything that still holds the old one. (The one-transaction path claims
+// with IdemKeyClaimCompleted instead.)
 func (q *Queries) IdemKeyClaim(ctx context.Context, arg IdemKeyClaimParams) (int64, error) {
 	row := q.db.QueryRow(ctx, idemKeyClaim,
 		arg.TenantID,
@@ -124,43 +123,55 @@ func (q *Queries) IdemKeyClaim(ctx context.Context, arg IdemKeyClaimParams) (int
 	return lease_generation, err
 }
 
-const idemKeyComplete = `-- name: IdemKeyComplete :one
-UPDATE idempotency_keys
-SET state = 'completed',
-    response_status = $1,
-    response_headers = $2,
-    response_body = $3,
-    resource_location = $4,
-    completed_at = now()
-WHERE tenant_id = $5 AND endpoint = $6 AND idem_key = $7
-  AND state = 'in_progress'
+const idemKeyClaimCompleted = `-- name: IdemKeyClaimCompleted :one
+INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, state,
+                              response_status, response_headers, response_body, resource_location,
+                              completed_at, expires_at, retain_until)
+VALUES ($1, $2, $3, $4, $5, 'completed',
+        $6, $7, $8, $9,
+        now(), $10, $11)
 RETURNING expires_at
 `
 
-type IdemKeyCompleteParams struct {
-	ResponseStatus   *int32
-	ResponseHeaders  json.RawMessage
-	ResponseBody     []byte
-	ResourceLocation *string
-	TenantID         uuid.UUID
-	Endpoint         string
-	IdemKey          string
+type IdemKeyClaimCompletedParams struct {
+	TenantID           uuid.UUID
+	Endpoint           string
+	IdemKey            string
+	Fingerprint        []byte
+	FingerprintVersion int16
+	ResponseStatus     *int32
+	ResponseHeaders    json.RawMessage
+	ResponseBody       []byte
+	ResourceLocation   *string
+	ExpiresAt          time.Time
+	RetainUntil        time.Time
 }
 
-// The record step (L3): the exact response, in the claim's transaction.
-// The headers stored are only those no column holds already (R6: a
-// smaller row): Location is resource_location, and Idempotency-Expires
-// (E4) is expires_at, returned here to stamp the answer and read again by
-// every replay, so the two say the same instant (keyrow.go, HTTPDate).
-func (q *Queries) IdemKeyComplete(ctx context.Context, arg IdemKeyCompleteParams) (time.Time, error) {
-	row := q.db.QueryRow(ctx, idemKeyComplete,
+// The one-transaction path's claim and record (L1, L3) in one statement:
+// the key row is inserted once, already completed with the exact response,
+// as the transaction's last statement. A plain INSERT, no ON CONFLICT: if
+// the key exists, or another transaction has inserted it and not yet
+// committed (the insert waits for it, bounded by lock_timeout), the
+// statement fails on the primary key, the transaction is aborted and the
+// COMMIT sent behind it rolls back everything the request wrote; the
+// request then replays what the key holds. The headers stored are only
+// those no column holds already (R6: a smaller row): Location is
+// resource_location, and Idempotency-Expires (E4) is expires_at, returned
+// here to stamp the answer and read again by every replay, so the two say
+// the same instant (keyrow.go, HTTPDate).
+func (q *Queries) IdemKeyClaimCompleted(ctx context.Context, arg IdemKeyClaimCompletedParams) (time.Time, error) {
+	row := q.db.QueryRow(ctx, idemKeyClaimCompleted,
+		arg.TenantID,
+		arg.Endpoint,
+		arg.IdemKey,
+		arg.Fingerprint,
+		arg.FingerprintVersion,
 		arg.ResponseStatus,
 		arg.ResponseHeaders,
 		arg.ResponseBody,
 		arg.ResourceLocation,
-		arg.TenantID,
-		arg.Endpoint,
-		arg.IdemKey,
+		arg.ExpiresAt,
+		arg.RetainUntil,
 	)
 	var expires_at time.Time
 	err := row.Scan(&expires_at)
@@ -245,9 +256,31 @@ func (q *Queries) IdemKeyCountForTenant(ctx context.Context, tenantID uuid.UUID)
 	return count, err
 }
 
+const idemKeyForget = `-- name: IdemKeyForget :exec
+DELETE FROM idempotency_keys
+WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
+  AND idem_forgotten(state, retain_until)
+`
+
+type IdemKeyForgetParams struct {
+	TenantID uuid.UUID
+	Endpoint string
+	IdemKey  string
+}
+
+// Deletes a key past its retention (E3) before it is used afresh, as the
+// reaper would: the one-transaction claim is a plain INSERT, which such a
+// row would otherwise refuse. Re-checked here, so a key claimed over
+// meanwhile is kept.
+func (q *Queries) IdemKeyForget(ctx context.Context, arg IdemKeyForgetParams) error {
+	_, err := q.db.Exec(ctx, idemKeyForget, arg.TenantID, arg.Endpoint, arg.IdemKey)
+	return err
+}
+
 const idemKeyGet = `-- name: IdemKeyGet :one
 SELECT idempotency_keys.tenant_id, idempotency_keys.endpoint, idempotency_keys.idem_key, idempotency_keys.fingerprint, idempotency_keys.fingerprint_version, idempotency_keys.state, idempotency_keys.response_status, idempotency_keys.response_headers, idempotency_keys.response_body, idempotency_keys.created_at, idempotency_keys.completed_at, idempotency_keys.expires_at, idempotency_keys.recovery_point, idempotency_keys.locked_until, idempotency_keys.lease_generation, idempotency_keys.resource_id, idempotency_keys.retain_until, idempotency_keys.resource_location,
-       idem_result_expired(state, expires_at)::boolean AS result_expired
+       idem_result_expired(state, expires_at)::boolean AS result_expired,
+       idem_forgotten(state, retain_until)::boolean AS forgotten
 FROM idempotency_keys
 WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
 `
@@ -261,11 +294,16 @@ type IdemKeyGetParams struct {
 type IdemKeyGetRow struct {
 	IdempotencyKey IdempotencyKey
 	ResultExpired  bool
+	Forgotten      bool
 }
 
-// result_expired: the response is no longer replayed (E3), whether the
-// reaper has pruned it to a tombstone yet or not. The horizons' rules are
-// the functions of migration 000014, shared by every query here.
+// What a key holds, read before executing (the one-transaction path's
+// replay check) and after a claim that found the key taken. A plain read:
+// it takes no row lock and writes nothing (P4). result_expired: the
+// response is no longer replayed (E3), whether the reaper has pruned it to
+// a tombstone yet or not; forgotten: the key is past its retention and
+// unknown, as if the reaper had deleted it. The horizons' rules are the
+// functions of migration 000014, shared by every query here.
 func (q *Queries) IdemKeyGet(ctx context.Context, arg IdemKeyGetParams) (IdemKeyGetRow, error) {
 	row := q.db.QueryRow(ctx, idemKeyGet, arg.TenantID, arg.Endpoint, arg.IdemKey)
 	var i IdemKeyGetRow
@@ -289,6 +327,7 @@ func (q *Queries) IdemKeyGet(ctx context.Context, arg IdemKeyGetParams) (IdemKey
 		&i.IdempotencyKey.RetainUntil,
 		&i.IdempotencyKey.ResourceLocation,
 		&i.ResultExpired,
+		&i.Forgotten,
 	)
 	return i, err
 }
