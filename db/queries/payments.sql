@@ -1,9 +1,15 @@
 -- name: PaymentCreate :one
--- Two backstops, either of which returns no row: at most one live payment
--- per order (N1), and at most one payment per derived charge key (one
--- execution of one request, whatever happened to its idempotency key).
-INSERT INTO payments (tenant_id, id, order_id, amount, currency, payment_method, charge_key)
-VALUES (@tenant_id, @id, @order_id, @amount, @currency, @payment_method, @charge_key)
+-- The payment is born marked (charge_sent, its first call counted), in
+-- the claim's transaction: the charge call follows the commit, and from
+-- the commit on a crash cannot hide it (PaymentMarkChargeSent's rule, one
+-- transaction earlier). Two backstops, either of which returns no row: at
+-- most one live payment per order (N1), and at most one payment per
+-- derived charge key (one execution of one request, whatever happened to
+-- its idempotency key).
+INSERT INTO payments (tenant_id, id, order_id, amount, currency, payment_method, charge_key,
+                      status, charge_sent_at, charge_calls)
+VALUES (@tenant_id, @id, @order_id, @amount, @currency, @payment_method, @charge_key,
+        'charge_sent', now(), 1)
 ON CONFLICT DO NOTHING
 RETURNING *;
 

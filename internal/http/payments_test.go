@@ -920,7 +920,10 @@ func TestPayProcessorFailure(t *testing.T) {
 }
 
 // O2: a transient database failure between two steps releases the key at
-// the last committed recovery point; the retry resumes from there.
+// the last committed recovery point; the retry resumes from there. Here the
+// record (transaction 2) fails once, after the charge call: the key stays
+// at charge_sent, and the retry finds the charge by its derived key instead
+// of charging again.
 func TestPayTransientDatabaseFailureReleasesTheKey(t *testing.T) {
 	t.Parallel()
 	e := setup(t, withProcessor())
@@ -930,8 +933,8 @@ func TestPayTransientDatabaseFailureReleasesTheKey(t *testing.T) {
 		`CREATE SEQUENCE fail_once`,
 		`CREATE FUNCTION fail_once() RETURNS trigger LANGUAGE plpgsql AS $$
 		 BEGIN
-		     -- nextval is not rolled back, so only the first step to charge_sent fails.
-		     IF NEW.status = 'charge_sent' AND nextval('fail_once') = 1 THEN
+		     -- nextval is not rolled back, so only the first record of the outcome fails.
+		     IF NEW.status = 'succeeded' AND nextval('fail_once') = 1 THEN
 		         RAISE EXCEPTION 'injected serialization failure' USING ERRCODE = '40001';
 		     END IF;
 		     RETURN NEW;
@@ -950,11 +953,11 @@ func TestPayTransientDatabaseFailureReleasesTheKey(t *testing.T) {
 	wantProblem(t, res, http.StatusServiceUnavailable, httpapi.CodeUnavailable)
 	wantRetryAfter(t, res)
 	row := e.onePayment(t, o.Id.String())
-	if row.Status != "created" {
-		t.Errorf("payment status = %s, want created (the step to charge_sent rolled back)", row.Status)
+	if row.Status != "charge_sent" {
+		t.Errorf("payment status = %s, want charge_sent (the record of the outcome rolled back)", row.Status)
 	}
-	e.wantKeyState(t, e.a.ID, endpointPayments, key, keyState{State: "in_progress", RecoveryPoint: "payment_created", ResourceID: row.ID})
-	e.wantCalls(t)
+	e.wantKeyState(t, e.a.ID, endpointPayments, key, keyState{State: "in_progress", RecoveryPoint: "charge_sent", ResourceID: row.ID})
+	e.wantCalls(t, chargeCall(derived, "", true))
 
 	t.Run("RetryResumesAndChargesOnce", func(t *testing.T) {
 		res := e.pay(t, e.a.Key, key, body)
@@ -962,9 +965,10 @@ func TestPayTransientDatabaseFailureReleasesTheKey(t *testing.T) {
 		if p := decodePayment(t, res); p.Id.String() != row.ID {
 			t.Errorf("the retry answered payment %s, want the resumed payment %s", p.Id.String(), row.ID)
 		}
-		// No charge call was ever marked as sent, so there is nothing to
-		// look up: the resumed attempt charges at once.
-		e.wantCalls(t, chargeCall(derived, "", true))
+		// The charge call was marked as sent: the resumed attempt looks it
+		// up by the derived key, finds it, and records it without a second
+		// charge call.
+		e.wantCalls(t, chargeCall(derived, "", true), lookupCall)
 		e.oneCharge(t, derived)
 		e.wantKeyState(t, e.a.ID, endpointPayments, key, completed(http.StatusCreated, row.ID))
 		if n := e.count(t, "SELECT last_value FROM fail_once"); n != 2 {

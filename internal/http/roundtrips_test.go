@@ -17,14 +17,14 @@ import (
 //
 //	create   [read the key] [BEGIN, lock_timeout, SAVEPOINT, insert] [RELEASE, claim with the record, COMMIT]
 //	replay   [read the key]
-//	payment  5 in transaction 1, 3 to mark the charge sent, 4 to record
-//	         its outcome (the key and the payment locked, the outcome, then
-//	         the outbox row, the record and COMMIT together); plus the
-//	         processor call
+//	payment  5 in transaction 1 (the payment inserted already marked
+//	         charge_sent), 4 to record its outcome (the key and the payment
+//	         locked, the outcome, then the outbox row, the record and COMMIT
+//	         together); plus the processor call
 const (
 	roundTripsCreate  = 3
 	roundTripsReplay  = 1
-	roundTripsPayment = 12
+	roundTripsPayment = 9
 )
 
 func TestRoundTripsPerRequest(t *testing.T) {

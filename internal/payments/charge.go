@@ -19,10 +19,13 @@ import (
 // Recovery points of a payment (S1), between idem.RecoveryStarted and
 // idem.RecoveryFinished.
 const (
-	// recoveryPaymentCreated: transaction 1 committed the payment row.
+	// recoveryPaymentCreated: transaction 1 committed the payment row,
+	// unmarked. Only payments created before the mark moved into
+	// transaction 1 stop here; they resume through their own mark.
 	recoveryPaymentCreated = "payment_created"
-	// recoveryChargeSent: a charge call may have reached the processor. A
-	// resumed attempt looks it up before charging again.
+	// recoveryChargeSent: a charge call may have reached the processor
+	// (transaction 1 commits a payment here). A resumed attempt looks it up
+	// before charging again.
 	recoveryChargeSent = "charge_sent"
 )
 

@@ -96,7 +96,7 @@ func (c *Completer) resumeExpired(ctx context.Context) int {
 		}
 		l := &leases[0]
 		attrs := []any{slog.String("endpoint", l.Endpoint), slog.String("tenant_id", l.TenantID.String()), slog.String("resource_id", l.ResourceID.String())}
-		res, err := c.svc.resume(ctx, l)
+		res, err := c.svc.resume(ctx, l, nil)
 		switch {
 		case isWaitingToSettle(err):
 			// The key is held until its next look: go on with the others.

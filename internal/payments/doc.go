@@ -3,8 +3,10 @@
 // They cannot claim, execute and record in one transaction, so they run as
 // a state machine (S1) on internal/idem's multi-step keys:
 //
-//	started ─(tx 1: claim + payment row)─▶ payment_created
-//	payment_created ─(tx: charge_sent, call marked)─▶ charge_sent ─(charge call, derived key)─▶ (tx 2: outcome + response) ─▶ finished
+//	started ─(tx 1: claim + payment row, marked charge_sent)─▶ charge_sent ─(charge call, derived key)─▶ (tx 2: outcome + response) ─▶ finished
+//
+// (payment_created ─(tx: charge_sent, call marked)─▶ charge_sent remains for
+// payments an older version created unmarked.)
 //
 // Every step commits with the key's recovery point, under the lease's
 // fencing token (S3). Only a final processor answer completes the key

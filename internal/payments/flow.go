@@ -15,41 +15,52 @@ import (
 
 // Pay runs POST /v1/payments under claim c (S1):
 //
-//	transaction 1   claim the key with a lease, insert the payment "created",
-//	                recovery point payment_created                  (Begin)
-//	transaction     payment "charge_sent", the call marked as sent,
-//	                recovery point charge_sent
+//	transaction 1   claim the key with a lease, insert the payment already
+//	                marked "charge_sent" (its call counted as sent),
+//	                recovery point charge_sent                      (Begin)
 //	processor call  charge with the derived key (S2)
 //	transaction 2   record the outcome on the payment and the order, and the
 //	                exact response on the key: completed            (Phase)
 //
+// The mark rides in transaction 1 rather than a transaction of its own
+// (P7): one transaction fewer per payment. Its price: a crash between
+// transaction 1's commit and the charge call leaves a mark with no call
+// behind it, and the attempt that resumes cannot tell that from a call in
+// flight, so it waits out the settle window before it charges. Payments
+// created at recovery point payment_created (before this rule) still
+// resume through their own mark.
+//
 // A retry of an unfinished payment takes the lease over and resumes from
 // the recovery point (resume); so does the completer.
 func (s *Service) Pay(ctx context.Context, c idem.Claim, in PayInput) (res idem.Response, replayed bool, err error) {
-	return s.run(ctx, c, recoveryPaymentCreated, func(ctx context.Context, tx pgx.Tx) (uuid.UUID, error) {
+	return s.run(ctx, c, recoveryChargeSent, func(ctx context.Context, tx pgx.Tx) (uuid.UUID, *dbsqlc.Payment, error) {
 		p, err := createPayment(ctx, tx, c, in)
-		return p.ID, err
+		return p.ID, &p, err
 	})
 }
 
 // Refund runs POST /v1/payments/{id}/refunds under claim c, through the
 // same machinery with its own derived key.
 func (s *Service) Refund(ctx context.Context, c idem.Claim, paymentID uuid.UUID, amount int64) (res idem.Response, replayed bool, err error) {
-	return s.run(ctx, c, recoveryRefundCreated, func(ctx context.Context, tx pgx.Tx) (uuid.UUID, error) {
+	return s.run(ctx, c, recoveryRefundCreated, func(ctx context.Context, tx pgx.Tx) (uuid.UUID, *dbsqlc.Payment, error) {
 		r, err := createRefund(ctx, tx, c, paymentID, amount)
-		return r.ID, err
+		return r.ID, nil, err
 	})
 }
 
 // run claims c, runs create in the claim's transaction (recovery point
 // created, or a recorded deterministic failure), then drives the lease to
-// the end. A replay or a first-phase failure answers at once.
-func (s *Service) run(ctx context.Context, c idem.Claim, created string, create func(context.Context, pgx.Tx) (uuid.UUID, error)) (idem.Response, bool, error) {
+// the end. A replay or a first-phase failure answers at once. create
+// returns the payment it inserted already marked for its charge call
+// (nil: nothing marked, a refund), which the call then goes out on.
+func (s *Service) run(ctx context.Context, c idem.Claim, created string, create func(context.Context, pgx.Tx) (uuid.UUID, *dbsqlc.Payment, error)) (idem.Response, bool, error) {
+	var marked *dbsqlc.Payment
 	begun, err := s.store.Begin(ctx, c, func(ctx context.Context, tx pgx.Tx, l idem.Lease) (idem.Step, error) {
-		id, err := create(ctx, tx)
+		id, p, err := create(ctx, tx)
 		if err != nil {
 			return s.failureStep(err)
 		}
+		marked = p
 		return idem.Step{RecoveryPoint: created, ResourceID: id}, nil
 	})
 	if err != nil {
@@ -61,7 +72,7 @@ func (s *Service) run(ctx context.Context, c idem.Claim, created string, create 
 	// Transaction 1 is committed; a crash here leaves the key at its
 	// created point for a retry or the completer.
 	failpoint.Inject("payment-after-create")
-	res, err := s.resume(ctx, &begun.Lease)
+	res, err := s.resume(ctx, &begun.Lease, marked)
 	return res, false, err
 }
 
@@ -77,8 +88,10 @@ func (s *Service) failureStep(err error) (idem.Step, error) {
 
 // resume drives a held lease from its recovery point to the end. It uses
 // only what is in the database, so a request, a retry that took over, and
-// the completer all run exactly this code.
-func (s *Service) resume(ctx context.Context, l *idem.Lease) (_ idem.Response, err error) {
+// the completer all run exactly this code; marked is the one exception,
+// the payment as this attempt's own transaction 1 marked it (nil when
+// resuming).
+func (s *Service) resume(ctx context.Context, l *idem.Lease, marked *dbsqlc.Payment) (_ idem.Response, err error) {
 	defer func() {
 		if err != nil {
 			err = s.release(ctx, l, err)
@@ -88,7 +101,6 @@ func (s *Service) resume(ctx context.Context, l *idem.Lease) (_ idem.Response, e
 	// processor call and has not sent it, so nothing can be in flight but
 	// the call it is about to make. For a charge, marked is the payment as
 	// that mark left it; for a refund, fresh says so.
-	var marked *dbsqlc.Payment
 	fresh := false
 	for {
 		switch l.RecoveryPoint {
@@ -100,7 +112,6 @@ func (s *Service) resume(ctx context.Context, l *idem.Lease) (_ idem.Response, e
 			}); err != nil {
 				return idem.Response{}, err
 			}
-			failpoint.Inject("payment-after-charge-sent")
 
 		case recoveryChargeSent:
 			outcome, err := s.charge(ctx, l, marked)

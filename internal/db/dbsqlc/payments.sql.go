@@ -204,8 +204,10 @@ func (q *Queries) PaymentAddRefunded(ctx context.Context, arg PaymentAddRefunded
 }
 
 const paymentCreate = `-- name: PaymentCreate :one
-INSERT INTO payments (tenant_id, id, order_id, amount, currency, payment_method, charge_key)
-VALUES ($1, $2, $3, $4, $5, $6, $7)
+INSERT INTO payments (tenant_id, id, order_id, amount, currency, payment_method, charge_key,
+                      status, charge_sent_at, charge_calls)
+VALUES ($1, $2, $3, $4, $5, $6, $7,
+        'charge_sent', now(), 1)
 ON CONFLICT DO NOTHING
 RETURNING tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at
 `
@@ -220,9 +222,13 @@ type PaymentCreateParams struct {
 	ChargeKey     string
 }
 
-// Two backstops, either of which returns no row: at most one live payment
-// per order (N1), and at most one payment per derived charge key (one
-// execution of one request, whatever happened to its idempotency key).
+// The payment is born marked (charge_sent, its first call counted), in
+// the claim's transaction: the charge call follows the commit, and from
+// the commit on a crash cannot hide it (PaymentMarkChargeSent's rule, one
+// transaction earlier). Two backstops, either of which returns no row: at
+// most one live payment per order (N1), and at most one payment per
+// derived charge key (one execution of one request, whatever happened to
+// its idempotency key).
 func (q *Queries) PaymentCreate(ctx context.Context, arg PaymentCreateParams) (Payment, error) {
 	row := q.db.QueryRow(ctx, paymentCreate,
 		arg.TenantID,
