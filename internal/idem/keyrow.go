@@ -76,7 +76,7 @@ func replay(row dbsqlc.IdemKeyGetRow, c Claim) (Response, time.Time, error) {
 // inserted already completed with rec (IdemKeyClaimCompleted). A taken key
 // fails it on keyPrimaryKey.
 func (s *Store) claimCompleted(ctx context.Context, q *dbsqlc.Queries, c Claim, rec record) (expiresAt time.Time, err error) {
-	now := time.Now()
+	expires, retain := s.horizons()
 	return q.IdemKeyClaimCompleted(ctx, dbsqlc.IdemKeyClaimCompletedParams{
 		TenantID:           c.TenantID,
 		Endpoint:           c.Endpoint,
@@ -87,25 +87,31 @@ func (s *Store) claimCompleted(ctx context.Context, q *dbsqlc.Queries, c Claim, 
 		ResponseHeaders:    rec.headers,
 		ResponseBody:       rec.body,
 		ResourceLocation:   rec.location,
-		ExpiresAt:          now.Add(s.cfg.TTL),
-		RetainUntil:        now.Add(s.cfg.KeyRetention),
+		ExpiresAt:          expires,
+		RetainUntil:        retain,
 	})
 }
 
 // claim inserts a multi-step key row (L1, S3), holding a lease of the
 // configured length. pgx.ErrNoRows means the key exists already.
 func (s *Store) claim(ctx context.Context, q *dbsqlc.Queries, c Claim) (generation int64, err error) {
-	now := time.Now()
+	expires, retain := s.horizons()
 	return q.IdemKeyClaim(ctx, dbsqlc.IdemKeyClaimParams{
 		TenantID:           c.TenantID,
 		Endpoint:           c.Endpoint,
 		IdemKey:            c.Key,
 		Fingerprint:        c.Fingerprint,
 		FingerprintVersion: FingerprintVersion,
-		ExpiresAt:          now.Add(s.cfg.TTL),
-		RetainUntil:        now.Add(s.cfg.KeyRetention),
+		ExpiresAt:          expires,
+		RetainUntil:        retain,
 		LeaseSeconds:       s.cfg.Lease.Seconds(),
 	})
+}
+
+// horizons are a key's expires_at and retain_until, counted from its claim.
+func (s *Store) horizons() (expiresAt, retainUntil time.Time) {
+	now := time.Now()
+	return now.Add(s.cfg.TTL), now.Add(s.cfg.KeyRetention)
 }
 
 // settled decides what an existing key row means for claim c, in both
