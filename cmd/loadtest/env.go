@@ -36,6 +36,22 @@ type environment struct {
 	apiKey            string
 	unusedKeys        [2]string // for the probe's authentication cache miss
 	runID             string
+
+	// With -stored-keys (storedkeys.go) there is no probe; instead a
+	// second database, filled with key rows, and its own API process,
+	// started after the fill with the load API's binary and settings.
+	// tenants names the benchmark's tenants, the same in both databases;
+	// apiKeys and fullKeys are their API keys there (apiKeys[0] is apiKey).
+	tenants           []string
+	apiKeys, fullKeys []string
+	templateKey       string // the API key of the tenant whose create the fill copies
+	fullDBURL         string
+	fullDB            *pgxpool.Pool
+	fullAPI           *harness.Process
+	fullURL           string
+	dataDir           string
+	apiBin, workDir   string
+	apiEnv            []string // the environment both APIs run with, but DATABASE_URL
 }
 
 // start builds and starts everything; on error, what it started is in the
@@ -58,6 +74,7 @@ func start(ctx context.Context, o options) (*environment, error) {
 		return env, err
 	}
 	env.dirs = append(env.dirs, dataDir)
+	env.dataDir = dataDir
 
 	apiBin, err := harness.Build(root, work, "api", "./cmd/api", "loadtest")
 	if err != nil {
@@ -113,6 +130,9 @@ func start(ctx context.Context, o options) (*environment, error) {
 	// per-tenant rate limit is off (the benchmark is one tenant sending as
 	// fast as it can) and the pool size is fixed.
 	apiURL := dbURL + "&pool_max_conns=" + strconv.Itoa(o.pool)
+	if o.execMode != "" {
+		apiURL += "&default_query_exec_mode=" + o.execMode
+	}
 	common := []string{"ADDR=127.0.0.1:0", "PROCESSOR_URL=" + env.processorURL, "RATE_LIMIT_RPS=0", "NATS_URL=" + env.nats.URL()}
 	env.loadAPI, addr, err = harness.StartProcess(ctx, work, "api-load", apiBin, []string{"serve"},
 		append(common, "DATABASE_URL="+apiURL), "listening")
@@ -120,6 +140,10 @@ func start(ctx context.Context, o options) (*environment, error) {
 		return env, err
 	}
 	env.loadURL = "http://" + addr
+	if o.storedKeys > 0 {
+		env.apiBin, env.workDir, env.apiEnv = apiBin, work, common
+		return env, setupStoredKeys(ctx, o, env)
+	}
 
 	if env.proxy, err = pgwire.Listen(net.JoinHostPort("127.0.0.1", strconv.Itoa(env.cluster.Port()))); err != nil {
 		return env, err
@@ -143,7 +167,7 @@ func start(ctx context.Context, o options) (*environment, error) {
 // stop ends every process, the proxy and PostgreSQL, and removes the
 // temporary directories (unless -keep).
 func (env *environment) stop() {
-	for _, p := range []*harness.Process{env.probeAPI, env.loadAPI, env.processor} {
+	for _, p := range []*harness.Process{env.probeAPI, env.fullAPI, env.loadAPI, env.processor} {
 		if p != nil {
 			p.Stop()
 		}
@@ -156,6 +180,9 @@ func (env *environment) stop() {
 	}
 	if env.db != nil {
 		env.db.Close()
+	}
+	if env.fullDB != nil {
+		env.fullDB.Close()
 	}
 	if env.cluster != nil {
 		if err := env.cluster.Stop(); err != nil {

@@ -25,9 +25,30 @@
 // Usage:
 //
 //	loadtest [-rounds 5] [-duration 4s] [-c 32] [-pool 4] [-storm 200] [-short]
+//	loadtest -stored-keys 20000000 [-rounds 5] [-duration 4s] [-c 32] [-pool 4] [-short]
 //
 // -short (or LOADTEST_SHORT=1) is the smoke test CI runs: 2 short rounds,
 // which proves the benchmark works and says nothing about speed.
+//
+// -stored-keys N measures instead what a full key table costs a create
+// (storedkeys.go): a second database in the same cluster gets N key rows,
+// a second API process (the same binary and settings) serves it, and each
+// round runs the create scenario, under random UUID keys, against the
+// empty database and the full one, alternating which goes first. The
+// other scenarios, the probe and the ratios P1 to P5 are skipped, so that
+// the two sides differ only by the table. The N rows are what a service
+// that receives N keys per IDEMPOTENCY_KEY_RETENTION holds: a third
+// completed with the recorded response of an order (copied from a real
+// create), two thirds tombstones; random UUID keys, spread over the
+// benchmark's tenants (N/500,000 of them, so that none reaches the default
+// key budget), created_at spread over the retention, oldest first, and no
+// row due for the reaper during the run. Only the key table is filled, not
+// the orders those keys created. 20 million rows take about 8 minutes to
+// fill on 2 cores, and 10 GB of disk. It prints the create rate on each
+// side, full / empty per round, and the full table's sizes (heap, TOAST,
+// each index) and rows, and ends with:
+//
+//	loadtest: stored_keys=20000000 tenants=40 create_full_rps=921 create_empty_rps=1015 full_over_empty=0.91 ... table_mb=7891 toast_mb=0 indexes_mb=2394 fill_s=494
 package main
 
 import (
@@ -64,8 +85,10 @@ type options struct {
 	replayKeys  int
 	samples     int // single requests measured at the wire, per kind
 	short       bool
-	keep        bool // keep the temporary directories (logs, data)
-	pgbench     bool // measure PostgreSQL's CPU per create with pgbench instead (pgbench.go)
+	keep        bool   // keep the temporary directories (logs, data)
+	pgbench     bool   // measure PostgreSQL's CPU per create with pgbench instead (pgbench.go)
+	storedKeys  int64  // > 0: creates against an empty key table and one holding this many keys instead (storedkeys.go)
+	execMode    string // pgx's default_query_exec_mode for the APIs; "" keeps pgx's default (cache_statement)
 }
 
 func parseOptions(args []string, getenv func(string) string) (options, error) {
@@ -81,6 +104,8 @@ func parseOptions(args []string, getenv func(string) string) (options, error) {
 	fs.BoolVar(&o.short, "short", getenv("LOADTEST_SHORT") == "1", "smoke test: 2 rounds of 1s (also LOADTEST_SHORT=1)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the temporary directories (logs, database) and print where they are")
 	fs.BoolVar(&o.pgbench, "pgbench", false, "instead: PostgreSQL's CPU per transaction for the create's statements and variants without each piece, driven by pgbench")
+	fs.StringVar(&o.execMode, "exec-mode", "", "pgx's default_query_exec_mode for the APIs' pool (cache_statement, cache_describe, describe_exec, exec, simple_protocol); empty keeps pgx's default, cache_statement")
+	fs.Int64Var(&o.storedKeys, "stored-keys", 0, "instead: create throughput against a key table holding this many random keys (a third completed, two thirds tombstones) versus an empty one, in interleaved rounds, with the full table's sizes; only the create scenario runs (0: off)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -107,6 +132,17 @@ func parseOptions(args []string, getenv func(string) string) (options, error) {
 	if o.rounds < 1 || o.duration <= 0 || o.concurrency < 1 || o.pool < 1 || o.storm < 2 || o.replayKeys < 1 || o.samples < 1 {
 		return o, fmt.Errorf("every count and duration must be positive (storm at least 2)")
 	}
+	switch o.execMode {
+	case "", "cache_statement", "cache_describe", "describe_exec", "exec", "simple_protocol":
+	default:
+		return o, fmt.Errorf("-exec-mode %q: want one of pgx's query exec modes (cache_statement, cache_describe, describe_exec, exec, simple_protocol)", o.execMode)
+	}
+	if o.storedKeys < 0 {
+		return o, fmt.Errorf("-stored-keys %d: want how many key rows to store, or 0 for the default benchmark", o.storedKeys)
+	}
+	if o.storedKeys > 0 && o.pgbench {
+		return o, fmt.Errorf("-stored-keys and -pgbench are separate benchmarks; give one")
+	}
 	return o, nil
 }
 
@@ -125,9 +161,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "loadtest: PostgreSQL %s (fsync=%s synchronous_commit=%s full_page_writes=%s), %d CPUs, c=%d, pool=%d, %d rounds of %s per scenario, storm of %d\n",
+	if o.storedKeys > 0 {
+		return runStoredKeys(ctx, o, env, stdout)
+	}
+	mode := o.execMode
+	if mode == "" {
+		mode = "cache_statement"
+	}
+	fmt.Fprintf(stdout, "loadtest: PostgreSQL %s (fsync=%s synchronous_commit=%s full_page_writes=%s), %d CPUs, c=%d, pool=%d (%s), %d rounds of %s per scenario, storm of %d\n",
 		env.settings["server_version"], env.settings["fsync"], env.settings["synchronous_commit"], env.settings["full_page_writes"],
-		runtime.NumCPU(), o.concurrency, o.pool, o.rounds, o.duration, o.storm)
+		runtime.NumCPU(), o.concurrency, o.pool, mode, o.rounds, o.duration, o.storm)
 	res, err := measureAll(ctx, o, env, stdout)
 	if err != nil {
 		for _, p := range []*harness.Process{env.loadAPI, env.probeAPI} {

@@ -27,6 +27,7 @@ func TestSeries(t *testing.T) {
 		{"OddCount", series{3, 1, 2}, 2, "2.0 (1.0–3.0)"},
 		{"EvenCount", series{4, 1, 3, 2}, 2.5, "2.5 (1.0–4.0)"},
 		{"OneRound", series{7}, 7, "7.0"},
+		{"NoNegativeZero", series{-0.01, 0.4, 2}, 0.4, "0.4 (0.0–2.0)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -139,66 +140,16 @@ func TestChildrenCPU(t *testing.T) {
 	}
 }
 
-// TestPgbenchVariantsDifferByOnePiece: each variant of the create leaves
-// out exactly what its name says, and keeps the create's round trips; the
-// limit writes the order and the key row once, as the record leaves it.
-func TestPgbenchVariantsDifferByOnePiece(t *testing.T) {
-	scripts := map[string]string{}
-	for _, v := range pgbenchVariants() {
-		scripts[v.name] = v.script
-	}
-	create := scripts["create"]
-	for _, want := range []string{"set_config('lock_timeout'", "reclaimed AS", "SAVEPOINT sp_1", "RELEASE SAVEPOINT sp_1", "INSERT INTO orders", "UPDATE idempotency_keys SET state = 'completed'"} {
-		if !strings.Contains(create, want) {
-			t.Errorf("the create script lacks %q", want)
-		}
-	}
-	for name, gone := range map[string]string{"no-lock-timeout": "set_config", "no-savepoint": "SAVEPOINT", "no-reclaim": "reclaimed AS"} {
-		if strings.Contains(scripts[name], gone) {
-			t.Errorf("%s still has %q", name, gone)
-		}
-	}
-	for name, table := range map[string]string{"no-fk": "keys_nofk", "no-checks": "keys_nochecks", "no-guard-trigger": "keys_notrigger"} {
-		if want := strings.ReplaceAll(create, "idempotency_keys", table); scripts[name] != want {
-			t.Errorf("%s is not the create on %s", name, table)
-		}
-	}
-
-	limit := scripts["limit"]
-	for _, want := range []string{"INSERT INTO orders", "INSERT INTO idempotency_keys", "'completed', 201", `'{"Content-Type": ["application/json"]}'::jsonb`, "'/v1/orders/x', now()", "RETURNING expires_at"} {
-		if !strings.Contains(limit, want) {
-			t.Errorf("the limit script lacks %q", want)
-		}
-	}
-	// The same response as the create records, and nothing the floor does
-	// not need: no second write of the key row, no conflict handling.
-	body := "'\\x" + strings.Repeat("7b", 420) + "'"
-	if !strings.Contains(limit, body) || !strings.Contains(create, body) {
-		t.Error("the limit and the create do not record the same body")
-	}
-	for _, gone := range []string{"UPDATE", "ON CONFLICT (tenant_id, endpoint, idem_key)", "SAVEPOINT", "set_config"} {
-		if strings.Contains(limit, gone) {
-			t.Errorf("the limit has %q", gone)
-		}
-	}
-
-	for name, s := range scripts {
-		if n, want := strings.Count(s, `\startpipeline`), map[bool]int{true: 1, false: 3}[name == "baseline" || name == "limit"]; n != want {
-			t.Errorf("%s has %d round trips, want %d", name, n, want)
-		}
-	}
-}
-
 // TestPgbenchCopiesLackOnePiece: each copy of the key table gets back the
 // foreign key and the trigger that LIKE leaves behind, as the migrations
-// define them, except the one its variant measures.
+// define them, except the piece its variant measures (never the trigger).
 func TestPgbenchCopiesLackOnePiece(t *testing.T) {
 	words := func(s string) string { return strings.Join(strings.Fields(s), " ") }
 	migration, err := fs.ReadFile(migrations.FS, "000012_guarded_transitions.up.sql")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for table, without := range map[string]string{"keys_nofk": "fk", "keys_nochecks": "checks", "keys_notrigger": "trigger"} {
+	for table, without := range map[string]string{"keys_nofk": "fk", "keys_nochecks": "checks"} {
 		setup := strings.Join(pgbenchCopy(table, without), ";\n")
 		has := map[string]bool{
 			"fk":      strings.Contains(setup, "ALTER TABLE "+table+" ADD FOREIGN KEY (tenant_id) REFERENCES tenants (id) ON DELETE CASCADE"),
@@ -218,5 +169,109 @@ func TestPgbenchCopiesLackOnePiece(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+func TestStoredKeysOption(t *testing.T) {
+	t.Parallel()
+	none := func(string) string { return "" }
+	o, err := parseOptions(nil, none)
+	if err != nil || o.storedKeys != 0 {
+		t.Fatalf("default: storedKeys=%d, %v; want 0 (off)", o.storedKeys, err)
+	}
+	o, err = parseOptions([]string{"-stored-keys", "20000000", "-short"}, none)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.storedKeys != 20_000_000 || o.rounds != 2 || o.duration != time.Second {
+		t.Errorf("-stored-keys 20000000 -short: storedKeys=%d rounds=%d duration=%s, want 20000000 2 1s", o.storedKeys, o.rounds, o.duration)
+	}
+	for _, args := range [][]string{
+		{"-stored-keys", "-1"},
+		{"-stored-keys", "1000", "-pgbench"},
+	} {
+		if _, err := parseOptions(args, none); err == nil {
+			t.Errorf("%q: no error", args)
+		}
+	}
+}
+
+// No tenant holds more than half the default key budget, so the
+// benchmark's creates are never refused for it.
+func TestStoredKeyTenants(t *testing.T) {
+	t.Parallel()
+	for n, want := range map[int64]int{1: 1, 200_000: 1, 500_000: 1, 500_001: 2, 20_000_000: 40} {
+		if got := storedKeyTenants(n); got != want {
+			t.Errorf("storedKeyTenants(%d) = %d, want %d", n, got, want)
+		}
+	}
+	if diff := cmp.Diff([]string{"loadtest", "loadtest-2", "loadtest-3"}, tenantNames(3)); diff != "" {
+		t.Error(diff)
+	}
+}
+
+func TestHumanBytes(t *testing.T) {
+	t.Parallel()
+	for b, want := range map[int64]string{0: "0 bytes", 1000: "1000 bytes", 8192: "8 kB", 237 << 20: "237 MB", 8_700_000_000: "8.1 GB"} {
+		if got := humanBytes(b); got != want {
+			t.Errorf("humanBytes(%d) = %q, want %q", b, got, want)
+		}
+	}
+}
+
+// The fill drops the table's indexes and builds them again from the
+// catalog's definitions; an index a constraint owns goes with it.
+func TestKeyIndexStatements(t *testing.T) {
+	t.Parallel()
+	pk := keyIndex{name: "idempotency_keys_pkey", def: "CREATE UNIQUE INDEX idempotency_keys_pkey ON public.idempotency_keys USING btree (tenant_id, endpoint, idem_key)",
+		constraint: "idempotency_keys_pkey", constraintDef: "PRIMARY KEY (tenant_id, endpoint, idem_key)"}
+	ix := keyIndex{name: "idempotency_keys_retain_until_idx", def: "CREATE INDEX idempotency_keys_retain_until_idx ON public.idempotency_keys USING btree (retain_until)"}
+	for _, tt := range []struct{ got, want string }{
+		{pk.dropSQL(), `ALTER TABLE idempotency_keys DROP CONSTRAINT "idempotency_keys_pkey"`},
+		{pk.createSQL(), `ALTER TABLE idempotency_keys ADD CONSTRAINT "idempotency_keys_pkey" PRIMARY KEY (tenant_id, endpoint, idem_key)`},
+		{ix.dropSQL(), `DROP INDEX "idempotency_keys_retain_until_idx"`},
+		{ix.createSQL(), ix.def},
+	} {
+		if tt.got != tt.want {
+			t.Errorf("got  %s\nwant %s", tt.got, tt.want)
+		}
+	}
+}
+
+func TestStoredKeysReport(t *testing.T) {
+	t.Parallel()
+	table := keyTable{rows: 20_000_000, completed: 6_666_667, tombstones: 13_333_333, heap: 8000 << 20, toast: 8192,
+		indexes: []relSize{{"idempotency_keys_pkey", 2000 << 20}, {"idempotency_keys_retain_until_idx", 400 << 20}}}
+	r := &storedKeysResults{
+		keys: 20_000_000, tenants: 40,
+		empty: &side{create: scenario{rps: series{1000, 1200, 1100}, p99: series{40, 50, 45}}, executed: 10_000, after: keyTable{rows: 10_001}},
+		full:  &side{create: scenario{rps: series{900, 1140, 990}, p99: series{50, 60, 55}}, executed: 9_000, before: table},
+		fill:  fillResult{total: 9*time.Minute + 30*time.Second},
+	}
+	var b strings.Builder
+	reportStoredKeys(&b, options{concurrency: 32, rounds: 3}, r)
+	out := b.String()
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	want := "loadtest: stored_keys=20000000 tenants=40 create_full_rps=990 create_empty_rps=1100 full_over_empty=0.90 full_over_empty_min=0.90 full_over_empty_max=0.95" +
+		" create_full_p99_ms=55.0 create_empty_p99_ms=45.0 rows=20000000 table_mb=8000 toast_mb=0 indexes_mb=2400 fill_s=570"
+	if got := lines[len(lines)-1]; got != want {
+		t.Errorf("last line:\n got %s\nwant %s", got, want)
+	}
+	for _, s := range []string{"full / empty, per round, median (range): 0.90 (0.90–0.95)", "idempotency_keys_pkey", "2.0 GB", "7.8 GB"} {
+		if !strings.Contains(out, s) {
+			t.Errorf("the report lacks %q:\n%s", s, out)
+		}
+	}
+}
+
+func TestExecModeOption(t *testing.T) {
+	t.Parallel()
+	noEnv := func(string) string { return "" }
+	o, err := parseOptions([]string{"-exec-mode", "cache_describe"}, noEnv)
+	if err != nil || o.execMode != "cache_describe" {
+		t.Errorf("-exec-mode cache_describe = %q, %v", o.execMode, err)
+	}
+	if _, err := parseOptions([]string{"-exec-mode", "prepared"}, noEnv); err == nil {
+		t.Error("-exec-mode prepared (not a pgx mode) was accepted")
 	}
 }

@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -21,24 +24,28 @@ import (
 // The -pgbench mode measures what one POST /v1/orders costs PostgreSQL,
 // without HTTP or the API: pgbench sends the create's statements, pipelined
 // in the round trips the API uses (the statement list of the load
-// benchmark), and variants of them, each without one piece of the pattern.
-// For each, the CPU the PostgreSQL backends spent per transaction is read
-// from the postmaster's children's times (/proc/PID/stat): every backend is
-// counted once pgbench has disconnected it, and nothing else runs on the
-// private cluster (autovacuum is off), so the figure is PostgreSQL's own
-// work whatever else the machine does. The cluster is not durable (the
-// WAL flush is not what is compared), and plans are generic, as the API's
-// prepared statements are after their fifth execution
-// (pg_prepared_statements shows it); with the literals written here
-// PostgreSQL would otherwise keep planning some statements afresh on some
-// connections, and the figures would be bimodal.
+// benchmark), and variants of them: the create without one piece, and
+// other shapes of it. For each, the CPU the PostgreSQL backends spent per
+// transaction is read from the postmaster's children's times
+// (/proc/PID/stat): a backend's CPU is added there once it has exited and
+// the postmaster has reaped it, which the run waits for (pgbenchSettle),
+// and nothing else runs on the private cluster (autovacuum is off), so the
+// figure is PostgreSQL's own work whatever else the machine does. The
+// cluster is not durable (the WAL flush is not what is compared), and
+// plans are generic, as the API's prepared statements are after their
+// fifth execution (pg_prepared_statements shows it); with the literals
+// written here PostgreSQL would otherwise keep planning some statements
+// afresh on some connections, and the figures would be bimodal.
 //
-// The statements mirror IdemKeyClaim, OrderCreate and IdemKeyComplete in
-// db/queries, with the API's parameters written as literals; keep them in
-// step when those change. The variant limit is the least an idempotent
-// create can write: the order and the key row inserted once, already
-// completed with the response IdemKeyComplete records; create / limit is
-// what the pattern as built costs over that floor (P7).
+// The statements mirror IdemKeyGet, IdemSetLockTimeout, OrderCreate and
+// IdemKeyClaimCompleted in db/queries, with the API's parameters written as
+// literals; keep them in step when those change. The variant limit is the
+// least an idempotent create can write: the order and the key row inserted
+// once, already completed with the response the create records; create /
+// limit is what the pattern as built costs over that floor (P7).
+// claim-first is the shape the one-transaction path had before: the key
+// claimed in progress first (IdemKeyClaim, with its reclaim branch), then
+// the order, then the response recorded by an UPDATE of the key row.
 
 // pgbenchVariant is one transaction script.
 type pgbenchVariant struct {
@@ -47,46 +54,72 @@ type pgbenchVariant struct {
 }
 
 const (
-	pgbenchTenant = "'11111111-1111-4111-8111-111111111111'::uuid"
-	pgbenchKey    = "('k' || CAST(CAST(:k AS bigint) AS text))"
-	pgbenchRef    = "('r' || CAST(CAST(:k AS bigint) AS text))"
+	pgbenchTenant   = "'11111111-1111-4111-8111-111111111111'::uuid"
+	pgbenchKey      = "('k' || CAST(CAST(:k AS bigint) AS text))"
+	pgbenchRef      = "('r' || CAST(CAST(:k AS bigint) AS text))"
+	pgbenchEndpoint = "'POST /v1/orders'"
 )
+
+// pgbenchKeyColumns are the key table's columns in its order, as sqlc's
+// embed in IdemKeyGet lists them.
+var pgbenchKeyColumns = []string{
+	"tenant_id", "endpoint", "idem_key", "fingerprint", "fingerprint_version", "state", "response_status",
+	"response_headers", "response_body", "created_at", "completed_at", "expires_at", "recovery_point",
+	"locked_until", "lease_generation", "resource_id", "retain_until", "resource_location",
+}
 
 // pgbenchVariants are the scripts, the baseline first.
 func pgbenchVariants() []pgbenchVariant {
-	claim := func(table string, reclaim bool) string {
-		insert := "INSERT INTO " + table + " (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at, retain_until, recovery_point, locked_until, lease_generation) " +
-			"VALUES (" + pgbenchTenant + ", 'POST /v1/orders', " + pgbenchKey + ", decode(repeat('ab', 32), 'hex'), 1, now() + interval '1 day', now() + interval '3 days', NULL, NULL, 0) " +
-			"ON CONFLICT (tenant_id, endpoint, idem_key) DO NOTHING RETURNING lease_generation"
-		if !reclaim {
-			return insert + ";"
-		}
-		return "WITH inserted AS (" + insert + "), reclaimed AS (UPDATE " + table + " SET fingerprint = decode(repeat('ab', 32), 'hex'), fingerprint_version = 1, " +
-			"state = 'in_progress', response_status = NULL, response_headers = NULL, response_body = NULL, resource_id = NULL, resource_location = NULL, " +
-			"created_at = now(), completed_at = NULL, expires_at = now() + interval '1 day', retain_until = now() + interval '3 days', recovery_point = NULL, " +
-			"locked_until = NULL, lease_generation = 0 WHERE tenant_id = " + pgbenchTenant + " AND endpoint = 'POST /v1/orders' AND idem_key = " + pgbenchKey +
-			" AND retain_until <= now() AND state <> 'in_progress' AND NOT EXISTS (SELECT 1 FROM inserted) RETURNING lease_generation) " +
-			"SELECT lease_generation FROM inserted UNION ALL SELECT lease_generation FROM reclaimed;"
+	const lockTimeout = "SELECT set_config('lock_timeout', '2000ms', true);"
+	where := " WHERE tenant_id = " + pgbenchTenant + " AND endpoint = " + pgbenchEndpoint + " AND idem_key = " + pgbenchKey
+	// The pre-read (IdemKeyGet): a fresh key finds nothing.
+	preRead := func(table string) string {
+		return "SELECT " + strings.Join(pgbenchKeyColumns, ", ") +
+			", idem_result_expired(state, expires_at)::boolean AS result_expired, idem_forgotten(state, retain_until)::boolean AS forgotten FROM " +
+			table + where + ";"
 	}
+	// The old claim (IdemKeyClaim as the one-transaction path called it:
+	// no lease), with its reclaim branch for a forgotten key (E3).
+	claim := "WITH inserted AS (INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at, retain_until, recovery_point, locked_until, lease_generation) " +
+		"VALUES (" + pgbenchTenant + ", " + pgbenchEndpoint + ", " + pgbenchKey + ", decode(repeat('ab', 32), 'hex'), 1, now() + interval '1 day', now() + interval '3 days', NULL, NULL, 0) " +
+		"ON CONFLICT (tenant_id, endpoint, idem_key) DO NOTHING RETURNING lease_generation), " +
+		"reclaimed AS (UPDATE idempotency_keys SET fingerprint = decode(repeat('ab', 32), 'hex'), fingerprint_version = 1, " +
+		"state = 'in_progress', response_status = NULL, response_headers = NULL, response_body = NULL, resource_id = NULL, resource_location = NULL, " +
+		"created_at = now(), completed_at = NULL, expires_at = now() + interval '1 day', retain_until = now() + interval '3 days', recovery_point = NULL, " +
+		"locked_until = NULL, lease_generation = 0" + where +
+		" AND idem_forgotten(state, retain_until) AND NOT EXISTS (SELECT 1 FROM inserted) RETURNING lease_generation) " +
+		"SELECT lease_generation FROM inserted UNION ALL SELECT lease_generation FROM reclaimed;"
 	order := "INSERT INTO orders (tenant_id, id, reference, customer_id, amount, currency, description, metadata) VALUES (" + pgbenchTenant +
 		", gen_random_uuid(), " + pgbenchRef + ", 'cus_1', 2500, 'EUR', '', '{}') ON CONFLICT ON CONSTRAINT orders_tenant_reference_key DO NOTHING RETURNING *;"
 	// An order's recorded response is about 420 bytes; its Location and
 	// Idempotency-Expires live in resource_location and expires_at.
 	body := `'\x` + strings.Repeat("7b", 420) + `'`
 	const headers = `'{"Content-Type": ["application/json"]}'::jsonb`
-	complete := func(table string) string {
-		return "UPDATE " + table + " SET state = 'completed', response_status = 201, response_headers = " + headers +
-			", response_body = " + body +
-			", resource_location = '/v1/orders/x', completed_at = now() WHERE tenant_id = " + pgbenchTenant +
-			" AND endpoint = 'POST /v1/orders' AND idem_key = " + pgbenchKey + " AND state = 'in_progress' RETURNING expires_at;"
-	}
+	// The old record step: the claimed row updated with the response.
+	complete := "UPDATE idempotency_keys SET state = 'completed', response_status = 201, response_headers = " + headers +
+		", response_body = " + body + ", resource_location = '/v1/orders/x', completed_at = now()" + where +
+		" AND state = 'in_progress' RETURNING expires_at;"
 	// The key row as the record leaves it, written by one INSERT: a second
-	// request under the key fails on the primary key and rolls back.
-	completed := "INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, state, response_status, " +
+	// request under the key fails on the primary key and rolls back. The
+	// limit names the lease columns too, with their defaults.
+	limitCompleted := "INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, state, response_status, " +
 		"response_headers, response_body, resource_location, completed_at, expires_at, retain_until, recovery_point, locked_until, lease_generation) " +
-		"VALUES (" + pgbenchTenant + ", 'POST /v1/orders', " + pgbenchKey + ", decode(repeat('ab', 32), 'hex'), 1, 'completed', 201, " +
+		"VALUES (" + pgbenchTenant + ", " + pgbenchEndpoint + ", " + pgbenchKey + ", decode(repeat('ab', 32), 'hex'), 1, 'completed', 201, " +
 		headers + ", " + body + ", '/v1/orders/x', now(), now() + interval '1 day', now() + interval '3 days', NULL, NULL, 0) RETURNING expires_at;"
-	// roundTrips joins the statements of each round trip into one pipeline.
+	// The same row as IdemKeyClaimCompleted writes it: the last statement
+	// of the new shape.
+	completed := func(table string) string {
+		return "INSERT INTO " + table + " (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, state, response_status, " +
+			"response_headers, response_body, resource_location, completed_at, expires_at, retain_until) " +
+			"VALUES (" + pgbenchTenant + ", " + pgbenchEndpoint + ", " + pgbenchKey + ", decode(repeat('ab', 32), 'hex'), 1, 'completed', 201, " +
+			headers + ", " + body + ", '/v1/orders/x', now(), now() + interval '1 day', now() + interval '3 days') RETURNING expires_at;"
+	}
+	// Duplicates of a key wait for each other before executing: a lock on
+	// a hash of the tenant, endpoint and key, held to the end of the
+	// transaction.
+	advisory := "SELECT pg_advisory_xact_lock(hashtextextended(" + pgbenchTenant + "::text || ' ' || " + pgbenchEndpoint + " || ' ' || " + pgbenchKey + ", 0));"
+	// roundTrips joins the statements of each round trip into one
+	// pipeline; empty statements are the pieces a variant leaves out.
 	roundTrips := func(trips ...[]string) string {
 		var b strings.Builder
 		b.WriteString("\\set k random(1, 100000000000000)\n")
@@ -101,37 +134,53 @@ func pgbenchVariants() []pgbenchVariant {
 		}
 		return b.String()
 	}
-	create := func(table string, lockTimeout, reclaim, savepoint bool) string {
-		when := func(ok bool, s string) string {
-			if ok {
-				return s
-			}
-			return ""
+	when := func(ok bool, s string) string {
+		if ok {
+			return s
 		}
-		return roundTrips(
-			[]string{"BEGIN;", when(lockTimeout, "SELECT set_config('lock_timeout', '2000ms', true);"), claim(table, reclaim)},
-			[]string{when(savepoint, "SAVEPOINT sp_1;"), order},
-			[]string{when(savepoint, "RELEASE SAVEPOINT sp_1;"), complete(table), "COMMIT;"},
-		)
+		return ""
+	}
+	// create is the new shape, on table, with or without each piece: the
+	// pre-read in autocommit, then BEGIN, lock_timeout and a savepoint
+	// with the order, then the key row inserted completed and COMMIT.
+	create := func(table string, preReads, lockTimeouts, savepoint bool) string {
+		trips := [][]string{
+			{"BEGIN;", when(lockTimeouts, lockTimeout), when(savepoint, "SAVEPOINT sp_1;"), order},
+			{when(savepoint, "RELEASE SAVEPOINT sp_1;"), completed(table), "COMMIT;"},
+		}
+		if preReads {
+			trips = append([][]string{{preRead(table)}}, trips...)
+		}
+		return roundTrips(trips...)
 	}
 	return []pgbenchVariant{
 		{"baseline", "BEGIN, insert the order, COMMIT, in 1 round trip", roundTrips([]string{"BEGIN;", order, "COMMIT;"})},
 		{"baseline-3rt", "the same in 3 round trips", roundTrips([]string{"BEGIN;", "SELECT 1;"}, []string{order}, []string{"SELECT 1;", "COMMIT;"})},
-		{"limit", "BEGIN, the order, the key row inserted completed, COMMIT: the floor", roundTrips([]string{"BEGIN;", order, completed, "COMMIT;"})},
-		{"create", "the idempotent create, as the API sends it", create("idempotency_keys", true, true, true)},
-		{"no-lock-timeout", "... without the lock_timeout statement", create("idempotency_keys", false, true, true)},
+		{"limit", "BEGIN, the order, the key row inserted completed, COMMIT: the floor", roundTrips([]string{"BEGIN;", order, limitCompleted, "COMMIT;"})},
+		{"create", "the API's create: pre-read, order, key row inserted completed last", create("idempotency_keys", true, true, true)},
+		{"no-lock-timeout", "... without the lock_timeout statement", create("idempotency_keys", true, false, true)},
 		{"no-savepoint", "... without the savepoint", create("idempotency_keys", true, true, false)},
-		{"no-reclaim", "... with a claim without its reclaim branch (E3)", create("idempotency_keys", true, false, true)},
+		{"no-pre-read", "... without the pre-read (2 round trips)", create("idempotency_keys", false, true, true)},
 		{"no-fk", "... without the key table's foreign key to tenants", create("keys_nofk", true, true, true)},
 		{"no-checks", "... without the key table's CHECK constraints", create("keys_nochecks", true, true, true)},
-		{"no-guard-trigger", "... without the state-transition trigger (000012)", create("keys_notrigger", true, true, true)},
+		{"claim-first", "the old shape: claim (and reclaim) first, order, UPDATE to completed", roundTrips(
+			[]string{"BEGIN;", lockTimeout, claim},
+			[]string{"SAVEPOINT sp_1;", order},
+			[]string{"RELEASE SAVEPOINT sp_1;", complete, "COMMIT;"},
+		)},
+		{"advisory-lock", "advisory lock on the key and pre-read, order, key row inserted completed", roundTrips(
+			[]string{"BEGIN;", lockTimeout, advisory, preRead("idempotency_keys")},
+			[]string{"SAVEPOINT sp_1;", order},
+			[]string{"RELEASE SAVEPOINT sp_1;", completed("idempotency_keys"), "COMMIT;"},
+		)},
 	}
 }
 
-// pgbenchCopy makes a copy of the key table without one piece: "fk",
-// "checks" or "trigger". LIKE copies neither the foreign key nor the
-// trigger, so every copy gets back those it keeps, as migrations 000002
-// and 000012 define them.
+// pgbenchCopy makes a copy of the key table without one piece: "fk" or
+// "checks". LIKE copies neither the foreign key nor the trigger, so every
+// copy gets back those it keeps, as migrations 000002 and 000012 define
+// them. (No variant goes without the trigger: the create never updates a
+// key's state, so it never fires.)
 func pgbenchCopy(table, without string) []string {
 	like := "INCLUDING ALL"
 	if without == "checks" {
@@ -141,11 +190,8 @@ func pgbenchCopy(table, without string) []string {
 	if without != "fk" {
 		out = append(out, "ALTER TABLE "+table+" ADD FOREIGN KEY (tenant_id) REFERENCES tenants (id) ON DELETE CASCADE")
 	}
-	if without != "trigger" {
-		out = append(out, "CREATE TRIGGER "+table+"_guard_state BEFORE UPDATE OF state ON "+table+
-			" FOR EACH ROW WHEN (OLD.state IS DISTINCT FROM NEW.state) EXECUTE FUNCTION guard_state_transition('key')")
-	}
-	return out
+	return append(out, "CREATE TRIGGER "+table+"_guard_state BEFORE UPDATE OF state ON "+table+
+		" FOR EACH ROW WHEN (OLD.state IS DISTINCT FROM NEW.state) EXECUTE FUNCTION guard_state_transition('key')")
 }
 
 // pgbenchSetup makes the tables the variants write beside the schema's.
@@ -155,18 +201,17 @@ var pgbenchSetup = slices.Concat(
 	[]string{"INSERT INTO tenants (id, name) VALUES (" + pgbenchTenant + ", 'pgbench')"},
 	pgbenchCopy("keys_nofk", "fk"),
 	pgbenchCopy("keys_nochecks", "checks"),
-	pgbenchCopy("keys_notrigger", "trigger"),
 )
 
 // pgbenchReset refills the tables before each run with a few minutes'
 // worth of traffic and analyzes them, so the plans are those of a running
 // service (on an empty table the planner guesses otherwise).
 var pgbenchReset = []string{
-	"TRUNCATE orders, idempotency_keys, keys_nofk, keys_nochecks, keys_notrigger CASCADE",
+	"TRUNCATE orders, idempotency_keys, keys_nofk, keys_nochecks CASCADE",
 	"INSERT INTO orders (tenant_id, id, reference, customer_id, amount, currency) SELECT " + pgbenchTenant +
 		", gen_random_uuid(), 'fill-' || i, 'cus_1', 100, 'EUR' FROM generate_series(1, 50000) AS i",
-	pgbenchFill("idempotency_keys"), pgbenchFill("keys_nofk"), pgbenchFill("keys_nochecks"), pgbenchFill("keys_notrigger"),
-	"VACUUM ANALYZE orders, idempotency_keys, keys_nofk, keys_nochecks, keys_notrigger",
+	pgbenchFill("idempotency_keys"), pgbenchFill("keys_nofk"), pgbenchFill("keys_nochecks"),
+	"VACUUM ANALYZE orders, idempotency_keys, keys_nofk, keys_nochecks",
 	"CHECKPOINT",
 }
 
@@ -231,7 +276,9 @@ func runPgbench(ctx context.Context, o options, stdout io.Writer) (err error) {
 			return fmt.Errorf("%s: %w", sql, err)
 		}
 	}
-	// The postmaster is the parent of our backend.
+	// The postmaster is the parent of our backend. Its children once the
+	// server is idle (the auxiliary processes and our backend) are the
+	// resident ones: every measurement starts and ends with exactly those.
 	var backend int
 	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&backend); err != nil {
 		return err
@@ -239,6 +286,13 @@ func runPgbench(ctx context.Context, o options, stdout io.Writer) (err error) {
 	postmaster, err := parentPid(backend)
 	if err != nil {
 		return err
+	}
+	resident, err := pgbenchResident(ctx, postmaster)
+	if err != nil {
+		return err
+	}
+	if !slices.Contains(resident, backend) {
+		return fmt.Errorf("-pgbench: the postmaster's children %v do not include our backend %d", resident, backend)
 	}
 
 	variants := pgbenchVariants()
@@ -254,8 +308,9 @@ func runPgbench(ctx context.Context, o options, stdout io.Writer) (err error) {
 	}
 	fmt.Fprintf(stdout, "loadtest -pgbench: PostgreSQL %s (fsync off), %d rounds of %d transactions per variant on %d connections, generic plans\n",
 		version, o.rounds, clients*tx, clients)
-	cpu := make(map[string]series)
+	us := make(map[string]series)
 	for round := 1; round <= o.rounds; round++ {
+		figures := make(map[string]float64, len(variants))
 		for _, v := range variants {
 			// Every run starts from the same tables, so none pays for the
 			// growth (and the evictions) of the runs before it.
@@ -263,6 +318,12 @@ func runPgbench(ctx context.Context, o options, stdout io.Writer) (err error) {
 				if _, err := conn.Exec(ctx, sql); err != nil {
 					return fmt.Errorf("%s: %w", sql, err)
 				}
+			}
+			// Processes the reset started (parallel workers of its
+			// VACUUM) are counted when reaped: before the reading, not
+			// after it.
+			if err := pgbenchSettle(ctx, postmaster, resident); err != nil {
+				return fmt.Errorf("before pgbench %s: %w", v.name, err)
 			}
 			before, err := childrenCPU(postmaster)
 			if err != nil {
@@ -275,37 +336,245 @@ func runPgbench(ctx context.Context, o options, stdout io.Writer) (err error) {
 			if err != nil || strings.Contains(string(out), "error") {
 				return fmt.Errorf("pgbench %s: %w\n%s", v.name, err, out)
 			}
+			// pgbench returns once it has sent its backends Terminate,
+			// not once they have exited: until the postmaster has reaped
+			// them their CPU is in no reading yet, and a reading now would
+			// miss it (a backend's share comes all at once).
+			if err := pgbenchSettle(ctx, postmaster, resident); err != nil {
+				return fmt.Errorf("after pgbench %s: %w", v.name, err)
+			}
 			after, err := childrenCPU(postmaster)
 			if err != nil {
 				return err
 			}
-			cpu[v.name] = append(cpu[v.name], after-before)
+			figures[v.name] = (after - before) * 1e6 / float64(clients*tx)
+		}
+		if err := pgbenchPlausible(figures); err != nil {
+			return fmt.Errorf("round %d: %w", round, err)
+		}
+		for _, v := range variants {
+			us[v.name] = append(us[v.name], figures[v.name])
 		}
 		fmt.Fprintf(stdout, "round %d/%d done\n", round, o.rounds)
 	}
 	fmt.Fprintf(stdout, "\nPostgreSQL CPU per transaction, µs, median (range) over %d rounds:\n", o.rounds)
-	us := make(map[string]series)
 	for _, v := range variants {
-		per := make(series, len(cpu[v.name]))
-		for i, seconds := range cpu[v.name] {
-			per[i] = seconds * 1e6 / float64(clients*tx)
-		}
-		us[v.name] = per
-		fmt.Fprintf(stdout, "  %-16s %-18s %s\n", v.name, per.format(0), v.what)
+		fmt.Fprintf(stdout, "  %-16s %-18s %s\n", v.name, us[v.name].format(0), v.what)
 	}
 	// Ratios and differences are taken within a round, like the load
 	// benchmark's: the variants of one round ran minutes apart at most.
 	overLimit := ratio(us["create"], us["limit"])
-	trigger := make(series, 0, o.rounds)
-	for i := range min(len(us["create"]), len(us["no-guard-trigger"])) {
-		trigger = append(trigger, us["create"][i]-us["no-guard-trigger"][i])
-	}
+	claimFirstOverLimit := ratio(us["claim-first"], us["limit"])
+	overClaimFirst := ratio(us["create"], us["claim-first"])
 	fmt.Fprintf(stdout, "\nper round, median (range):\n")
-	fmt.Fprintf(stdout, "  create / limit            %-18s target <= 1.15 (P7)\n", overLimit.format(2))
-	fmt.Fprintf(stdout, "  the trigger, µs / create  %-18s create - no-guard-trigger\n", trigger.format(0))
-	fmt.Fprintf(stdout, "\npgbench: baseline_us=%.0f limit_us=%.0f create_us=%.0f create_over_limit=%.2f\n",
-		us["baseline"].median(), us["limit"].median(), us["create"].median(), overLimit.median())
+	fmt.Fprintf(stdout, "  create / limit               %-18s target <= 1.15 (P7)\n", overLimit.format(2))
+	fmt.Fprintf(stdout, "  claim-first / limit          %-18s the old shape\n", claimFirstOverLimit.format(2))
+	fmt.Fprintf(stdout, "  create / claim-first         %-18s the new shape over the old\n", overClaimFirst.format(2))
+	for _, piece := range []struct{ name, variant string }{
+		{"the pre-read", "no-pre-read"},
+		{"lock_timeout", "no-lock-timeout"},
+		{"the savepoint", "no-savepoint"},
+		{"the foreign key", "no-fk"},
+		{"the CHECKs", "no-checks"},
+	} {
+		fmt.Fprintf(stdout, "  %-28s %-18s create - %s\n", piece.name+", µs / create", difference(us["create"], us[piece.variant]).format(0), piece.variant)
+	}
+	fmt.Fprintf(stdout, "\npgbench: baseline_us=%.0f limit_us=%.0f create_us=%.0f create_over_limit=%.2f claim_first_us=%.0f claim_first_over_limit=%.2f create_over_claim_first=%.2f\n",
+		us["baseline"].median(), us["limit"].median(), us["create"].median(), overLimit.median(),
+		us["claim-first"].median(), claimFirstOverLimit.median(), overClaimFirst.median())
 	return nil
+}
+
+// difference subtracts b from a round by round, like ratio.
+func difference(a, b series) series {
+	out := make(series, 0, len(a))
+	for i := range min(len(a), len(b)) {
+		out = append(out, a[i]-b[i])
+	}
+	return out
+}
+
+// pgbenchPlausible checks one round's figures (µs per transaction, by
+// variant) before they are kept. A backend's CPU reaches the postmaster's
+// children's times only when the postmaster reaps it, all of it at once: a
+// reading that misses a backend misses its whole share, and the figure
+// drops to a half or nearly nothing (one round once read 2 µs for limit
+// and create). A true figure cannot be that low: every variant inserts an
+// order, which the cheapest, baseline, is alone, and the others cost up to
+// a few times as much. So a figure that is not positive, or below a
+// quarter of the round's median, is a failed measurement, and the run
+// stops rather than print it. The median, not the baseline, is the
+// reference so that a baseline read too low is caught as well: it is
+// about half the median, twice the bound.
+func pgbenchPlausible(figures map[string]float64) error {
+	values := slices.Collect(maps.Values(figures))
+	floor := series(values).median() / 4
+	var bad []string
+	for _, name := range slices.Sorted(maps.Keys(figures)) {
+		if us := figures[name]; us <= 0 || us < floor {
+			bad = append(bad, fmt.Sprintf("%s %.1f µs", name, us))
+		}
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("implausible PostgreSQL CPU per transaction: %s, below a quarter of the round's median (%.1f µs): "+
+			"some backends' CPU was not counted (not yet reaped when read), or was counted for another variant",
+			strings.Join(bad, ", "), 4*floor)
+	}
+	return nil
+}
+
+const (
+	// pgbenchQuiet is how long the postmaster's children must stay the
+	// same for the server to count as idle when the resident ones are
+	// taken.
+	pgbenchQuiet = 500 * time.Millisecond
+	// pgbenchDeadline bounds every wait for the postmaster's children.
+	pgbenchDeadline = 10 * time.Second
+	pgbenchPoll     = 10 * time.Millisecond
+)
+
+// pgbenchResident waits until the postmaster's children have stayed the
+// same for pgbenchQuiet (the backends of the migrations have exited, the
+// autovacuum launcher has seen autovacuum off) and returns them.
+func pgbenchResident(ctx context.Context, pid int) ([]int, error) {
+	deadline := time.Now().Add(pgbenchDeadline)
+	last, err := childPids(pid)
+	if err != nil {
+		return nil, err
+	}
+	since := time.Now()
+	for time.Since(since) < pgbenchQuiet {
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("the postmaster's children did not settle within %s (now %s)", pgbenchDeadline, describePids(last))
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(pgbenchPoll):
+		}
+		now, err := childPids(pid)
+		if err != nil {
+			return nil, err
+		}
+		if !slices.Equal(now, last) {
+			last, since = now, time.Now()
+		}
+	}
+	return last, nil
+}
+
+// pgbenchSettle waits until pid's children are exactly resident: every
+// other child has exited and been reaped, so its CPU is in pid's children's
+// times (cutime counts a child only once it has been waited for, and a
+// zombie is still listed as a child), and none of the resident ones has
+// gone. It fails after pgbenchDeadline, naming the children that differ.
+func pgbenchSettle(ctx context.Context, pid int, resident []int) error {
+	return settleChildren(ctx, pid, resident, pgbenchDeadline)
+}
+
+func settleChildren(ctx context.Context, pid int, want []int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		now, err := childPids(pid)
+		if err != nil {
+			return err
+		}
+		extra, missing := pidsDiff(now, want)
+		if len(extra) == 0 && len(missing) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			msg := fmt.Sprintf("after %s, process %d still has children that have not exited or not been reaped: %s", timeout, pid, describePids(extra))
+			if len(extra) == 0 {
+				msg = fmt.Sprintf("process %d has lost children that should have stayed: %v", pid, missing)
+			} else if len(missing) > 0 {
+				msg += fmt.Sprintf("; and it has lost children that should have stayed: %v", missing)
+			}
+			return errors.New(msg)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(pgbenchPoll):
+		}
+	}
+}
+
+// pidsDiff returns the pids of now not in want, and those of want not in
+// now; both are sorted.
+func pidsDiff(now, want []int) (extra, missing []int) {
+	for _, p := range now {
+		if _, found := slices.BinarySearch(want, p); !found {
+			extra = append(extra, p)
+		}
+	}
+	for _, p := range want {
+		if _, found := slices.BinarySearch(now, p); !found {
+			missing = append(missing, p)
+		}
+	}
+	return extra, missing
+}
+
+// describePids names each pid with its command line, or as a zombie.
+func describePids(pids []int) string {
+	var parts []string
+	for _, p := range pids {
+		what := "gone"
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p)); err == nil {
+			what = strings.TrimSpace(strings.ReplaceAll(string(b), "\x00", " "))
+			if what == "" {
+				what = "exited, not yet reaped"
+			}
+		}
+		parts = append(parts, fmt.Sprintf("%d (%s)", p, what))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// childPids lists pid's children, sorted, zombies included until they are
+// reaped: the union of /proc/PID/task/TID/children over pid's threads
+// (each file lists the children that thread forked; the postmaster has one
+// thread).
+func childPids(pid int) ([]int, error) {
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+	if err != nil {
+		return nil, err
+	}
+	if len(tasks) == 0 {
+		return nil, fmt.Errorf("no /proc/%d/task/*/children (Linux, CONFIG_PROC_CHILDREN)", pid)
+	}
+	var pids []int
+	for _, path := range tasks {
+		b, err := os.ReadFile(path)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // a thread that has exited since the glob
+		}
+		if err != nil {
+			return nil, err
+		}
+		some, err := parseChildren(string(b))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		pids = append(pids, some...)
+	}
+	slices.Sort(pids)
+	return slices.Compact(pids), nil
+}
+
+// parseChildren reads a /proc/PID/task/TID/children file: pids separated
+// by spaces.
+func parseChildren(s string) ([]int, error) {
+	var pids []int
+	for _, f := range strings.Fields(s) {
+		p, err := strconv.Atoi(f)
+		if err != nil || p <= 0 {
+			return nil, fmt.Errorf("not a pid: %q", f)
+		}
+		pids = append(pids, p)
+	}
+	return pids, nil
 }
 
 // parentPid reads the parent of pid from /proc.

@@ -1,9 +1,9 @@
 package main
 
 import (
-	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"time"
 )
 
@@ -27,10 +27,15 @@ func (s series) format(prec int) string {
 	if len(s) == 0 {
 		return "n/a"
 	}
-	if len(s) == 1 {
-		return fmt.Sprintf("%.*f", prec, s[0])
+	// Adding 0 turns a negative zero, which a small negative figure rounds
+	// to, into "0" rather than "-0".
+	f := func(v float64) string {
+		return strconv.FormatFloat(math.Round(v*math.Pow10(prec))/math.Pow10(prec)+0, 'f', prec, 64)
 	}
-	return fmt.Sprintf("%.*f (%.*f–%.*f)", prec, s.median(), prec, slices.Min(s), prec, slices.Max(s))
+	if len(s) == 1 {
+		return f(s[0])
+	}
+	return f(s.median()) + " (" + f(slices.Min(s)) + "–" + f(slices.Max(s)) + ")"
 }
 
 // ratio divides a by b round by round: the rounds are interleaved, so a
