@@ -24,7 +24,7 @@
 //
 // Usage:
 //
-//	loadtest [-rounds 5] [-duration 4s] [-c 32] [-pool 4] [-storm 200] [-short]
+//	loadtest [-rounds 5] [-duration 4s] [-c 32] [-pool 4] [-storm 200] [-exec-mode M] [-short]
 //	loadtest -stored-keys 20000000 [-rounds 5] [-duration 4s] [-c 32] [-pool 4] [-short]
 //
 // -short (or LOADTEST_SHORT=1) is the smoke test CI runs: 2 short rounds,

@@ -79,11 +79,15 @@ type Beginner interface {
 // idempotency path answers 503 and the client's retry runs it again.
 func WithTx(ctx context.Context, db Beginner, fn func(ctx context.Context, tx pgx.Tx) error) (err error) {
 	var tx pgx.Tx
-	if pool, ok := db.(*pgxpool.Pool); ok {
+	switch db := db.(type) {
+	case *pgxpool.Pool:
 		// A transaction on the pool is pipelined (see Tx): its BEGIN goes
 		// out with its first statement.
-		tx, err = Begin(ctx, pool)
-	} else {
+		tx, err = Begin(ctx, db)
+	case *pgxpool.Conn:
+		// Likewise on a connection the caller holds, and keeps.
+		tx = BeginOn(db)
+	default:
 		tx, err = db.Begin(ctx)
 	}
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -41,6 +42,9 @@ type Tx struct {
 	committed  bool
 	commitErr  error
 	savepoints int
+	// kept: the connection belongs to the caller (BeginOn), who releases
+	// it; ending the transaction leaves it checked out.
+	kept bool
 }
 
 type queued struct {
@@ -56,6 +60,21 @@ func Begin(ctx context.Context, pool *pgxpool.Pool) (*Tx, error) {
 		return nil, err
 	}
 	return &Tx{conn: conn, pending: []queued{{sql: "BEGIN"}}}, nil
+}
+
+// BeginOn starts a pipelined transaction on conn, a connection the caller
+// has acquired and will release: a request that reads before its
+// transaction and may read again after it (idem.Store.Execute) holds one
+// connection throughout, instead of queueing for the pool three times.
+func BeginOn(conn *pgxpool.Conn) *Tx {
+	return &Tx{conn: conn, kept: true, pending: []queued{{sql: "BEGIN"}}}
+}
+
+// release gives the connection back to the pool, unless the caller keeps it.
+func (t *Tx) release() {
+	if !t.kept {
+		t.conn.Release()
+	}
 }
 
 // Queue adds a statement whose result nothing waits on; it is sent with the
@@ -158,10 +177,28 @@ func (t *Tx) end(br pgx.BatchResults, commit bool, stmtErr error) error {
 }
 
 // finish records how the transaction ended and returns the connection.
+// When a statement failed ahead of the COMMIT that travelled behind it,
+// the server skipped that COMMIT (a pipeline stops at its first error), so
+// the transaction is still open, aborted: it is rolled back here, one more
+// round trip on that failure path only, and the connection goes back idle.
 func (t *Tx) finish(commitErr error) {
 	t.done, t.committed, t.commitErr = true, true, commitErr
-	t.conn.Release()
+	if pc := t.conn.Conn().PgConn(); !pc.IsClosed() && pc.TxStatus() != 'I' {
+		ctx, cancel := context.WithTimeout(context.Background(), rollbackTimeout)
+		_, err := t.conn.Exec(ctx, "ROLLBACK")
+		cancel()
+		if err != nil {
+			// The connection's state is unknown: close it rather than let
+			// the pool hand out a connection in a transaction.
+			_ = t.conn.Conn().Close(context.Background())
+		}
+	}
+	t.release()
 }
+
+// rollbackTimeout bounds the ROLLBACK of a transaction whose COMMIT the
+// server skipped; past it the connection is closed instead.
+const rollbackTimeout = 5 * time.Second
 
 // flush sends the queued statements alone, when something must reach the
 // server before an operation that cannot carry them.
@@ -342,7 +379,7 @@ func (t *Tx) Rollback(ctx context.Context) error {
 		return pgx.ErrTxClosed
 	}
 	t.done, t.pending = true, nil
-	defer t.conn.Release()
+	defer t.release()
 	if !t.begun {
 		return nil
 	}

@@ -184,6 +184,39 @@ func TestPipelinedTransaction(t *testing.T) {
 		p.idle(t)
 	})
 
+	// The server skips a COMMIT queued behind a failed statement, leaving
+	// the transaction open and aborted: the Tx rolls it back, so a
+	// connection the caller holds (BeginOn, as idem.Store.Execute does)
+	// is usable at once, in the same session.
+	t.Run("AHeldConnectionIsIdleAfterAFailedCommit", func(t *testing.T) {
+		p := setup(t)
+		conn, err := p.pool.Acquire(t.Context())
+		must(t, err)
+		defer conn.Release()
+		var before, after int
+		must(t, conn.QueryRow(t.Context(), `SELECT pg_backend_pid()`).Scan(&before))
+		err = db.WithTx(t.Context(), conn, func(ctx context.Context, tx pgx.Tx) error {
+			if err := insert(ctx, tx, 1, "one"); err != nil {
+				return err
+			}
+			db.CommitAfterNext(tx)
+			return insert(ctx, tx, 1, "duplicate") // unique violation
+		})
+		if err == nil {
+			t.Fatal("WithTx: nil error, want the unique violation")
+		}
+		if s := conn.Conn().PgConn().TxStatus(); s != 'I' {
+			t.Fatalf("held connection in transaction state %q after the failed COMMIT, want 'I'", s)
+		}
+		must(t, conn.QueryRow(t.Context(), `SELECT pg_backend_pid()`).Scan(&after))
+		if after != before {
+			t.Errorf("backend %d after the transaction, was %d: the held connection was replaced", after, before)
+		}
+		if got := p.notes(t); len(got) != 0 {
+			t.Errorf("rows = %q, want none", got)
+		}
+	})
+
 	t.Run("AFailedQueuedStatementStopsWhatFollows", func(t *testing.T) {
 		p := setup(t)
 		_, err := p.roundTrips(t, func(ctx context.Context, tx pgx.Tx) error {

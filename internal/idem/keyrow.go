@@ -41,8 +41,8 @@ func HTTPDate(t time.Time) string { return t.UTC().Format(http.TimeFormat) }
 
 // existing reads a key that a claim found taken: replay, 409 or 422.
 // createdAt is the record's creation time, for the replay age metric.
-func (s *Store) existing(ctx context.Context, c Claim) (res Response, createdAt time.Time, err error) {
-	row, err := dbsqlc.New(s.pool).IdemKeyGet(ctx, dbsqlc.IdemKeyGetParams{TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key})
+func existing(ctx context.Context, q *dbsqlc.Queries, c Claim) (res Response, createdAt time.Time, err error) {
+	row, err := q.IdemKeyGet(ctx, dbsqlc.IdemKeyGetParams{TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key})
 	if errors.Is(err, pgx.ErrNoRows) {
 		// The row vanished between the claim and this read: it was
 		// forgotten and deleted. Rare; the retry will claim it afresh.

@@ -206,14 +206,24 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Cont
 		return Response{}, false, s.wrap(err)
 	}
 
+	// One connection for the whole request: the read, the transaction and
+	// the read after a lost race. A duplicate storm would otherwise queue
+	// for the pool at each of them, behind every other duplicate.
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return Response{}, false, s.wrap(err)
+	}
+	defer conn.Release()
+	q := dbsqlc.New(conn)
+
 	// 1. Replay, looked up first. A plain read outside any transaction: one
 	// round trip, no row lock (P4).
-	row, err := dbsqlc.New(s.pool).IdemKeyGet(ctx, dbsqlc.IdemKeyGetParams{TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key})
+	row, err := q.IdemKeyGet(ctx, dbsqlc.IdemKeyGetParams{TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key})
 	switch {
 	case err == nil && row.Forgotten:
 		// Past its retention the key is unknown (E3). The claim below is a
 		// plain INSERT, so the old row goes first, as the reaper would take it.
-		if err := dbsqlc.New(s.pool).IdemKeyForget(ctx, dbsqlc.IdemKeyForgetParams{TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key}); err != nil {
+		if err := q.IdemKeyForget(ctx, dbsqlc.IdemKeyForgetParams{TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key}); err != nil {
 			return Response{}, false, s.wrap(err)
 		}
 	case err == nil:
@@ -223,7 +233,7 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Cont
 		return Response{}, false, s.wrap(err)
 	}
 
-	err = db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
+	err = db.WithTx(ctx, conn, func(ctx context.Context, tx pgx.Tx) error {
 		if err := s.boundLockWaits(ctx, tx); err != nil {
 			return err
 		}
@@ -257,7 +267,7 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Cont
 		// 4. Replay, after a lost race: everything this request wrote has
 		// rolled back. Under READ COMMITTED this new read sees the row the
 		// winner committed.
-		res, createdAt, err = s.existing(ctx, c)
+		res, createdAt, err = existing(ctx, q, c)
 		return res, err == nil, s.wrap(err)
 	case db.IsLockTimeout(err):
 		return Response{}, false, ErrKeyInUse
