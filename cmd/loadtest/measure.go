@@ -171,8 +171,8 @@ func report(w io.Writer, o options, r *results) {
 	p3 := ratio(r.payment.rps, r.create.rps)
 	p4 := ratio(r.replay.rps, r.create.rps)
 	fmt.Fprintf(w, "\nratios, per round, median (range):\n")
-	fmt.Fprintf(w, "  P1 create / baseline   %-22s target >= 0.8\n", p1.format(2))
-	fmt.Fprintf(w, "  P3 payment / create    %-22s target >= 0.5\n", p3.format(2))
+	fmt.Fprintf(w, "  P1 create / baseline   %-22s target >= 0.7 (P7; the compass keeps 0.8)\n", p1.format(2))
+	fmt.Fprintf(w, "  P3 payment / create    %-22s target >= 0.45\n", p3.format(2))
 	fmt.Fprintf(w, "  P4 replay / create     %-22s target >= 2\n", p4.format(2))
 	fmt.Fprintf(w, "  P5 storm of %d: p99 %s ms, %d execution(s) in %d storm(s) (replays %d, 409 in progress %d); target one execution, p99 <= 100 ms\n",
 		o.storm, r.stormP99.format(1), r.stormExecutions, r.storms, r.stormReplays, r.stormInProgress)
