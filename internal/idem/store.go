@@ -247,7 +247,8 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Cont
 		// 3. Claim and record: the key row, inserted once with the exact
 		// response (L1, L3). COMMIT travels with it: nothing it returns can
 		// change the decision to commit, and when it fails (the key is
-		// taken) the transaction is aborted and the COMMIT rolls it back.
+		// taken) nothing commits: the server skips the COMMIT behind a
+		// failed statement, and db.Tx rolls the transaction back.
 		rec, err := encodeRecord(res)
 		if err != nil {
 			return err
