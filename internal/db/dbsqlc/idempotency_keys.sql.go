@@ -216,7 +216,7 @@ type IdemKeyCompleteLeaseParams struct {
 }
 
 // The record step (L3) for a multi-step key, fenced like every step, and
-// stored like IdemKeyComplete. No row: the lease was lost.
+// stored like IdemKeyClaimCompleted. No row: the lease was lost.
 //
 // The horizons are counted from the record, never shortened: a payment
 // that finished (the completer, after an outage) later than the TTL or the
