@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"net"
+	"strings"
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
@@ -51,16 +52,25 @@ type link struct {
 
 // Link creates a proxy named name in front of upstream (host:port) on a
 // free loopback port.
+//
+// The port is free when chosen and taken by toxiproxy a moment later;
+// anything else on the machine may bind it in between, so a bind that
+// fails is tried again on another port.
 func (f *faults) Link(name, upstream string) (*link, error) {
-	addr, err := freeAddr()
-	if err != nil {
-		return nil, err
+	for attempt := 1; ; attempt++ {
+		addr, err := freeAddr()
+		if err != nil {
+			return nil, err
+		}
+		p, err := f.client.CreateProxy(name, addr, upstream)
+		if err != nil && attempt < 5 && strings.Contains(err.Error(), "address already in use") {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("toxiproxy %s: %w", name, err)
+		}
+		return &link{name: name, addr: addr, proxy: p}, nil
 	}
-	p, err := f.client.CreateProxy(name, addr, upstream)
-	if err != nil {
-		return nil, fmt.Errorf("toxiproxy %s: %w", name, err)
-	}
-	return &link{name: name, addr: addr, proxy: p}, nil
 }
 
 // Addr is where clients of the link connect.
