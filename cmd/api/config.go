@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemref/payments/internal/broker"
+	"github.com/idemref/payments/internal/clientaddr"
 	"github.com/idemref/payments/internal/outbox"
 	"github.com/idemref/payments/internal/webhook"
 
@@ -70,6 +71,9 @@ type config struct {
 	// batches.
 	ReaperDuty float64
 	LogLevel   slog.Level
+	// Clients resolves the client of a request behind the trusted proxies
+	// (TRUSTED_PROXIES, TRUSTED_PROXY_HEADER); it trusts none by default.
+	Clients *clientaddr.Resolver
 
 	// EventWorkers: serve runs the outbox relay and the orders consumer.
 	// Off, it leaves them to the other API processes (they split the work
@@ -171,7 +175,11 @@ var settings = []setting{
 		"how many live idempotency keys one tenant may hold (R6); past it a request with a new key is `429 idempotency_key_budget_exceeded`; `0` turns the budget off"},
 	{"AUTH_CACHE_TTL", "10s", "",
 		"how long an API key that authenticated is trusted without a lookup; `0` looks up every request"},
-	{"MAX_CONNECTIONS", "1024", "", "open connections one process accepts at a time"},
+	{"MAX_CONNECTIONS", "1024", "", "open connections one process accepts at a time; one client address holds at most a quarter of them, a trusted proxy any number"},
+	{"TRUSTED_PROXIES", "", "none: every client is its TCP peer",
+		"comma-separated addresses or CIDR ranges of the proxies or load balancers in front of the API (such as `10.0.0.0/8`); from these peers only, the client is read from `TRUSTED_PROXY_HEADER` for the per-client budgets, and they are not held to one address's share of `MAX_CONNECTIONS` (see `docs/deployment.md`)"},
+	{"TRUSTED_PROXY_HEADER", string(clientaddr.XForwardedFor), "",
+		"the header the trusted proxies write the client's address into: `X-Forwarded-For` or `Forwarded` (RFC 7239); read from the right, past every trusted proxy, so what a client wrote there itself is ignored"},
 	{"EVENT_WORKERS", "true", "",
 		"`serve` runs the outbox relay and the orders consumer; `false` leaves them to the other API processes (the load benchmark's probe uses it)"},
 	{"NATS_URL", "", "none: `serve` requires it; `make run` starts an embedded server",
@@ -421,6 +429,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 	}
 	if cfg.MaxConnections, err = atLeastOne("MAX_CONNECTIONS", getenv); err != nil {
 		return config{}, fmt.Errorf("%w: want a positive number, such as 1024", err)
+	}
+	if cfg.Clients, err = clientaddr.Parse(getenv("TRUSTED_PROXIES"), clientaddr.Header(getenv("TRUSTED_PROXY_HEADER"))); err != nil {
+		return config{}, fmt.Errorf("TRUSTED_PROXIES=%q, TRUSTED_PROXY_HEADER=%q: %w", getenv("TRUSTED_PROXIES"), getenv("TRUSTED_PROXY_HEADER"), err)
 	}
 	s = getenv("LOG_LEVEL")
 	if err := cfg.LogLevel.UnmarshalText([]byte(s)); err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	apispec "github.com/idemref/payments"
+	"github.com/idemref/payments/internal/connlimit"
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/dbmigrate"
 	httpapi "github.com/idemref/payments/internal/http"
@@ -69,6 +70,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 		RequestTimeout:   cfg.RequestTimeout,
 		RateLimit:        cfg.RateLimit,
 		AuthCacheTTL:     cfg.AuthCacheTTL,
+		Clients:          cfg.Clients,
 		OpenAPI:          apispec.OpenAPI,
 		WebhookSecrets:   cfg.WebhookSecrets,
 		WebhookTolerance: cfg.WebhookTolerance,
@@ -90,10 +92,11 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 	if err != nil {
 		return fmt.Errorf("ADDR %s cannot be listened on (%w): stop what uses it, or set ADDR to another address, such as ADDR=:8081", cfg.Addr, err)
 	}
-	// At the limit idle connections give way, and no client address holds
-	// more than its share (R4): see connManager.
-	conns := newConnManager(ln, cfg.MaxConnections)
-	srv.ConnState = conns.track
+	// At the limit silent and idle connections give way, and no client
+	// address but a trusted proxy holds more than its share (R4): see
+	// connlimit.Listener.
+	conns := connlimit.New(ln, cfg.MaxConnections, connlimit.Options{Proxies: cfg.Clients})
+	srv.ConnState = conns.Track
 	ln = conns
 	logger.Info("listening", slog.String("addr", ln.Addr().String()), slog.Int("max_connections", cfg.MaxConnections),
 		slog.String("database", databaseTarget(cfg.DatabaseURL)), slog.String("processor", cfg.ProcessorURL),

@@ -42,9 +42,9 @@ func (c *queryCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.T
 }
 func (c *queryCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
-// floodServer is the API over its own counted pool, with the given budget
-// of failed key lookups per address, and a tenant's valid key.
-func floodServer(tb testing.TB, lookups httpapi.RateLimit) (url string, queries *queryCounter, validKey string) {
+// floodServer is the API over its own counted pool, with the given budgets
+// of failed key lookups per client and in total, and a tenant's valid key.
+func floodServer(tb testing.TB, lookups, total httpapi.RateLimit) (url string, queries *queryCounter, validKey string) {
 	tb.Helper()
 	_, dbURL := testdb.NewPool(tb)
 	cfg, err := pgxpool.ParseConfig(dbURL)
@@ -65,6 +65,7 @@ func floodServer(tb testing.TB, lookups httpapi.RateLimit) (url string, queries 
 	srv := httptest.NewServer(httpapi.NewHandler(httpapi.Config{
 		Pool: pool, Idem: idem.NewStore(pool, idem.Config{}), Logger: slog.New(slog.DiscardHandler),
 		RequestTimeout: 10 * time.Second, OpenAPI: apispec.OpenAPI, AuthCacheTTL: 10 * time.Second, AuthLookups: lookups,
+		AuthLookupsTotal: total,
 	}))
 	tb.Cleanup(srv.Close)
 	return srv.URL, queries, validKey
@@ -106,7 +107,7 @@ func TestUnknownKeysCostNoQueryOnceTheAddressIsThrottled(t *testing.T) {
 	t.Parallel()
 	// A budget that does not refill while the test runs: the figures are
 	// exact, whatever the machine's speed.
-	url, queries, valid := floodServer(t, httpapi.RateLimit{Rate: 0.0001, Burst: 5})
+	url, queries, valid := floodServer(t, httpapi.RateLimit{Rate: 0.0001, Burst: 5}, httpapi.RateLimit{Rate: 0.0001, Burst: 1000})
 	attacker, bystander := clientFrom("127.0.0.2"), clientFrom("127.0.0.3")
 
 	// The same wrong key again and again: one lookup, then the negative
@@ -154,6 +155,44 @@ func TestUnknownKeysCostNoQueryOnceTheAddressIsThrottled(t *testing.T) {
 	}
 }
 
+// R5 as a whole: made-up keys spread over 50 addresses cost a bounded
+// number of lookups, not 50 bursts. Each address has a burst of 20, the
+// flood a total of 100: past the total an address that sent an unknown key
+// is refused before any query, and each address that had not yet sent one
+// costs one lookup. A tenant's valid key from an address that sent none is
+// looked up and served throughout: the total never starves it.
+func TestUnknownKeysFromManyAddressesCostABoundedTotal(t *testing.T) {
+	t.Parallel()
+	// Budgets that do not refill while the test runs: the figures are
+	// exact, whatever the machine's speed.
+	url, queries, valid := floodServer(t, httpapi.RateLimit{Rate: 0.0001, Burst: 20}, httpapi.RateLimit{Rate: 0.0001, Burst: 100})
+	const addresses, perAddress = 50, 20
+	before := queries.n.Load()
+	unauthorized := 0
+	for i := range addresses {
+		attacker := clientFrom(fmt.Sprintf("127.0.1.%d", 1+i))
+		for range perAddress {
+			switch res := getOrders(t, attacker, url, unknownKey()); res.status {
+			case http.StatusUnauthorized:
+				unauthorized++
+			case http.StatusTooManyRequests:
+			default:
+				t.Fatalf("a made-up key = %d", res.status)
+			}
+		}
+	}
+	lookups := queries.n.Load() - before
+	t.Logf("%d made-up keys from %d addresses: %d looked up, %d statements", addresses*perAddress, addresses, unauthorized, lookups)
+	// The total (100), then one for each of the 45 addresses that came
+	// after it was spent.
+	if want := 100 + (addresses - 100/perAddress); unauthorized != want || lookups != int64(want) {
+		t.Errorf("%d made-up keys from %d addresses: %d looked up, %d statements; want %d each", addresses*perAddress, addresses, unauthorized, lookups, want)
+	}
+	if res := getOrders(t, clientFrom("127.0.2.1"), url, valid); res.status != http.StatusOK {
+		t.Errorf("a valid key from an address that sent no unknown key, during the flood = %d, want 200", res.status)
+	}
+}
+
 // BenchmarkUnknownKeyFlood: eight clients on one address send well-formed
 // keys of no tenant, each new, for the benchmark's time, with the default
 // budget of failed lookups and without one (a budget too large to bind).
@@ -164,14 +203,14 @@ func TestUnknownKeysCostNoQueryOnceTheAddressIsThrottled(t *testing.T) {
 //	go test -run='^$' -bench=UnknownKeyFlood -benchtime=5s ./internal/http/
 func BenchmarkUnknownKeyFlood(b *testing.B) {
 	for _, tt := range []struct {
-		name    string
-		lookups httpapi.RateLimit
+		name           string
+		lookups, total httpapi.RateLimit
 	}{
-		{"WithoutBudget", httpapi.RateLimit{Rate: 1e9, Burst: 1e9}},
-		{"DefaultBudget", httpapi.DefaultAuthLookups},
+		{"WithoutBudget", httpapi.RateLimit{Rate: 1e9, Burst: 1e9}, httpapi.RateLimit{Rate: 1e9, Burst: 1e9}},
+		{"DefaultBudget", httpapi.DefaultAuthLookups, httpapi.DefaultAuthLookupsTotal},
 	} {
 		b.Run(tt.name, func(b *testing.B) {
-			url, queries, _ := floodServer(b, tt.lookups)
+			url, queries, _ := floodServer(b, tt.lookups, tt.total)
 			client := clientFrom("127.0.0.4")
 			var unauthorized, throttled atomic.Int64
 			before := queries.n.Load()

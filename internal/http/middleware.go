@@ -6,16 +6,15 @@ import (
 	"encoding/hex"
 	"errors"
 	"log/slog"
-	"net"
 	"net/http"
 	"runtime/debug"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
 
+	"github.com/idemref/payments/internal/clientaddr"
 	"github.com/idemref/payments/internal/tenants"
 )
 
@@ -162,33 +161,6 @@ type authError struct{ challenge string }
 func (e *authError) Error() string { return tenants.ErrUnauthenticated.Error() }
 func (e *authError) Unwrap() error { return tenants.ErrUnauthenticated }
 
-// clientAddress is who pays for the key lookups of a request: its peer's
-// IP address, or its /64 for IPv6, since one client usually holds a whole
-// /64. Behind a proxy every client is the proxy; X-Forwarded-For is not
-// read, since any client can write it.
-func clientAddress(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		host = r.RemoteAddr
-	}
-	ip := net.ParseIP(host)
-	if ip == nil {
-		return host
-	}
-	if ip.To4() == nil {
-		return ip.Mask(net.CIDRMask(64, 128)).String() + "/64"
-	}
-	return ip.String()
-}
-
-// authThrottledError: the client's address used up its budget of key
-// lookups; answered 429 before any query.
-type authThrottledError struct{ retryAfter int64 }
-
-func (e *authThrottledError) Error() string {
-	return "too many API keys looked up from this address; retry in " + strconv.FormatInt(e.retryAfter, 10) + "s"
-}
-
 // authenticate resolves the bearer key to a tenant before anything else
 // runs, so an unauthenticated request never reaches the idempotency layer.
 // A failed lookup (database down) fails closed with 503.
@@ -207,19 +179,23 @@ func (a *api) authenticate(next http.Handler) http.Handler {
 		tenantID, found, err := a.auth.Cached(key)
 		if !found {
 			// Only the database can tell, at the price of a query. Each
-			// lookup that finds no tenant costs the client's address a token
-			// (R5); an address without tokens left is answered before any
-			// query. A key that authenticates costs nothing, so only a flood
-			// of keys nobody knows is held back, whatever AUTH_CACHE_TTL.
-			address := clientAddress(r)
-			if empty, wait := a.authLookups.empty(address); empty {
+			// lookup that finds no tenant is charged to the client, and to
+			// every client together (R5); a client past its budget, or a
+			// suspect one past the total, is answered before any query. A
+			// key that authenticates costs nothing, so only a flood of keys
+			// nobody knows is held back, whatever AUTH_CACHE_TTL. The
+			// client is the one behind a trusted proxy, never the proxy
+			// (internal/clientaddr): behind a balancer, one abusive client
+			// must not spend every tenant's budget.
+			client := clientaddr.Key(a.clients.Client(r))
+			if throttled, refused := a.authLookups.refuse(client); refused {
 				authLookupsRefusedTotal.Inc()
-				writeError(w, r, &authThrottledError{retryAfter: max(ceilSeconds(wait), 1)})
+				writeError(w, r, throttled)
 				return
 			}
 			tenantID, err = a.auth.Authenticate(r.Context(), key)
 			if errors.Is(err, tenants.ErrUnauthenticated) {
-				a.authLookups.take(address)
+				a.authLookups.failed(client)
 			}
 		}
 		switch {

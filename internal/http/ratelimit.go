@@ -30,12 +30,6 @@ const (
 	DefaultRateBurst = 200
 )
 
-// DefaultAuthLookups is each client address's budget of failed API key
-// lookups (R5): a burst of 20, then 2 a second. Keys that authenticate
-// cost nothing from it, so it binds only a client that keeps sending keys
-// nobody knows.
-var DefaultAuthLookups = RateLimit{Rate: 2, Burst: 20}
-
 // limiter holds one token bucket per key that sent a request: a tenant
 // (authenticated first, so the map is bounded by the number of tenants) or
 // a client address (bounded by maxBuckets).
@@ -103,6 +97,16 @@ func (l *limiter[K]) empty(key K) (bool, time.Duration) {
 		return false, 0
 	}
 	return true, time.Duration((1 - tokens) / l.rate * float64(time.Second))
+}
+
+// takenWithin reports whether a token was taken from key's bucket in the
+// last d (a bucket dropped by pruneLocked had refilled: taken long ago).
+func (l *limiter[K]) takenWithin(key K, d time.Duration) bool {
+	now := l.now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b, found := l.buckets[key]
+	return found && now.Sub(b.at) < d
 }
 
 func (l *limiter[K]) pruneLocked(now time.Time) {

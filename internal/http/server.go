@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idemref/payments/internal/apidocs"
+	"github.com/idemref/payments/internal/clientaddr"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/tenants"
@@ -40,11 +41,16 @@ type Config struct {
 	// a database lookup, and a key that did not is refused without one
 	// (see tenants.Cache); 0 looks every request up.
 	AuthCacheTTL time.Duration
-	// AuthLookups bounds, per client address, the database lookups of API
-	// keys that found no tenant, so a flood of made-up keys costs no query
-	// each (R5); past it, 429 before any query. A zero Rate takes
-	// DefaultAuthLookups.
+	// AuthLookups bounds, per client, the database lookups of API keys that
+	// found no tenant, so a flood of made-up keys costs no query each (R5);
+	// past it, 429 before any query. A zero Rate takes DefaultAuthLookups.
 	AuthLookups RateLimit
+	// AuthLookupsTotal bounds the same lookups from every client together
+	// (see lookupBudget); a zero Rate takes DefaultAuthLookupsTotal.
+	AuthLookupsTotal RateLimit
+	// Clients tells who a request comes from, behind the proxies it
+	// trusts (TRUSTED_PROXIES); nil: the TCP peer.
+	Clients *clientaddr.Resolver
 	// WebhookSecrets verify processor webhooks; during a rotation, the old
 	// and the new. None: every webhook is rejected.
 	WebhookSecrets []string
@@ -66,8 +72,9 @@ type api struct {
 	payments *payments.Service
 	limiter  *limiter[uuid.UUID] // nil: no rate limit
 	auth     *tenants.Cache
-	// authLookups is the per-address budget of failed key lookups (R5).
-	authLookups *limiter[string]
+	// authLookups is the budget of failed key lookups (R5).
+	authLookups *lookupBudget
+	clients     *clientaddr.Resolver
 
 	webhookSecrets   []string
 	webhookTolerance time.Duration
@@ -91,7 +98,11 @@ func NewHandler(cfg Config) http.Handler {
 	if cfg.AuthLookups.Rate <= 0 {
 		cfg.AuthLookups = DefaultAuthLookups
 	}
-	a.authLookups = newLimiter[string](cfg.AuthLookups)
+	if cfg.AuthLookupsTotal.Rate <= 0 {
+		cfg.AuthLookupsTotal = DefaultAuthLookupsTotal
+	}
+	a.authLookups = newLookupBudget(cfg.AuthLookups, cfg.AuthLookupsTotal)
+	a.clients = cfg.Clients
 	if cfg.RateLimit.Rate > 0 {
 		a.limiter = newLimiter[uuid.UUID](cfg.RateLimit)
 	}

@@ -1,4 +1,4 @@
-package main
+package connlimit
 
 import (
 	"bufio"
@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemref/payments/internal/tooling/testdb"
+	"github.com/idemref/payments/internal/clientaddr"
 	"github.com/idemref/payments/internal/tooling/testkit"
 )
 
@@ -125,21 +125,21 @@ func quietGet(base, path string) (status int, body string, waited time.Duration,
 	return res.StatusCode, string(b), time.Since(start), err
 }
 
-// startManaged serves a small handler behind a connManager of limit
-// connections; observe, when set, sees every connection state change.
-func startManaged(t *testing.T, limit int, observe func(net.Conn, http.ConnState)) string {
+// startManaged serves a small handler behind a Listener of limit
+// connections, silent ones giving way after silent (0: DefaultSilent); observe, when set, sees every connection state change.
+func startManaged(t *testing.T, limit int, silent time.Duration, observe func(net.Conn, http.ConnState)) string {
 	t.Helper()
 	inner, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := newConnManager(inner, limit)
+	m := New(inner, limit, Options{Silent: silent})
 	srv := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			_, _ = io.WriteString(w, "served")
 		}),
 		ConnState: func(c net.Conn, s http.ConnState) {
-			m.track(c, s)
+			m.Track(c, s)
 			if observe != nil {
 				observe(c, s)
 			}
@@ -158,7 +158,7 @@ func TestConnLimitIdleGiveWay(t *testing.T) {
 	const limit = 8 // a share of 4 per address
 	var mu sync.Mutex
 	idle := map[net.Conn]bool{}
-	addr := startManaged(t, limit, func(c net.Conn, s http.ConnState) {
+	addr := startManaged(t, limit, 0, func(c net.Conn, s http.ConnState) {
 		mu.Lock()
 		defer mu.Unlock()
 		idle[c] = s == http.StateIdle
@@ -214,8 +214,8 @@ func isReset(err error) bool {
 func TestConnLimitPerAddress(t *testing.T) {
 	t.Parallel()
 	const limit = 8
-	share := perAddressShare(limit)
-	addr := startManaged(t, limit, nil)
+	share := Share(limit)
+	addr := startManaged(t, limit, 0, nil)
 	pings := attack(t, "127.0.0.2", addr, limit, 5*time.Millisecond)
 	testkit.WaitFor(t, 5*time.Second, func() bool { return pings.Load() >= 100 })
 
@@ -258,7 +258,7 @@ func TestConnLimitWaitsWhileEveryConnectionIsBusy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln := newConnManager(inner, 2) // a share of 1 per address
+	ln := New(inner, 2, Options{Silent: time.Hour}) // a share of 1 per address
 	t.Cleanup(func() { ln.Close() })
 	accepted := make(chan net.Conn, 4)
 	go func() {
@@ -311,35 +311,130 @@ func TestConnLimitWaitsWhileEveryConnectionIsBusy(t *testing.T) {
 	second.Close()
 }
 
-// R4, against the real server: with MAX_CONNECTIONS=16 and every slot
-// taken by clients that hold idle or busy keep-alive connections and open
-// a new one whenever one is closed, a quiet client's request is answered
-// within a second.
-func TestServerConnectionsGiveWay(t *testing.T) {
+// R4, slowloris: five addresses open every connection they may and send
+// nothing, or a request header a byte at a time, never finishing it. A
+// client on a sixth address is answered: the oldest silent connection
+// gives way to it once it has been silent for the Silent bound, without
+// waiting for ReadHeaderTimeout (the test's server has none).
+func TestSilentConnectionsGiveWay(t *testing.T) {
 	t.Parallel()
-	_, url := testdb.NewPool(t)
-	srv := startServer(t, url, "MAX_CONNECTIONS=16")
-	addr := strings.TrimPrefix(srv.base, "http://")
-	var pings []*atomic.Int64
-	for i := range 8 {
-		every := time.Duration(0) // idle
-		if i%2 == 1 {
-			every = 20 * time.Millisecond // busy
+	const limit = 40 // a share of 10 per address: five addresses can fill it
+	const silent = 200 * time.Millisecond
+	addr := startManaged(t, limit, silent, nil)
+	var held []net.Conn
+	for i := range 5 * Share(limit) {
+		c, err := dialFrom(fmt.Sprintf("127.0.0.%d", 2+i%5), addr)
+		if err != nil {
+			t.Fatalf("silent connection %d: %v", i, err)
 		}
-		pings = append(pings, attack(t, fmt.Sprintf("127.0.0.%d", 2+i), addr, 16, every))
+		t.Cleanup(func() { c.Close() })
+		if i%2 == 0 {
+			// Half of them trickle an unfinished header.
+			if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: api\r\nX-Slow: "); err != nil {
+				t.Fatal(err)
+			}
+		}
+		held = append(held, c)
 	}
-	// Every slot is taken once 16 connections were answered.
-	testkit.WaitFor(t, 10*time.Second, func() bool {
-		var n int64
-		for _, p := range pings {
-			n += p.Load()
-		}
-		return n >= 16
-	})
-
-	status, body, waited, err := quietGet(srv.base, "/healthz")
+	// Every slot is taken by a silent connection (or they wait in the
+	// backlog) when the real client comes.
+	status, body, waited, err := quietGet("http://"+addr, "/")
 	t.Logf("the quiet client waited %s", waited)
-	if err != nil || status != http.StatusOK || !strings.Contains(body, `"ok"`) {
-		t.Fatalf("with every slot taken, GET /healthz got %d %q, %v; want 200 within 1s", status, body, err)
+	if err != nil || status != http.StatusOK || body != "served" {
+		t.Fatalf("with every slot held by silent connections, a new client got %d %q, %v; want 200 \"served\" within 1s", status, body, err)
+	}
+	// Some silent connection was closed to make room: the first one of
+	// its address to have been accepted is among the oldest.
+	closed := 0
+	for _, c := range held {
+		_ = c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		if _, err := c.Read(make([]byte, 1)); errors.Is(err, io.EOF) || isReset(err) {
+			closed++
+		}
+	}
+	if closed == 0 {
+		t.Error("no silent connection was closed, yet the new client was served")
+	}
+}
+
+// R4 behind a balancer: every request reaches the API through the proxy's
+// connections. A trusted proxy holds more than an address's share (12
+// requests in flight at once, three shares); an address that is not
+// trusted is still held to its share.
+func TestTrustedProxyIsNotHeldToAShare(t *testing.T) {
+	t.Parallel()
+	const limit = 16 // a share of 4
+	proxies, err := clientaddr.Parse("127.0.0.2", clientaddr.XForwardedFor)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := New(inner, limit, Options{Proxies: proxies})
+	release := make(chan struct{})
+	var inFlight atomic.Int64
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			inFlight.Add(1)
+			<-release
+			_, _ = io.WriteString(w, "served")
+		}),
+		ConnState: m.Track,
+	}
+	go func() { _ = srv.Serve(m) }()
+	t.Cleanup(func() { srv.Close() })
+	addr := inner.Addr().String()
+
+	send := func(from string) <-chan error {
+		done := make(chan error, 1)
+		go func() {
+			c, err := dialFrom(from, addr)
+			if err != nil {
+				done <- err
+				return
+			}
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: api\r\n\r\n"); err != nil {
+				done <- err
+				return
+			}
+			res, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err == nil {
+				res.Body.Close()
+				if res.StatusCode != http.StatusOK {
+					err = fmt.Errorf("status %d", res.StatusCode)
+				}
+			}
+			done <- err
+		}()
+		return done
+	}
+	var viaProxy, direct []<-chan error
+	for range 3 * Share(limit) {
+		viaProxy = append(viaProxy, send("127.0.0.2"))
+	}
+	testkit.WaitFor(t, 5*time.Second, func() bool { return inFlight.Load() == 3*int64(Share(limit)) })
+	// 127.0.0.3 is not trusted: it fills its share, and past it a
+	// connection is refused, none of its own being idle.
+	for range Share(limit) {
+		direct = append(direct, send("127.0.0.3"))
+	}
+	testkit.WaitFor(t, 5*time.Second, func() bool { return inFlight.Load() == limit })
+	if err := <-send("127.0.0.3"); err == nil {
+		t.Error("a connection from an untrusted address past its share was served")
+	}
+	close(release)
+	for i, done := range viaProxy {
+		if err := <-done; err != nil {
+			t.Errorf("request %d through the trusted proxy: %v, want it served", i, err)
+		}
+	}
+	for i, done := range direct {
+		if err := <-done; err != nil {
+			t.Errorf("direct request %d, within its share: %v, want it served", i, err)
+		}
 	}
 }
