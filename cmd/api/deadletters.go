@@ -10,12 +10,19 @@ import (
 
 	"github.com/idemref/payments/internal/broker"
 	"github.com/idemref/payments/internal/consumer"
+	"github.com/idemref/payments/internal/db"
+	"github.com/idemref/payments/internal/events"
 )
 
 // deadLetters runs `api deadletters list` and `api deadletters redrive`:
-// it prints the messages consumers gave up on, or publishes each of them
-// again to the events stream (consumer.Redrive) and prints what it did.
+// it prints the messages consumers gave up on, or redrives each of them
+// (consumer.Redrive) and prints what it did. Redrive also needs the
+// database: a dead letter is published again only when the inbox can vouch
+// that its event was not applied.
 func deadLetters(ctx context.Context, cfg config, action string, stdout io.Writer) error {
+	if action == "redrive" && cfg.DatabaseURL == "" {
+		return fmt.Errorf("%w (redrive asks the consumers' inbox whether each event was applied)", errNoDatabaseURL)
+	}
 	nc, js, err := broker.Connect(cfg.NatsURL, "payments-api-deadletters")
 	if err != nil {
 		return fmt.Errorf("NATS_URL %s: %w: start the broker, or point NATS_URL at it", redactURL(cfg.NatsURL), err)
@@ -35,23 +42,43 @@ func deadLetters(ctx context.Context, cfg config, action string, stdout io.Write
 		}
 		return w.Flush()
 	}
-	var redriven, kept int
+
+	pool, err := db.Open(ctx, cfg.DatabaseURL, db.MaxConns(1))
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	done := map[consumer.Outcome]int{}
 	for _, letter := range letters {
-		dl, wasKept, err := consumer.Redrive(ctx, js, letter.Seq)
+		r, err := consumer.Redrive(ctx, js, pool, letter.Seq)
 		if err != nil {
-			return fmt.Errorf("redrive dead letter %d (%d redriven so far): %w", letter.Seq, redriven, err)
+			return fmt.Errorf("redrive dead letter %d (%d redriven, %d applied so far): %w", letter.Seq, done[consumer.Redriven], done[consumer.Applied], err)
 		}
-		verb := "redriven"
-		if wasKept {
-			verb, kept = "kept", kept+1
-		} else {
-			redriven++
+		done[r.Outcome]++
+		fmt.Fprintf(stdout, "%s %d %s %s %s", r.Outcome, r.Seq, r.Consumer, r.Subject, r.MsgID)
+		if r.Outcome == consumer.Refused {
+			occurred := "at an unknown time"
+			if !r.OccurredAt.IsZero() {
+				occurred = "at " + r.OccurredAt.UTC().Format(time.RFC3339)
+			}
+			fmt.Fprintf(stdout, ": event %s occurred %s, and inbox ids processed until %s have been pruned",
+				r.EventID, occurred, r.PrunedThrough.UTC().Format(time.RFC3339))
 		}
-		fmt.Fprintf(stdout, "%s %d %s %s %s\n", verb, dl.Seq, dl.Consumer, dl.Subject, dl.MsgID)
+		fmt.Fprintln(stdout)
 	}
-	fmt.Fprintf(stdout, "redriven %d, kept %d\n", redriven, kept)
-	if kept > 0 {
-		return errors.New("the events stream still knows the message ids of the kept dead letters: they were first published within its duplicates window (EVENTS_DUPLICATE_WINDOW). Run redrive again once it has passed")
+	fmt.Fprintf(stdout, "redriven %d, applied %d, kept %d, refused %d\n",
+		done[consumer.Redriven], done[consumer.Applied], done[consumer.Kept], done[consumer.Refused])
+	var errs []error
+	if done[consumer.Kept] > 0 {
+		errs = append(errs, errors.New("the events stream still knows the message ids of the kept dead letters: they were first published within its duplicates window (EVENTS_DUPLICATE_WINDOW). Run redrive again once it has passed"))
 	}
-	return nil
+	if done[consumer.Refused] > 0 {
+		errs = append(errs, fmt.Errorf("the refused dead letters are kept, not published: their events are older than what the inbox can vouch for (ids are pruned past MESSAGE_RETENTION), "+
+			"so they may have been applied already (a delivery committed and its ack was lost), and a copy could apply them again. "+
+			"Check each one's effect by hand (the order named in its data). If it is there, record the event as applied, "+
+			"INSERT INTO processed_messages (consumer, source, message_id) VALUES ('<consumer>', '%s', '<event id>'), "+
+			"and run redrive again: it removes the dead letter without publishing it. If it is not, make the effect by hand "+
+			"in the transaction that inserts that row, then run redrive again", events.Source))
+	}
+	return errors.Join(errs...)
 }

@@ -22,11 +22,11 @@ import (
 )
 
 // runDeadLetters runs `api deadletters action` against the test's broker
-// and returns what it printed and whether it succeeded.
-func runDeadLetters(t *testing.T, natsURL, action string) (stdout, stderr string, ok bool) {
+// and database and returns what it printed and whether it succeeded.
+func runDeadLetters(t *testing.T, natsURL, databaseURL, action string) (stdout, stderr string, ok bool) {
 	t.Helper()
 	cmd := exec.Command(apiBinary(t), "deadletters", action)
-	cmd.Env = append(os.Environ(), "NATS_URL="+natsURL)
+	cmd.Env = append(os.Environ(), "NATS_URL="+natsURL, "DATABASE_URL="+databaseURL)
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	err := cmd.Run()
@@ -39,10 +39,11 @@ func runDeadLetters(t *testing.T, natsURL, action string) (stdout, stderr string
 // An event the orders consumer gave up on (its order did not exist yet, for
 // every delivery) is listed by `api deadletters list`; once the cause is
 // fixed (the order exists), `api deadletters redrive` publishes it again to
-// its subject with its original message id and payload, the consumer
-// applies it once, and the dead letter is gone. Within the events stream's
-// duplicates window of the original the stream would drop the copy:
-// redrive then keeps the dead letter and says to come back after the
+// its subject with its original message id and payload (the inbox has
+// pruned nothing, so it vouches that the event was not applied), the
+// consumer applies it once, and the dead letter is gone. Within the events
+// stream's duplicates window of the original the stream would drop the
+// copy: redrive then keeps the dead letter and says to come back after the
 // window. A second redrive finds nothing to do.
 func TestDeadLettersRedrive(t *testing.T) {
 	t.Parallel()
@@ -80,7 +81,7 @@ func TestDeadLettersRedrive(t *testing.T) {
 	}
 	testkit.WaitFor(t, 20*time.Second, func() bool { return deadLetters() == 1 })
 
-	out, _, ok := runDeadLetters(t, natsURL, "list")
+	out, _, ok := runDeadLetters(t, natsURL, url, "list")
 	if !ok || !strings.Contains(out, "orders") || !strings.Contains(out, "max_deliver") ||
 		!strings.Contains(out, events.Subject(env.Type)) || !strings.Contains(out, env.ID.String()) {
 		t.Fatalf("deadletters list printed:\n%s\nwant the event's consumer, reason, subject and id", out)
@@ -92,8 +93,8 @@ func TestDeadLettersRedrive(t *testing.T) {
 	}
 
 	// Within the duplicates window (2 min) of the original.
-	out, errOut, ok := runDeadLetters(t, natsURL, "redrive")
-	if ok || !strings.Contains(out, "redriven 0, kept 1") || !strings.Contains(errOut, "EVENTS_DUPLICATE_WINDOW") {
+	out, errOut, ok := runDeadLetters(t, natsURL, url, "redrive")
+	if ok || !strings.Contains(out, "redriven 0, applied 0, kept 1, refused 0") || !strings.Contains(errOut, "EVENTS_DUPLICATE_WINDOW") {
 		t.Fatalf("redrive within the duplicates window: ok %v, printed:\n%s%s\nwant the dead letter kept, and why", ok, out, errOut)
 	}
 	if n := deadLetters(); n != 1 {
@@ -104,10 +105,10 @@ func TestDeadLettersRedrive(t *testing.T) {
 		t.Fatal(err)
 	}
 	testkit.WaitFor(t, 20*time.Second, func() bool {
-		out, _, ok = runDeadLetters(t, natsURL, "redrive")
+		out, _, ok = runDeadLetters(t, natsURL, url, "redrive")
 		return ok
 	})
-	if !strings.Contains(out, "redriven 1, kept 0") {
+	if !strings.Contains(out, "redriven 1, applied 0, kept 0, refused 0") {
 		t.Errorf("redrive printed:\n%s\nwant one redriven", out)
 	}
 	testkit.WaitFor(t, 20*time.Second, func() bool {
@@ -133,8 +134,8 @@ func TestDeadLettersRedrive(t *testing.T) {
 			last.Sequence, last.Header.Get(jetstream.MsgIDHeader), last.Data, env.ID)
 	}
 
-	out, _, ok = runDeadLetters(t, natsURL, "redrive")
-	if !ok || !strings.Contains(out, "redriven 0, kept 0") {
+	out, _, ok = runDeadLetters(t, natsURL, url, "redrive")
+	if !ok || !strings.Contains(out, "redriven 0, applied 0, kept 0, refused 0") {
 		t.Errorf("second redrive: ok %v, printed:\n%s\nwant nothing to do", ok, out)
 	}
 	if paid := count(t, pool, `SELECT amount_paid FROM orders WHERE id = $1`, order); paid != 700 {

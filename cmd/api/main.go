@@ -19,7 +19,9 @@
 //	api tenant create NAME     create a tenant; prints its API key last
 //	api deadletters list       list the events consumers gave up on
 //	api deadletters redrive    publish each of them again to its subject,
-//	                           under its message id (NATS_URL required)
+//	                           under its message id, unless the consumers'
+//	                           inbox says it was applied or cannot vouch
+//	                           for it (NATS_URL and DATABASE_URL required)
 //
 // Configuration comes from the environment: api help lists every variable
 // with its default and meaning (docs/configuration.md has the same table).
@@ -50,7 +52,7 @@ const usage = `usage:
   api help                  this text (also -h, --help, and -h after any command)
   api tenant create NAME    create a tenant and print its API key
   api deadletters list      list the events consumers gave up on (NATS_URL)
-  api deadletters redrive   publish them again to their subjects, under their message ids, once their cause is fixed (NATS_URL)
+  api deadletters redrive   publish them again to their subjects, under their message ids, once their cause is fixed; one the inbox says was applied is removed, one it can no longer vouch for is refused (NATS_URL, DATABASE_URL)
 `
 
 func main() {

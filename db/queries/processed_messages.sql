@@ -5,14 +5,40 @@ INSERT INTO processed_messages (consumer, source, message_id)
 VALUES (@consumer, @source, @message_id)
 ON CONFLICT DO NOTHING;
 
--- name: ProcessedMessagesPrune :execrows
+-- name: ProcessedMessageLookup :one
+-- What the inbox can say about one message, in one snapshot: whether the
+-- consumer applied it, and how far ids have been pruned (NULL: never). Read
+-- together, an id a concurrent prune deletes is either still seen, or gone
+-- with the horizon already past it. No horizon row is an error: the caller
+-- must not take "nothing pruned" for granted.
+SELECT
+    EXISTS (
+        SELECT 1 FROM processed_messages m
+        WHERE m.consumer = @consumer AND m.source = @source AND m.message_id = @message_id
+    ) AS applied,
+    h.pruned_through
+FROM processed_messages_horizon h;
+
+-- name: ProcessedMessagesPrune :one
 -- The reaper (M3): ids older than the retention, which exceeds every
--- redelivery horizon, in bounded batches.
-DELETE FROM processed_messages m
-WHERE (m.consumer, m.source, m.message_id) IN (
-    SELECT consumer, source, message_id FROM processed_messages
-    WHERE processed_at < now() - make_interval(secs => @retention_seconds::float8)
-    ORDER BY processed_at
-    LIMIT @batch_size
-    FOR UPDATE SKIP LOCKED
-);
+-- redelivery horizon, in bounded batches; returns how many it deleted. The
+-- same statement moves the inbox's horizon past the newest id it deleted
+-- (GREATEST skips NULL), so the deletes and the horizon commit together.
+-- Reapers running at once queue on the horizon row for the rest of their
+-- batch's transaction, which is short.
+WITH pruned AS (
+    DELETE FROM processed_messages m
+    WHERE (m.consumer, m.source, m.message_id) IN (
+        SELECT consumer, source, message_id FROM processed_messages
+        WHERE processed_at < now() - make_interval(secs => @retention_seconds::float8)
+        ORDER BY processed_at
+        LIMIT @batch_size
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING m.processed_at
+), horizon AS (
+    UPDATE processed_messages_horizon h
+    SET pruned_through = GREATEST(h.pruned_through, (SELECT max(p.processed_at) FROM pruned p))
+    WHERE EXISTS (SELECT 1 FROM pruned)
+)
+SELECT count(*) FROM pruned;

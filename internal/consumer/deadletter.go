@@ -10,10 +10,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemref/payments/internal/broker"
+	"github.com/idemref/payments/internal/events"
+	"github.com/idemref/payments/internal/inbox"
 )
 
 // Reasons a message is dead-lettered, as labels and in its header.
@@ -166,45 +169,123 @@ func deadLetterOf(m *jetstream.RawStreamMsg) DeadLetter {
 	}
 }
 
-// Redrive publishes the dead letter at seq again, once its cause is fixed:
-// to its original subject on the events stream, with its original payload,
-// headers and Nats-Msg-Id, and then deletes it from the dead-letter stream.
-// Every consumer of the subject receives the copy; those that applied the
-// original skip it, since their inboxes hold its event id. A crash between
-// the publish and the delete leaves it to be redriven again, with the same
-// outcome.
+// Outcome is what Redrive did with a dead letter.
+type Outcome string
+
+const (
+	// Redriven: published again to the events stream, and removed from the
+	// dead-letter stream.
+	Redriven Outcome = "redriven"
+	// Applied: its consumer's inbox holds the event's id, so the event was
+	// applied (a delivery committed and its ack was lost): removed, not
+	// published.
+	Applied Outcome = "applied"
+	// Kept: the events stream dropped the copy as a duplicate, within its
+	// duplicates window of the original: kept, to be redriven after it.
+	Kept Outcome = "kept"
+	// Refused: the inbox cannot vouch that the event was not applied, since
+	// ids as old as the event have been pruned: kept, not published.
+	Refused Outcome = "refused"
+)
+
+// RedriveResult is what Redrive did with one dead letter.
+type RedriveResult struct {
+	DeadLetter
+	Outcome Outcome
+	// EventID is the event's id, as its consumers record it in their inbox
+	// (the envelope's id), and OccurredAt when it occurred; both empty for
+	// a payload no consumer can read.
+	EventID    string
+	OccurredAt time.Time
+	// PrunedThrough, when Refused, is the processed_at of the newest inbox
+	// id pruned: the event occurred before it (or when is unknown).
+	PrunedThrough time.Time
+}
+
+// Redrive publishes the dead letter at seq again, once its cause is fixed,
+// unless its event may already have been applied. An event can be applied
+// and still be dead-lettered: its last delivery commits (the inbox row and
+// the effect) and the ack is lost. Every consumer of the subject receives a
+// copy, and skips it only while its inbox holds the event's id; the reaper
+// prunes ids past MESSAGE_RETENTION. So Redrive asks the dead letter's
+// consumer's inbox first (inbox.Lookup), in pool:
+//
+//   - the id is there: the event was applied. The dead letter is removed
+//     and nothing is published (Applied);
+//   - ids as old as the event have been pruned: whether it was applied is
+//     unknown, and a copy could apply it twice, at this consumer or at any
+//     other of the subject. It is kept, not published (Refused); an
+//     operator checks its effect by hand;
+//   - otherwise no consumer applied it, or its inbox would hold the id
+//     (the horizon is the same for every consumer): it is published to
+//     its original subject on the events stream, with its original
+//     payload, headers and Nats-Msg-Id, and then removed (Redriven). A
+//     crash between the publish and the removal leaves it to be redriven
+//     again, and the consumers' inboxes skip the second copy.
 //
 // Within the events stream's duplicates window of the original the stream
-// drops the copy as a duplicate: Redrive then reports kept and leaves the
-// dead letter where it is, to be redriven after the window.
-func Redrive(ctx context.Context, js jetstream.JetStream, seq uint64) (dl DeadLetter, kept bool, err error) {
+// drops the copy as a duplicate: Redrive then leaves the dead letter where
+// it is, to be redriven after the window (Kept).
+func Redrive(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, seq uint64) (RedriveResult, error) {
 	stream, err := js.Stream(ctx, broker.StreamDeadLetters)
 	if err != nil {
-		return DeadLetter{}, false, fmt.Errorf("dead-letter stream: %w", err)
+		return RedriveResult{}, fmt.Errorf("dead-letter stream: %w", err)
 	}
 	m, err := stream.GetMsg(ctx, seq)
 	if err != nil {
-		return DeadLetter{}, false, err
+		return RedriveResult{}, err
 	}
-	dl = deadLetterOf(m)
-	if dl.MsgID == "" {
-		return dl, false, fmt.Errorf("dead letter %d has no %s header", seq, headerMsgID)
+	r := RedriveResult{DeadLetter: deadLetterOf(m)}
+	if r.MsgID == "" {
+		return r, fmt.Errorf("dead letter %d has no %s header", seq, headerMsgID)
 	}
-	msg := &nats.Msg{Subject: dl.Subject, Data: m.Data, Header: nats.Header{}}
+	// A payload that does not parse is terminated by every consumer before
+	// it touches its inbox: it cannot have been applied, and publishing it
+	// again is harmless. Anything else is looked up under the id the
+	// consumer records, the envelope's.
+	var ev events.Envelope
+	if json.Unmarshal(m.Data, &ev) == nil {
+		r.EventID, r.OccurredAt = ev.ID.String(), ev.OccurredAt
+		// The event cannot have been applied before it occurred: it was
+		// dated before its outbox row committed, so before any delivery.
+		verdict, prunedThrough, err := inbox.Lookup(ctx, pool, r.Consumer, events.Source, r.EventID, ev.OccurredAt)
+		if err != nil {
+			return r, fmt.Errorf("dead letter %d: %w", seq, err)
+		}
+		switch verdict {
+		case inbox.Applied:
+			r.Outcome = Applied
+			return r, removeDeadLetter(ctx, stream, seq)
+		case inbox.Unknown:
+			r.Outcome, r.PrunedThrough = Refused, prunedThrough
+			return r, nil
+		case inbox.NotApplied:
+			// Published again, below.
+		}
+	}
+	msg := &nats.Msg{Subject: r.Subject, Data: m.Data, Header: nats.Header{}}
 	for k, v := range m.Header {
 		if !strings.HasPrefix(k, "Dead-Letter-") && k != jetstream.MsgIDHeader {
 			msg.Header[k] = v
 		}
 	}
-	ack, err := js.PublishMsg(ctx, msg, jetstream.WithMsgID(dl.MsgID))
+	ack, err := js.PublishMsg(ctx, msg, jetstream.WithMsgID(r.MsgID))
 	if err != nil {
-		return dl, false, err
+		return r, err
 	}
 	if ack.Duplicate {
-		return dl, true, nil
+		r.Outcome = Kept
+		return r, nil
 	}
+	r.Outcome = Redriven
+	return r, removeDeadLetter(ctx, stream, seq)
+}
+
+// removeDeadLetter deletes the dead letter at seq; one already gone (a
+// redrive running at the same time) is no error.
+func removeDeadLetter(ctx context.Context, stream jetstream.Stream, seq uint64) error {
 	if err := stream.DeleteMsg(ctx, seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-		return dl, false, fmt.Errorf("delete dead letter %d after its redrive: %w", seq, err)
+		return fmt.Errorf("remove dead letter %d: %w", seq, err)
 	}
-	return dl, false, nil
+	return nil
 }

@@ -120,6 +120,11 @@ type ProcessedMessage struct {
 	ProcessedAt time.Time
 }
 
+type ProcessedMessagesHorizon struct {
+	Singleton     bool
+	PrunedThrough *time.Time
+}
+
 type Refund struct {
 	TenantID          uuid.UUID
 	ID                uuid.UUID

@@ -7,6 +7,7 @@ package dbsqlc
 
 import (
 	"context"
+	"time"
 )
 
 const processedMessageInsert = `-- name: ProcessedMessageInsert :execrows
@@ -31,15 +32,56 @@ func (q *Queries) ProcessedMessageInsert(ctx context.Context, arg ProcessedMessa
 	return result.RowsAffected(), nil
 }
 
-const processedMessagesPrune = `-- name: ProcessedMessagesPrune :execrows
-DELETE FROM processed_messages m
-WHERE (m.consumer, m.source, m.message_id) IN (
-    SELECT consumer, source, message_id FROM processed_messages
-    WHERE processed_at < now() - make_interval(secs => $1::float8)
-    ORDER BY processed_at
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
+const processedMessageLookup = `-- name: ProcessedMessageLookup :one
+SELECT
+    EXISTS (
+        SELECT 1 FROM processed_messages m
+        WHERE m.consumer = $1 AND m.source = $2 AND m.message_id = $3
+    ) AS applied,
+    h.pruned_through
+FROM processed_messages_horizon h
+`
+
+type ProcessedMessageLookupParams struct {
+	Consumer  string
+	Source    string
+	MessageID string
+}
+
+type ProcessedMessageLookupRow struct {
+	Applied       bool
+	PrunedThrough *time.Time
+}
+
+// What the inbox can say about one message, in one snapshot: whether the
+// consumer applied it, and how far ids have been pruned (NULL: never). Read
+// together, an id a concurrent prune deletes is either still seen, or gone
+// with the horizon already past it. No horizon row is an error: the caller
+// must not take "nothing pruned" for granted.
+func (q *Queries) ProcessedMessageLookup(ctx context.Context, arg ProcessedMessageLookupParams) (ProcessedMessageLookupRow, error) {
+	row := q.db.QueryRow(ctx, processedMessageLookup, arg.Consumer, arg.Source, arg.MessageID)
+	var i ProcessedMessageLookupRow
+	err := row.Scan(&i.Applied, &i.PrunedThrough)
+	return i, err
+}
+
+const processedMessagesPrune = `-- name: ProcessedMessagesPrune :one
+WITH pruned AS (
+    DELETE FROM processed_messages m
+    WHERE (m.consumer, m.source, m.message_id) IN (
+        SELECT consumer, source, message_id FROM processed_messages
+        WHERE processed_at < now() - make_interval(secs => $1::float8)
+        ORDER BY processed_at
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING m.processed_at
+), horizon AS (
+    UPDATE processed_messages_horizon h
+    SET pruned_through = GREATEST(h.pruned_through, (SELECT max(p.processed_at) FROM pruned p))
+    WHERE EXISTS (SELECT 1 FROM pruned)
 )
+SELECT count(*) FROM pruned
 `
 
 type ProcessedMessagesPruneParams struct {
@@ -48,11 +90,14 @@ type ProcessedMessagesPruneParams struct {
 }
 
 // The reaper (M3): ids older than the retention, which exceeds every
-// redelivery horizon, in bounded batches.
+// redelivery horizon, in bounded batches; returns how many it deleted. The
+// same statement moves the inbox's horizon past the newest id it deleted
+// (GREATEST skips NULL), so the deletes and the horizon commit together.
+// Reapers running at once queue on the horizon row for the rest of their
+// batch's transaction, which is short.
 func (q *Queries) ProcessedMessagesPrune(ctx context.Context, arg ProcessedMessagesPruneParams) (int64, error) {
-	result, err := q.db.Exec(ctx, processedMessagesPrune, arg.RetentionSeconds, arg.BatchSize)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+	row := q.db.QueryRow(ctx, processedMessagesPrune, arg.RetentionSeconds, arg.BatchSize)
+	var count int64
+	err := row.Scan(&count)
+	return count, err
 }
