@@ -156,7 +156,14 @@ ORDER BY payment_id, created_at, charge_id;
 -- with the sweep: whoever commits first settles the payment.
 SELECT * FROM payments WHERE charge_key = @charge_key FOR UPDATE;
 
--- name: PaymentSweepNow :exec
--- A charge the payment does not know about was reported: the sweep looks
--- at once and compensates it, exactly as for a late duplicate it finds.
-UPDATE payments SET sweep_at = now() WHERE tenant_id = @tenant_id AND id = @id;
+-- name: PaymentSweepNow :execrows
+-- A charge the payment does not know about was reported, or found by a
+-- lookup beside the one a webhook settled the payment with, or may exist
+-- unseen: the sweep looks at once and compensates it, exactly as for a late
+-- duplicate it finds. Guarded: only a settled payment is swept. The sweep
+-- keeps the recorded charge and refunds every other, so at charge_sent, with
+-- none recorded yet, it would refund the charge the payment is about to
+-- keep. No row back: the payment is not settled, which its callers (holding
+-- its row lock, having read it settled) treat as a bug and roll back.
+UPDATE payments SET sweep_at = now()
+WHERE tenant_id = @tenant_id AND id = @id AND status IN ('succeeded', 'declined', 'failed');

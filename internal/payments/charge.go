@@ -38,8 +38,16 @@ type chargeOutcome struct {
 	declined *processor.DeclineError
 	rejected *processor.RequestError
 	// extra: the lookup found succeeded charges beside the kept one; the
-	// sweep refunds them right after the payment is recorded.
+	// sweep refunds them right after the payment is recorded, whoever
+	// settled it (recordCharge, recordSettled).
 	extra bool
+	// settledUnseen: another actor (a webhook) settled the payment with a
+	// charge this attempt's lookup never saw: the attempt resumed to a
+	// payment settled already, or its resend's mark found it settled. A
+	// call whose outcome was unknown may have made more charges than the
+	// one the webhook named (at a processor that ignores keys, one call
+	// that reached it twice), and their webhooks may never come.
+	settledUnseen bool
 }
 
 // errSettledMeanwhile: the mark before a charge call found the payment
@@ -81,8 +89,10 @@ func (s *Service) charge(ctx context.Context, l *idem.Lease, marked *dbsqlc.Paym
 		p, unsettled = row.Payment, seconds(row.UnsettledSeconds)
 		if p.Status == StatusSucceeded && p.ChargeID != nil {
 			// A webhook confirmed the charge while the key was unfinished
-			// (webhook.go): nothing to send or look up.
-			return chargeOutcome{charge: processor.Charge{ID: *p.ChargeID}}, nil
+			// (webhook.go): nothing to send. Nor to look up now (the
+			// processor may be down, and the payment is settled), but what
+			// else the unknown call made is unseen: the sweep looks.
+			return chargeOutcome{charge: processor.Charge{ID: *p.ChargeID}, settledUnseen: true}, nil
 		}
 	}
 	out, err := settle(ctx, s.log, processorCall[chargeOutcome]{
@@ -128,10 +138,11 @@ func (s *Service) charge(ctx context.Context, l *idem.Lease, marked *dbsqlc.Paym
 	})
 	if errors.Is(err, errSettledMeanwhile) {
 		// Nothing was sent; recordCharge finds the payment settled and
-		// records it as it is (recordSettled).
+		// records it as it is (recordSettled). The charge that settled it
+		// landed after this attempt's lookup saw nothing: unseen.
 		staleWritesTotal.WithLabelValues("mark_charge_sent").Inc()
 		s.log.InfoContext(ctx, "payment settled before its resend; nothing sent", slog.String("payment_id", p.ID.String()))
-		return chargeOutcome{}, nil
+		return chargeOutcome{settledUnseen: true}, nil
 	}
 	return out, err
 }
@@ -234,12 +245,27 @@ func (s *Service) recordCharge(ctx context.Context, tx pgx.Tx, l *idem.Lease, o 
 
 // recordSettled records the key's response for a payment that a webhook
 // settled first. Its event is already in the outbox; none is written
-// again. A charge of this attempt other than the one the webhook confirmed
-// is an extra charge: the sweep refunds it now.
+// again. What this attempt knows, or cannot know, of charges beside the
+// one the webhook confirmed goes to the sweep, which looks now.
 func (s *Service) recordSettled(ctx context.Context, q *dbsqlc.Queries, cur dbsqlc.Payment, o chargeOutcome) (idem.Step, error) {
-	if o.declined == nil && o.rejected == nil && o.charge.ID != "" && (cur.ChargeID == nil || *cur.ChargeID != o.charge.ID) {
-		if err := q.PaymentSweepNow(ctx, dbsqlc.PaymentSweepNowParams{TenantID: cur.TenantID, ID: cur.ID}); err != nil {
+	otherCharge := o.declined == nil && o.rejected == nil && o.charge.ID != "" && (cur.ChargeID == nil || *cur.ChargeID != o.charge.ID)
+	// The webhook settled the payment knowing of one charge only. The
+	// extra charges the lookup found were about to make the sweep due
+	// (PaymentFinish's sweep_now); dropped here, nothing would: with one
+	// marked call no sweep is scheduled, and an extra charge whose webhook
+	// never comes would stay charged for ever. Likewise when this attempt
+	// saw nothing of the processor's charges: the sweep looks instead.
+	if otherCharge || o.extra || o.settledUnseen {
+		n, err := q.PaymentSweepNow(ctx, dbsqlc.PaymentSweepNowParams{TenantID: cur.TenantID, ID: cur.ID})
+		if err != nil {
 			return idem.Step{}, err
+		}
+		if n == 0 {
+			// cur is settled and locked by this transaction: the guard
+			// cannot refuse it. If it did, recording the response without
+			// the sweep would lose the extra charge: roll back instead,
+			// and the attempt is retried.
+			return idem.Step{}, fmt.Errorf("payments: payment %s (%s): the sweep could not be made due", cur.ID, cur.Status)
 		}
 	}
 	p, err := withCompensations(ctx, q, paymentFrom(cur))

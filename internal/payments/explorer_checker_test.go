@@ -210,7 +210,7 @@ func (r *run) drain() {
 		}
 		payments.NewCompleter(r.w.worker.svc, time.Hour).RunOnce(ctx)
 		for _, ev := range r.w.sim.Events() {
-			if !r.webhooksDone[ev.ID] {
+			if !r.webhooksDone[ev.ID] && !r.webhooksLost[ev.ID] {
 				r.webhooksDone[ev.ID] = true
 				if _, err := r.w.api1.svc.HandleProcessorEvent(ctx, ev); err != nil {
 					r.fail("drain: webhook %s: %v", ev.ID, err)
@@ -430,6 +430,23 @@ func (r *run) checkMoney(pays []paymentState, refunds []refundState, comps []com
 		}
 		if len(live) > 1 {
 			r.fail("payment %s: %d charges are kept at the processor: %v", p.ID, len(live), live)
+		}
+		// Net money per payment must end at exactly one charge (none for
+		// a payment that failed): name each charge beside the recorded
+		// one that nobody refunded, and whether anything was ever going
+		// to (a compensation recorded for it).
+		for _, id := range live {
+			if p.Status == payments.StatusSucceeded && id == p.ChargeID {
+				continue
+			}
+			compensation := "none recorded"
+			for _, c := range comps {
+				if c.PaymentID == p.ID && c.ChargeID == id {
+					compensation = c.Status
+				}
+			}
+			r.fail("payment %s (%s, charge %q): charge %s was never refunded (compensation: %s): the customer paid it on top",
+				p.ID, p.Status, p.ChargeID, id, compensation)
 		}
 		var refunded int64
 		for _, rf := range refunds {

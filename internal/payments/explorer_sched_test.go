@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -405,6 +406,16 @@ const (
 	// faultReset: the connection breaks before the call arrives (a
 	// lookup: nothing executes either way).
 	faultReset fault = "reset"
+	// faultDoubled: the charge call reaches the processor twice and both
+	// answers are lost: something between our client and the processor
+	// sent it again (a proxy or a mesh sidecar that retries upstream; our
+	// client keeps net/http from doing so, internal/processor). A
+	// processor that deduplicates replays the first charge; one that
+	// ignores keys makes a second charge, under one marked call.
+	// Charges only: a refund executed twice at a processor that ignores
+	// keys is money sent back twice, which nothing can pull back (the
+	// sweep reports it).
+	faultDoubled fault = "doubled"
 )
 
 // errNoAnswer is what the client sees of a call whose answer never came:
@@ -482,7 +493,7 @@ func (tr *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	in.Header = req.Header.Clone()
 	f := faultNone
 	if a := actorOf(ctx); a != nil {
-		f = a.run.fault(req.Method)
+		f = a.run.fault(req.Method, req.URL.Path)
 	}
 	switch f {
 	case faultLate:
@@ -493,6 +504,11 @@ func (tr *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		tr.sim.InjectFault(processorsim.Fault{Path: req.URL.Path, Kind: processorsim.FaultStatus, Status: http.StatusTooManyRequests})
 	case faultReset:
 		return nil, errNoAnswer
+	case faultDoubled:
+		// The first copy executes; its answer goes nowhere.
+		first := httptest.NewRequest(req.Method, req.URL.RequestURI(), bytes.NewReader(body))
+		first.Header = req.Header.Clone()
+		tr.sim.Handler().ServeHTTP(httptest.NewRecorder(), first)
 	default:
 		// faultNone, and faultLost and faultMalformed, which act once the
 		// simulator has answered (below).
@@ -500,7 +516,7 @@ func (tr *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	rec := httptest.NewRecorder()
 	tr.sim.Handler().ServeHTTP(rec, in)
 	switch {
-	case f == faultLost:
+	case f == faultLost, f == faultDoubled:
 		return nil, errNoAnswer
 	case f == faultMalformed && rec.Code/100 == 2:
 		return &http.Response{
@@ -544,11 +560,15 @@ func (tr *transport) hold(r *run, in *http.Request, op string) (*http.Response, 
 }
 
 // fault decides what happens to the running actor's call: nothing, or one
-// of the scenario's faults for the method while its budget lasts.
-func (r *run) fault(method string) fault {
+// of the scenario's faults for the method (and path) while its budget
+// lasts.
+func (r *run) fault(method, path string) fault {
 	set := r.sc.postFaults
 	if method == http.MethodGet {
 		set = r.sc.getFaults
+	}
+	if path != processorsim.PathCharges && slices.Contains(set, faultDoubled) {
+		set = slices.DeleteFunc(slices.Clone(set), func(f fault) bool { return f == faultDoubled })
 	}
 	if len(set) == 0 || r.faults >= r.sc.maxFaults {
 		return faultNone

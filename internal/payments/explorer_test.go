@@ -285,6 +285,9 @@ type run struct {
 	// progress, which the drain continues.
 	webhooksDone map[string]bool
 	consumed     int
+	// webhooksLost are the events the processor gave up on: no deliverer
+	// and no drain ever delivers them.
+	webhooksLost map[string]bool
 
 	mu       sync.Mutex
 	trace    []string
@@ -326,7 +329,8 @@ type snapshot struct {
 }
 
 func (w *world) newRun(sc *scenario, plan []int, seed uint64, random bool) *run {
-	r := &run{w: w, sc: sc, ctx: w.ctx, plan: plan, seed: seed, answers: map[*keyRef][]answer{}, webhooksDone: map[string]bool{}}
+	r := &run{w: w, sc: sc, ctx: w.ctx, plan: plan, seed: seed, answers: map[*keyRef][]answer{},
+		webhooksDone: map[string]bool{}, webhooksLost: map[string]bool{}}
 	if random {
 		r.rng = newRNG(seed)
 	}
@@ -655,7 +659,10 @@ func (r *run) reaper(name string, p *process) {
 // webhooks delivers the processor's events to p, each once: in order, or
 // in an order the schedule picks. The primary deliverer's progress is the
 // run's, and the drain delivers what it left; any other is a duplicate
-// delivery of every event.
+// delivery of every event. While the scenario's lostWebhooks last, the
+// primary deliverer may find that the processor gave up on the event it
+// picked (every attempt failed, as a receiver that was down for the whole
+// retry schedule sees it): it is never delivered, by anyone.
 func (r *run) webhooks(name string, p *process, primary, anyOrder bool) {
 	done := map[string]bool{}
 	if primary {
@@ -664,7 +671,7 @@ func (r *run) webhooks(name string, p *process, primary, anyOrder bool) {
 	pending := func() []processor.Event {
 		var out []processor.Event
 		for _, ev := range r.w.sim.Events() {
-			if !done[ev.ID] {
+			if !done[ev.ID] && !r.webhooksLost[ev.ID] {
 				out = append(out, ev)
 			}
 		}
@@ -681,6 +688,11 @@ func (r *run) webhooks(name string, p *process, primary, anyOrder bool) {
 				ev = evs[r.choose(len(evs), kindPick, false)]
 			}
 			done[ev.ID] = true
+			if primary && len(r.webhooksLost) < r.sc.lostWebhooks && r.choose(2, kindFault, false) == 1 {
+				r.webhooksLost[ev.ID] = true
+				r.note("    %s %s %s: lost, never delivered", ev.Type, ev.Data.Object.ID, ev.ID)
+				continue
+			}
 			r.note("    %s %s %s", ev.Type, ev.Data.Object.ID, ev.ID)
 			if _, err := p.svc.HandleProcessorEvent(ctx, ev); err != nil && !errors.Is(err, errAborted) {
 				r.fail("%s: %s: %v", name, ev.ID, err)
@@ -820,6 +832,9 @@ type scenario struct {
 	// take one.
 	postFaults, getFaults []fault
 	maxFaults             int
+	// lostWebhooks is how many events of a schedule the processor may
+	// give up on, never delivered (the primary deliverer decides).
+	lostWebhooks int
 	// weight is the scenario's share of the budget, cap its most
 	// schedules at the default budget.
 	weight, cap int
@@ -872,6 +887,24 @@ var scenarios = []*scenario{
 		},
 	},
 	{
+		// One charge call lands twice at a processor that ignores keys
+		// (issue 27, part 4): a resumed attempt's lookup finds both
+		// charges, the webhook of the one it keeps settles the payment
+		// before the attempt records it, and the other's webhook may never
+		// come. The lookup's knowledge of the second charge is then all
+		// that can get it refunded.
+		name: "double-charge-webhook", exhaustive: true, preemptions: 1,
+		postFaults: []fault{faultDoubled}, maxFaults: 1, lostWebhooks: 1,
+		weight: 3, cap: 20000,
+		build: func(r *run) {
+			r.w.sim.SetIgnoreIdempotencyKeys(true)
+			k := r.payKey("pay-1")
+			r.request("pay", r.w.api1, k)
+			r.request("retry", r.w.api2, k)
+			r.webhooks("webhook", r.w.api1, true, false)
+		},
+	},
+	{
 		// The completer finishes a payment after the horizons set at its
 		// claim passed and the reaper runs; the drain's last retry is the
 		// client's (defect 2).
@@ -918,10 +951,11 @@ var scenarios = []*scenario{
 	},
 	{
 		// Everything at once, in random schedules: either processor mode,
-		// two refunds with retries, duplicated and reordered webhooks and
-		// events, two completers, the sweep, the reaper, every clock.
-		name: "random", postFaults: []fault{faultLate, faultLost, faultMalformed, faultServerError, faultRateLimited},
-		getFaults: []fault{faultReset, faultMalformed}, maxFaults: 3,
+		// two refunds with retries, duplicated, reordered and lost webhooks,
+		// duplicated events, two completers, the sweep, the reaper, every
+		// clock.
+		name: "random", postFaults: []fault{faultLate, faultLost, faultMalformed, faultServerError, faultRateLimited, faultDoubled},
+		getFaults: []fault{faultReset, faultMalformed}, maxFaults: 3, lostWebhooks: 1,
 		weight: 6, cap: 4000,
 		build: func(r *run) {
 			if r.choose(2, kindPick, false) == 1 {

@@ -80,6 +80,124 @@ func TestResendAfterAWebhookSettledThePaymentCreditsOnce(t *testing.T) {
 	}
 }
 
+// A charge call lands twice at a processor that ignores keys, its answer
+// lost, and the webhook of one charge settles the payment before the
+// attempt that resumed records it; the other charge's webhook never comes.
+// Whatever the attempt knows of the second charge (its lookup found it), or
+// could not know (it never looked after the payment was settled), must
+// reach the sweep: with one marked call nothing else makes it look, and the
+// customer would stay charged twice (issue 27, part 4; the explorer's
+// double-charge-webhook scenario finds the first two schedules).
+func TestASecondChargeIsRefundedWhenAWebhookSettledThePaymentFirst(t *testing.T) {
+	t.Parallel()
+
+	// twice puts the two charges of one call in place, as the processor
+	// made them, and returns them in the order the lookup lists them.
+	twice := func(w *bundle, p payment) (kept, second processor.Charge) {
+		pay := w.onePayment(t, p)
+		req := processor.ChargeRequest{
+			Amount: p.in.Amount, Currency: p.in.Currency, PaymentMethod: p.in.PaymentMethod,
+			Metadata: map[string]string{"payment_id": pay.ID.String(), "order_id": p.order.ID.String()},
+		}
+		if made := w.chargesWithKey(p.chargeKey()); len(made) == 0 {
+			w.sim.CreateChargeDirect(req, p.chargeKey())
+		}
+		w.sim.CreateChargeDirect(req, p.chargeKey())
+		made := w.chargesWithKey(p.chargeKey())
+		return made[0], made[1]
+	}
+	// settledOnce runs the retry and checks that it recorded the payment
+	// as the webhook settled it, and that the sweep, due at once with no
+	// webhook of the second charge, refunds that one and only that one.
+	// kept and second are read once the retry returned.
+	settledOnce := func(t *testing.T, w *bundle, ctx context.Context, p payment, keptAt, secondAt *processor.Charge) {
+		t.Helper()
+		res, replayed, err := w.svc.Pay(ctx, p.claim, p.in)
+		kept, second := *keptAt, *secondAt
+		if err != nil || replayed || res.Status != http.StatusCreated {
+			t.Fatalf("retry = %d %s, replayed %v, %v; want a fresh 201", res.Status, res.Body, replayed, err)
+		}
+		if pay := w.onePayment(t, p); pay.Status != payments.StatusSucceeded || pay.ChargeID != kept.ID {
+			t.Fatalf("payment = %+v, want succeeded with the webhook's charge %s", pay, kept.ID)
+		}
+		if n, err := w.svc.Sweep(ctx, 10); err != nil || n != 1 {
+			t.Fatalf("Sweep = %d, %v; want the payment swept", n, err)
+		}
+		refunded := map[string]int64{}
+		for _, ch := range w.chargesWithKey(p.chargeKey()) {
+			refunded[ch.ID] = ch.RefundedAmount
+		}
+		if diff := cmp.Diff(map[string]int64{kept.ID: 0, second.ID: second.Amount}, refunded); diff != "" {
+			t.Errorf("refunded per charge (-want +got):\n%s", diff)
+		}
+		if diff := cmp.Diff(orderEvents{Succeeded: 1, Amount: p.order.Amount}, w.orderOf(t, p)); diff != "" {
+			t.Errorf("order (-want +got):\n%s", diff)
+		}
+		if calls := w.chargeCalls(p.chargeKey()); len(calls) != 1 {
+			t.Errorf("charge calls = %d, want the first one only (no resend): %+v", len(calls), calls)
+		}
+	}
+
+	t.Run("BetweenTheLookupAndItsRecord", func(t *testing.T) {
+		t.Parallel()
+		w := setup(t, shortLease, shortTimeout)
+		bound := deadline(t)
+		w.sim.SetIgnoreIdempotencyKeys(true)
+		p := w.newPayment(t, "pay-lookup-webhook-record", 1500)
+		w.abandon(t, bound, p, processorsim.FaultLostResponse)
+		kept, second := twice(w, p)
+		// The retry's lookup finds both and keeps the first; before the
+		// retry records it, the first's webhook settles the payment.
+		w.gate.interceptOnce(func(rw http.ResponseWriter, r *http.Request, next http.Handler) bool {
+			if r.Method != http.MethodGet || r.URL.Path != processorsim.PathCharges {
+				return false
+			}
+			next.ServeHTTP(rw, r)
+			w.deliverChargeSucceeded(t, kept)
+			return true
+		})
+		settledOnce(t, w, bound, p, &kept, &second)
+	})
+
+	t.Run("BeforeTheResumedAttemptLooked", func(t *testing.T) {
+		t.Parallel()
+		w := setup(t, shortLease, shortTimeout)
+		bound := deadline(t)
+		w.sim.SetIgnoreIdempotencyKeys(true)
+		p := w.newPayment(t, "pay-webhook-before-lookup", 1500)
+		w.abandon(t, bound, p, processorsim.FaultLostResponse)
+		kept, second := twice(w, p)
+		// Settled before the retry comes: it has nothing to look up for
+		// the payment, and sees nothing of the second charge.
+		w.deliverChargeSucceeded(t, kept)
+		settledOnce(t, w, bound, p, &kept, &second)
+	})
+
+	t.Run("BeforeTheResendIsMarked", func(t *testing.T) {
+		t.Parallel()
+		w := setup(t, shortLease, shortTimeout)
+		bound := deadline(t)
+		w.sim.SetIgnoreIdempotencyKeys(true)
+		p := w.newPayment(t, "pay-webhook-before-resend", 1500)
+		w.abandon(t, bound, p, processorsim.FaultTimeout)
+		w.passSettleWindow(t, p)
+		// The retry's lookup finds nothing; right after it, the earlier
+		// call lands twice and the first charge's webhook settles the
+		// payment, so the resend's mark finds it settled.
+		var kept, second processor.Charge
+		w.gate.interceptOnce(func(rw http.ResponseWriter, r *http.Request, next http.Handler) bool {
+			if r.Method != http.MethodGet || r.URL.Path != processorsim.PathCharges {
+				return false
+			}
+			next.ServeHTTP(rw, r)
+			kept, second = twice(w, p)
+			w.deliverChargeSucceeded(t, kept)
+			return true
+		})
+		settledOnce(t, w, bound, p, &kept, &second)
+	})
+}
+
 // deliverChargeSucceeded hands the service the processor's
 // charge.succeeded webhook for ch, as the processor's delivery does.
 func (w *bundle) deliverChargeSucceeded(t *testing.T, ch processor.Charge) {

@@ -3,6 +3,7 @@ package payments
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 
 	"github.com/jackc/pgx/v5"
@@ -38,10 +39,13 @@ import (
 // the call or a lookup) and the sweep all take the payment's row lock, and
 // only a payment not yet settled can be settled: whichever of webhook and
 // attempt commits first settles the payment and writes its one event; the
-// other finds it settled, and if its charge is another one, hands that
-// charge to the sweep. The sweep only ever looks at settled payments, so
-// it runs after both and refunds every succeeded charge but the recorded
-// one. One charge is kept, one event written, whatever the order.
+// other finds it settled. An attempt that finds it settled makes the sweep
+// due when its charge is another one, when its lookup found more than one
+// succeeded charge, or when it saw none of the processor's charges itself
+// (recordSettled): this webhook names one charge, and another one's may
+// never come. The sweep only ever looks at settled payments, so it runs
+// after both and refunds every succeeded charge but the recorded one. One
+// charge is kept, one event written, whatever the order.
 
 // Inbox names of processor webhooks.
 const (
@@ -127,6 +131,14 @@ func (s *Service) chargeSucceeded(ctx context.Context, tx pgx.Tx, ch processor.C
 	default:
 		s.log.WarnContext(ctx, "webhook: a charge the payment does not know; the sweep refunds it",
 			slog.String("payment_id", cur.ID.String()), slog.String("charge_id", ch.ID), slog.String("payment_status", cur.Status))
-		return WebhookCompensating, q.PaymentSweepNow(ctx, dbsqlc.PaymentSweepNowParams{TenantID: cur.TenantID, ID: cur.ID})
+		n, err := q.PaymentSweepNow(ctx, dbsqlc.PaymentSweepNowParams{TenantID: cur.TenantID, ID: cur.ID})
+		if err == nil && n == 0 {
+			// Every unsettled state was handled above, under the row lock:
+			// the guard cannot refuse. If it did, the event would be marked
+			// processed with its charge never refunded: roll back instead,
+			// and the processor delivers it again.
+			err = fmt.Errorf("payments: payment %s (%s): the sweep could not be made due", cur.ID, cur.Status)
+		}
+		return WebhookCompensating, err
 	}
 }

@@ -679,8 +679,9 @@ func (q *Queries) PaymentSweepDone(ctx context.Context, arg PaymentSweepDonePara
 	return err
 }
 
-const paymentSweepNow = `-- name: PaymentSweepNow :exec
-UPDATE payments SET sweep_at = now() WHERE tenant_id = $1 AND id = $2
+const paymentSweepNow = `-- name: PaymentSweepNow :execrows
+UPDATE payments SET sweep_at = now()
+WHERE tenant_id = $1 AND id = $2 AND status IN ('succeeded', 'declined', 'failed')
 `
 
 type PaymentSweepNowParams struct {
@@ -688,11 +689,20 @@ type PaymentSweepNowParams struct {
 	ID       uuid.UUID
 }
 
-// A charge the payment does not know about was reported: the sweep looks
-// at once and compensates it, exactly as for a late duplicate it finds.
-func (q *Queries) PaymentSweepNow(ctx context.Context, arg PaymentSweepNowParams) error {
-	_, err := q.db.Exec(ctx, paymentSweepNow, arg.TenantID, arg.ID)
-	return err
+// A charge the payment does not know about was reported, or found by a
+// lookup beside the one a webhook settled the payment with, or may exist
+// unseen: the sweep looks at once and compensates it, exactly as for a late
+// duplicate it finds. Guarded: only a settled payment is swept. The sweep
+// keeps the recorded charge and refunds every other, so at charge_sent, with
+// none recorded yet, it would refund the charge the payment is about to
+// keep. No row back: the payment is not settled, which its callers (holding
+// its row lock, having read it settled) treat as a bug and roll back.
+func (q *Queries) PaymentSweepNow(ctx context.Context, arg PaymentSweepNowParams) (int64, error) {
+	result, err := q.db.Exec(ctx, paymentSweepNow, arg.TenantID, arg.ID)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const paymentUnmarkChargeSent = `-- name: PaymentUnmarkChargeSent :execrows
