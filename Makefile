@@ -50,16 +50,16 @@ bench: ## Run the benchmarks
 	$(GO) test -run='^$$' -bench=. -benchmem ./...
 
 loadtest: ## Load benchmark: real server, durable PostgreSQL, vegeta at c=32; prints the ratios, round trips per request, RSS (a few minutes)
-	$(GO) run ./cmd/loadtest $(LOADTEST_FLAGS)
+	$(GO) run ./tools/loadtest $(LOADTEST_FLAGS)
 
 loadtest-smoke: ## The load benchmark's short mode (what CI runs): it must finish and print, speed is not judged
-	$(GO) run ./cmd/loadtest -short $(LOADTEST_FLAGS)
+	$(GO) run ./tools/loadtest -short $(LOADTEST_FLAGS)
 
 loadtest-pgbench: ## What one create costs PostgreSQL (CPU per transaction), and each piece of the pattern, driven by pgbench
-	$(GO) run ./cmd/loadtest -pgbench $(LOADTEST_FLAGS)
+	$(GO) run ./tools/loadtest -pgbench $(LOADTEST_FLAGS)
 
 chaos: ## Failover, pooler, NATS cluster and link faults against a local HA deployment, then the checker (CHAOS_FLAGS=-short: what CI runs)
-	$(GO) run ./cmd/chaos $(CHAOS_FLAGS)
+	$(GO) run ./tools/chaos $(CHAOS_FLAGS)
 
 FUZZTIME ?= 30s
 fuzz: ## Fuzz the key parser, the canonicalizer, the strict decoder and the whole request path (FUZZTIME each)
@@ -133,4 +133,4 @@ migrate-new: ## Create the next pair of migration files: make migrate-new NAME=a
 
 rename: ## Give a fork its own module path and names: make rename MODULE=example.com/acme/orders [NAME= DOMAIN= KEY_PREFIX=]
 	@# Empty values take the command's defaults; it checks every value itself.
-	$(GO) run ./cmd/rename -module '$(MODULE)' -name '$(NAME)' -domain '$(DOMAIN)' -key-prefix '$(KEY_PREFIX)'
+	$(GO) run ./tools/rename -module '$(MODULE)' -name '$(NAME)' -domain '$(DOMAIN)' -key-prefix '$(KEY_PREFIX)'

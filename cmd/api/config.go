@@ -111,7 +111,7 @@ type config struct {
 // too.
 const DefaultMessageRetention = 7 * 24 * time.Hour
 
-// defaultProcessorURL is where `go run ./cmd/processor` listens: the
+// defaultProcessorURL is where `go run ./tools/processor` listens: the
 // processor of serve and completer when PROCESSOR_URL is unset (dev starts
 // its own simulator instead).
 const defaultProcessorURL = "http://localhost:8090"
@@ -153,7 +153,7 @@ var settings = []setting{
 	{"REAPER_DUTY", strconv.FormatFloat(reaper.DefaultDuty, 'f', -1, 64), "",
 		"the largest share of its time the reaper spends in batches: higher reaps faster and costs live traffic more"},
 	{"PROCESSOR_URL", "", "`serve` and `completer`: `" + defaultProcessorURL + "`; `make run`: its own simulator",
-		"the payment processor (`go run ./cmd/processor` serves the simulator at `" + defaultProcessorURL + "`)"},
+		"the payment processor (`go run ./tools/processor` serves the simulator at `" + defaultProcessorURL + "`)"},
 	{"PROCESSOR_TIMEOUT", duration(processor.DefaultTimeout), "", "timeout of one processor call"},
 	{"PROCESSOR_WEBHOOK_RETRY_SPAN", duration(processor.DefaultWebhookRetrySpan), "",
 		"how long the processor keeps retrying a webhook, by its own schedule (Stripe's: 3 days; the simulator's: under 2 h); `MESSAGE_RETENTION` must exceed it"},

@@ -12,7 +12,7 @@ import (
 	"github.com/idemref/payments/internal/db"
 )
 
-// BaselineOrdersPath is the load benchmark's baseline (cmd/loadtest): the
+// BaselineOrdersPath is the load benchmark's baseline (tools/loadtest): the
 // order create of POST /v1/orders without idempotency, to measure what the
 // key costs. It exists only in a binary built with -tags loadtest.
 const BaselineOrdersPath = "/v1/_baseline/orders"

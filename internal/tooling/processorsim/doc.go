@@ -87,7 +87,7 @@
 // more follow. Filters apply before paging. A bad limit is a 400
 // parameter_invalid; an unknown starting_after is a 400 resource_missing.
 //
-// State lives in memory. Run as its own process (cmd/processor), the
+// State lives in memory. Run as its own process (tools/processor), the
 // simulator survives restarts of the API, which crash tests need; started
 // inside another process (Start) it lives and dies with that process.
 // Either way it does not survive its own restart.

@@ -22,7 +22,7 @@ type binaries struct {
 	api, processor string
 }
 
-// buildBinaries compiles cmd/api and cmd/processor into dir.
+// buildBinaries compiles cmd/api and tools/processor into dir.
 func buildBinaries(dir string) (binaries, error) {
 	root, err := harness.ModuleRoot()
 	if err != nil {
@@ -32,7 +32,7 @@ func buildBinaries(dir string) (binaries, error) {
 	if err != nil {
 		return binaries{}, err
 	}
-	processor, err := harness.Build(root, dir, "processor", "./cmd/processor", "")
+	processor, err := harness.Build(root, dir, "processor", "./tools/processor", "")
 	if err != nil {
 		return binaries{}, err
 	}

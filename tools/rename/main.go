@@ -67,7 +67,7 @@ var rules = []rule{
 }
 
 const usage = `usage: make rename MODULE=example.com/acme/orders [NAME=orders] [DOMAIN=orders.acme.example] [KEY_PREFIX=ok_]
-   or: go run ./cmd/rename -module example.com/acme/orders [-name orders] [-domain orders.acme.example] [-key-prefix ok_]
+   or: go run ./tools/rename -module example.com/acme/orders [-name orders] [-domain orders.acme.example] [-key-prefix ok_]
 
 Run it at the root of the fork's git checkout, after a commit, so that git diff
 shows what it did. NAME defaults to MODULE's last element, DOMAIN to
@@ -204,7 +204,7 @@ func run(dir string, n names, out io.Writer) ([]change, error) {
 		return nil, fmt.Errorf("git ls-files in %s: %w: run it at the root of the fork's git checkout (it rewrites only the files git tracks)", dir, err)
 	}
 	files := strings.Split(strings.TrimRight(string(listed), "\x00"), "\x00")
-	self := func(f string) bool { return strings.HasPrefix(f, "cmd/rename/") }
+	self := func(f string) bool { return strings.HasPrefix(f, "tools/rename/") }
 	slices.SortStableFunc(files, func(a, b string) int {
 		switch {
 		case self(a) && !self(b):
@@ -286,7 +286,7 @@ func checkGoMod(root *os.Root) error {
 	for line := range strings.Lines(string(gomod)) {
 		if got, ok := strings.CutPrefix(strings.TrimSpace(line), "module "); ok {
 			if got = strings.Trim(strings.TrimSpace(got), `"`); got != moduleNow {
-				return fmt.Errorf("go.mod names module %q, but cmd/rename/main.go knows it as %q: was it renamed by hand? Set moduleNow to %q first", got, moduleNow, got)
+				return fmt.Errorf("go.mod names module %q, but tools/rename/main.go knows it as %q: was it renamed by hand? Set moduleNow to %q first", got, moduleNow, got)
 			}
 			return nil
 		}

@@ -57,7 +57,7 @@ func TestForkRenamesAndBuilds(t *testing.T) {
 	}
 
 	// The rewritten command knows the new names: run again, nothing changes.
-	again := goCmd(t, dir, "run", "./cmd/rename", "-module", forked.module, "-name", forked.name,
+	again := goCmd(t, dir, "run", "./tools/rename", "-module", forked.module, "-name", forked.name,
 		"-domain", forked.domain, "-key-prefix", forked.keyPrefix)
 	if !strings.Contains(again, "nothing to change") {
 		t.Errorf("a second rename with the same names changed something:\n%s", again)

@@ -139,7 +139,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		mode = "short"
 	}
 	fmt.Fprintf(stdout, "chaos: %s mode, seed %d (repeat with -seed %d)\n", mode, o.seed, o.seed)
-	fmt.Fprintln(stdout, "building cmd/api and cmd/processor ...")
+	fmt.Fprintln(stdout, "building cmd/api and tools/processor ...")
 	bins, err := buildBinaries(work)
 	if err != nil {
 		return err

@@ -80,7 +80,7 @@ func start(ctx context.Context, o options) (*environment, error) {
 	if err != nil {
 		return env, err
 	}
-	processorBin, err := harness.Build(root, work, "processor", "./cmd/processor", "")
+	processorBin, err := harness.Build(root, work, "processor", "./tools/processor", "")
 	if err != nil {
 		return env, err
 	}
