@@ -91,7 +91,7 @@ func TestHorizonsAreComparedInOnePlace(t *testing.T) {
 		t.Fatalf("no queries under db/queries (%v)", err)
 	}
 	files = append(files, queries...)
-	for _, dir := range []string{"internal", filepath.Join("cmd", "api"), filepath.Join("cmd", "processor"), "client"} {
+	for _, dir := range []string{"internal", filepath.Join("cmd", "api"), filepath.Join("tools", "processor"), "client"} {
 		err := filepath.WalkDir(filepath.Join(root, dir), func(path string, d fs.DirEntry, err error) error {
 			if err != nil {
 				return err
