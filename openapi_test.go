@@ -36,6 +36,8 @@ var problemStatus = map[string]int{
 	"not_found":                       404,
 	"method_not_allowed":              405,
 	"invalid_query":                   400,
+	"ambiguous_framing":               400,
+	"headers_too_large":               431,
 	"service_unavailable":             503,
 	"internal_error":                  500,
 	"order_not_found":                 422,
@@ -55,6 +57,8 @@ var problemStatus = map[string]int{
 	// Webhook rejections (M4).
 	"webhook_signature_invalid":          400,
 	"webhook_timestamp_out_of_tolerance": 400,
+	// A lock wait on another key's uncommitted write (not recorded).
+	"conflicting_write_in_progress": 409,
 }
 
 // postV1Responses are the responses every idempotent POST under /v1 must document.

@@ -182,23 +182,38 @@ func (c *Client) UpdateOrder(ctx context.Context, id uuid.UUID, etag string, req
 	})
 }
 
-// ErrKeyUnknown is what KeyStatus and Resolve return when the server has no
-// record of the key on that endpoint: no attempt committed anything (or the
-// record is past its retention). Sending the request again with the same
-// key runs it.
+// ErrKeyUnknown is what Resolve returns when no attempt of the operation
+// committed and none can any more: the server had no record of the key
+// when asked once its commit window had passed since the last attempt was
+// sent (or the record is past its retention). Sending the request again
+// with the same key runs it.
 var ErrKeyUnknown = errors.New("the server has no record of this Idempotency-Key")
+
+// defaultCommitWindow is the commit window taken when the server's 404
+// does not state one.
+const defaultCommitWindow = time.Minute
 
 // KeyStatus asks what became of key on endpoint (one of the Endpoint
 // constants): in progress or completed, the recorded status, the resource
 // it created, and until when its result is replayed. Pass key as the
 // operation sent it (an sf-string such as "\"q-1\"" names the key q-1,
 // as in the header); any key of visible ASCII characters is found.
+//
+// No record of the key is a *NotRecordedError (ErrKeyNotYetRecorded),
+// never ErrKeyUnknown: a request under the key may still be running, and
+// KeyStatus does not know when the key's last request was sent. Resolve
+// does, and waits the window out.
 func (c *Client) KeyStatus(ctx context.Context, key, endpoint string) (api.IdempotencyKeyStatus, error) {
 	res, err := do[api.IdempotencyKeyStatus](c, ctx, "GET /v1/idempotency-keys/{key}", "", http.StatusOK, func(ctx context.Context) (*http.Response, error) {
 		return c.api.GetIdempotencyKey(ctx, pathKey(key), &api.GetIdempotencyKeyParams{Endpoint: api.GetIdempotencyKeyParamsEndpoint(endpoint)})
 	})
-	if HasCode(err, "not_found") {
-		return api.IdempotencyKeyStatus{}, ErrKeyUnknown
+	var notFound *Error
+	if errors.As(err, &notFound) && notFound.Code() == "not_found" {
+		window := defaultCommitWindow
+		if s := notFound.Problem.CommitWindowSeconds; s != nil && *s > 0 {
+			window = time.Duration(*s) * time.Second
+		}
+		return api.IdempotencyKeyStatus{}, &NotRecordedError{Key: key, Endpoint: endpoint, Window: window}
 	}
 	return res.Value, err
 }
@@ -218,13 +233,52 @@ func pathKey(key string) string {
 
 // Resolve looks up what became of the operation behind an
 // *OutcomeUnknownError: state "completed" with a response_status and
-// resource when an attempt went through, "in_progress" while one still
-// runs, or ErrKeyUnknown when none committed.
+// resource when an attempt went through, "in_progress" while a payment's
+// or refund's attempt still runs, or ErrKeyUnknown when none committed
+// and none can any more.
+//
+// A request still running has no record on the server until it commits,
+// which it can do until the server's commit window (its request timeout
+// plus a lock wait) has passed since it was sent. So when the server has
+// no record and that window has not passed since unknown.LastSent, Resolve
+// waits until it has and asks again. When ctx ends before that, it
+// returns a *NotRecordedError (ErrKeyNotYetRecorded) saying when to ask
+// again; sending the same request again with the same key is the other
+// way on, and safe. Give ctx a deadline to bound the wait.
 func (c *Client) Resolve(ctx context.Context, unknown *OutcomeUnknownError) (api.IdempotencyKeyStatus, error) {
 	if unknown == nil || unknown.Key == "" {
 		return api.IdempotencyKeyStatus{}, errors.New("client: Resolve needs the error of a keyed operation")
 	}
-	return c.KeyStatus(ctx, unknown.Key, unknown.Endpoint)
+	sent := unknown.LastSent
+	if sent.IsZero() {
+		// Not known: an attempt may have been sent just now.
+		sent = time.Now()
+	}
+	for {
+		asked := time.Now()
+		st, err := c.KeyStatus(ctx, unknown.Key, unknown.Endpoint)
+		var notYet *NotRecordedError
+		if !errors.As(err, &notYet) {
+			return st, err
+		}
+		notYet.FinalAt = sent.Add(notYet.Window)
+		if !asked.Before(notYet.FinalAt) {
+			// Asked after the window: every attempt sent before it has
+			// committed by then or never will.
+			return api.IdempotencyKeyStatus{}, ErrKeyUnknown
+		}
+		wait := time.Until(notYet.FinalAt)
+		if !fitsDeadline(ctx, wait) {
+			return api.IdempotencyKeyStatus{}, notYet
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return api.IdempotencyKeyStatus{}, notYet
+		case <-t.C:
+		}
+	}
 }
 
 func keyOrNew(key string) string {

@@ -60,7 +60,9 @@ func TestCreateOrderRetriedThroughFaults(t *testing.T) {
 	t.Run("FaultsBeforeExecutionAreNotReplays", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t)
-		e.faults.play(status(502, ""), status(504, ""), e.heldByAnother(t))
+		// 502 and 504 from a gateway, a real 409 in progress, a real 409
+		// conflicting_write_in_progress: none ran anything.
+		e.faults.play(status(502, ""), status(504, ""), e.heldByAnother(t), e.writtenByAnother(t))
 		res, err := e.client(t, client.Policy{}).CreateOrder(t.Context(), "", orderRequest("inv-fresh"))
 		if err != nil {
 			t.Fatal(err)
@@ -71,7 +73,7 @@ func TestCreateOrderRetriedThroughFaults(t *testing.T) {
 		if len(res.Key) != 32 {
 			t.Errorf("generated key %q: want 32 hex digits (128 bits)", res.Key)
 		}
-		wantOneKey(t, e.faults.seen(), res.Key, 4)
+		wantOneKey(t, e.faults.seen(), res.Key, 5)
 		e.wantRows(t, "inv-fresh", 1, 1)
 	})
 }
@@ -289,9 +291,17 @@ func TestOutcomeUnknownIsResolvedByKeyStatus(t *testing.T) {
 		e.wantRows(t, "inv-unknown", 1, 1)
 	})
 
+	// No attempt reached the server, but the client cannot know that: an
+	// attempt may still be running there (the server records its key at
+	// the end of its transaction). Resolve only says ErrKeyUnknown from a
+	// lookup sent once the server's commit window has passed since the
+	// last attempt; asked with less time than that, it says the key is not
+	// recorded yet.
 	t.Run("NeverExecuted", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t)
+		// Short server timeouts, so that the window is short.
+		to := timeouts{request: time.Second, lock: 100 * time.Millisecond}
+		e := setup(t, to)
 		e.faults.play(status(503, ""), status(503, ""))
 		c := e.client(t, client.Policy{MaxAttempts: 2})
 		_, err := c.CreateOrder(t.Context(), "", orderRequest("inv-never"))
@@ -299,8 +309,22 @@ func TestOutcomeUnknownIsResolvedByKeyStatus(t *testing.T) {
 		if !errors.As(err, &unknown) {
 			t.Fatalf("error = %v, want an OutcomeUnknownError", err)
 		}
+		lastAttempt := e.faults.seen()[1].at
+
+		short, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+		_, err = c.Resolve(short, unknown)
+		cancel()
+		if !errors.Is(err, client.ErrKeyNotYetRecorded) || errors.Is(err, client.ErrKeyUnknown) {
+			t.Errorf("Resolve inside the window: %v, want ErrKeyNotYetRecorded", err)
+		}
+
 		if _, err := c.Resolve(t.Context(), unknown); !errors.Is(err, client.ErrKeyUnknown) {
 			t.Errorf("Resolve: %v, want ErrKeyUnknown", err)
+		}
+		seen := e.faults.seen()
+		if asked := seen[len(seen)-1].at; asked.Before(lastAttempt.Add(to.request + to.lock)) {
+			t.Errorf("ErrKeyUnknown concluded from a lookup sent %v after the last attempt, inside the window (%v at least)",
+				asked.Sub(lastAttempt), to.request+to.lock)
 		}
 		e.wantRows(t, "inv-never", 0, 0)
 	})

@@ -23,7 +23,7 @@
 //		// No final answer: resolve with the same key, now or later.
 //		var unknown *client.OutcomeUnknownError
 //		errors.As(err, &unknown)
-//		st, err := c.Resolve(ctx, unknown) // what the server recorded
+//		st, err := c.Resolve(ctx, unknown) // what the server recorded (see below)
 //	default:
 //		// A final answer: *client.Error with the problem's code, such as
 //		// client.HasCode(err, "order_reference_exists").
@@ -48,6 +48,7 @@
 //	answer                                  retried  why
 //	network error, cut connection           yes      the request may or may not have run; the key makes a retry safe
 //	409 idempotency_key_in_use              yes      another attempt with this key is still running; wait Retry-After
+//	409 conflicting_write_in_progress       yes      another key's request is writing the same order; nothing recorded, the retry runs (no replay)
 //	429 rate_limited                        yes      rejected before the claim: nothing ran
 //	502, 503, 504                           yes      a gateway or the server failed transiently; nothing final was recorded
 //	400, 401, 403, 404, 422                 no       final: the same request gets the same answer (a recorded one is replayed)
@@ -86,11 +87,20 @@
 // Replayed too. When retries run out without a final answer (attempts,
 // budget or deadline exhausted, or the context ended while a request was in
 // flight), the error is an *OutcomeUnknownError carrying the key and the
-// endpoint: the operation may have run. Resolve asks the server's
-// key-status endpoint what became of the key (completed, with the recorded
-// status and the resource created; in progress; or ErrKeyUnknown when no
-// attempt committed). Sending the same request with the same key again is
-// the other way to resolve it while the server replays the key's result
+// endpoint and when its last attempt was sent (LastSent): the operation
+// may have run, or may still be running. Resolve asks the server's
+// key-status endpoint what became of the key: completed, with the recorded
+// status and the resource created; in progress; or no record. No record is
+// not yet "never ran": the server records a key when its request commits,
+// and a request can commit until the server's commit window (its request
+// timeout plus one lock wait, which the 404 states) has passed since it
+// was sent. So Resolve returns ErrKeyUnknown, "no attempt committed and
+// none can any more", only from a lookup sent after that window; inside
+// it, Resolve waits the window out and asks again, or, when its context
+// ends first, returns a *NotRecordedError (ErrKeyNotYetRecorded) saying
+// when to ask again. Sending the same request with the same key again is
+// the other way to resolve it, also while an attempt may still run (at
+// most one attempt commits), and while the server replays the key's result
 // (its TTL, 24 h by default, from when the result was recorded: the
 // response's Idempotency-Expires says until when). Past that, until the
 // key's retention ends (72 h by default), the same request gets 409

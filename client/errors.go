@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/idemref/payments/client/api"
 )
@@ -51,6 +52,12 @@ type OutcomeUnknownError struct {
 	Key      string // the Idempotency-Key every attempt carried
 	Endpoint string // the route template the key is scoped to, such as "POST /v1/orders"
 	Attempts int
+	// LastSent is when the last attempt was sent. The server may still be
+	// running it: Resolve takes no record of the key for final only once
+	// the server's commit window has passed since then. Keep it with the
+	// key if the operation is resumed by another process; zero counts as
+	// "just now".
+	LastSent time.Time
 	// Last is why the client stopped (attempts, budget, deadline) joined
 	// with the last attempt's error or *Error.
 	Last error
@@ -63,6 +70,41 @@ func (e *OutcomeUnknownError) Error() string {
 // Unwrap matches ErrOutcomeUnknown and the causes, such as
 // context.DeadlineExceeded.
 func (e *OutcomeUnknownError) Unwrap() []error { return []error{ErrOutcomeUnknown, e.Last} }
+
+// ErrKeyNotYetRecorded is matched by every *NotRecordedError.
+var ErrKeyNotYetRecorded = errors.New("no record of this Idempotency-Key yet")
+
+// NotRecordedError says that the server has no record of a key, but a
+// request under it may still be running: the server records a key when its
+// request commits, and a request can commit until Window after it was
+// sent. It is not "never ran". Either ask again once FinalAt has passed
+// (Resolve does, when its context allows), or send the same request again
+// with the same key, which is safe: at most one attempt commits, and the
+// others get its answer.
+type NotRecordedError struct {
+	Key      string
+	Endpoint string
+	// Window is the server's commit window (the problem's
+	// commit_window_seconds): how long after it was sent a request can
+	// still commit.
+	Window time.Duration
+	// FinalAt is when no record becomes final: Window after the key's last
+	// request was sent. Zero from KeyStatus, which does not know when that
+	// was.
+	FinalAt time.Time
+}
+
+func (e *NotRecordedError) Error() string {
+	when := fmt.Sprintf("once %v has passed since the key's last request was sent", e.Window)
+	if !e.FinalAt.IsZero() {
+		when = "at " + e.FinalAt.Format(time.RFC3339)
+	}
+	return fmt.Sprintf("payments API: no record of Idempotency-Key %q on %s yet: a request under it may still be running, and no record is final %s; ask again then, or send the same request again with the same key (at most one attempt commits)",
+		e.Key, e.Endpoint, when)
+}
+
+// Is makes errors.Is(err, ErrKeyNotYetRecorded) hold.
+func (e *NotRecordedError) Is(target error) bool { return target == ErrKeyNotYetRecorded }
 
 // decodeProblem reads a problem document; anything else (a proxy's HTML
 // error page) becomes a problem with the status only.

@@ -8,9 +8,11 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -94,14 +96,20 @@ func retryable(status int, code string) bool {
 		http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
 		return true
 	case http.StatusConflict:
-		// Only "another attempt holds this key": the natural-key conflict
-		// (order_reference_exists) and idempotency_result_expired are final.
-		return code == codeKeyInUse
+		// Only "another attempt holds this key" and "another request is
+		// writing what this one must write": in both, nothing was recorded
+		// for this key, and the retry runs (it is no replay). The
+		// natural-key conflict (order_reference_exists) and
+		// idempotency_result_expired are final.
+		return code == codeKeyInUse || code == codeConflictingWrite
 	}
 	return false
 }
 
-const codeKeyInUse = "idempotency_key_in_use"
+const (
+	codeKeyInUse         = "idempotency_key_in_use"
+	codeConflictingWrite = "conflicting_write_in_progress"
+)
 
 // parseRetryAfter reads Retry-After as delay-seconds or an HTTP-date.
 func parseRetryAfter(v string, now time.Time) (time.Duration, bool) {
@@ -141,8 +149,11 @@ var (
 // must build a fresh request on every call, carrying the same key.
 func (c *Client) run(ctx context.Context, endpoint, key string, send func(context.Context) (*http.Response, error)) (answer, int, error) {
 	p := c.policy
+	var sent time.Time // when the last attempt was sent
 	for n := 1; ; n++ {
-		res, err := send(ctx)
+		var wrote sentAt
+		res, err := send(httptrace.WithClientTrace(ctx, wrote.trace()))
+		sent = wrote.get()
 		var urlErr *url.Error
 		if err != nil && !errors.As(err, &urlErr) {
 			// Not a transport error (http.Client reports those as
@@ -157,7 +168,7 @@ func (c *Client) run(ctx context.Context, endpoint, key string, send func(contex
 		if err != nil && ctx.Err() != nil {
 			// The caller gave up (or its deadline passed) while the request
 			// was in flight: it may have been executed.
-			return answer{}, n, &OutcomeUnknownError{Key: key, Endpoint: endpoint, Attempts: n, Last: errors.Join(ctx.Err(), err)}
+			return answer{}, n, &OutcomeUnknownError{Key: key, Endpoint: endpoint, Attempts: n, LastSent: sent, Last: errors.Join(ctx.Err(), err)}
 		}
 		if err == nil && !retryable(a.status, a.code) {
 			c.budget.answered()
@@ -175,7 +186,7 @@ func (c *Client) run(ctx context.Context, endpoint, key string, send func(contex
 		if err == nil {
 			if ra, ok := parseRetryAfter(a.header.Get("Retry-After"), time.Now()); ok {
 				if ra > p.MaxRetryAfter {
-					return c.stop(endpoint, key, n, a.status, last, errRetryAfter)
+					return c.stop(endpoint, key, n, sent, a.status, last, errRetryAfter)
 				}
 				// Retry-After is the server's minimum; jitter only above it.
 				delay = max(delay, ra)
@@ -183,28 +194,56 @@ func (c *Client) run(ctx context.Context, endpoint, key string, send func(contex
 		}
 		switch {
 		case n >= p.MaxAttempts:
-			return c.stop(endpoint, key, n, a.status, last, errMaxAttempts)
+			return c.stop(endpoint, key, n, sent, a.status, last, errMaxAttempts)
 		case !fitsDeadline(ctx, delay):
 			// Waiting would end past the deadline: stop now rather than
 			// sleep for nothing or retry before the server asked.
-			return c.stop(endpoint, key, n, a.status, last, errDeadline)
+			return c.stop(endpoint, key, n, sent, a.status, last, errDeadline)
 		case !c.budget.take():
-			return c.stop(endpoint, key, n, a.status, last, errBudget)
+			return c.stop(endpoint, key, n, sent, a.status, last, errBudget)
 		}
 		c.report(Attempt{Endpoint: endpoint, Key: key, N: n, Status: a.status, Err: err, Retry: true, Delay: delay})
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return answer{}, n, &OutcomeUnknownError{Key: key, Endpoint: endpoint, Attempts: n, Last: errors.Join(ctx.Err(), last)}
+			return answer{}, n, &OutcomeUnknownError{Key: key, Endpoint: endpoint, Attempts: n, LastSent: sent, Last: errors.Join(ctx.Err(), last)}
 		case <-t.C:
 		}
 	}
 }
 
-func (c *Client) stop(endpoint, key string, n, status int, last, why error) (answer, int, error) {
+// sentAt is when an attempt was sent: when its request was written to the
+// connection, or, when it never was, when the attempt started. The later
+// the better for Resolve, which counts the server's commit window from it:
+// the time spent dialling is not spent at the server.
+type sentAt struct {
+	start time.Time
+	mu    sync.Mutex
+	wrote time.Time
+}
+
+func (s *sentAt) trace() *httptrace.ClientTrace {
+	s.start = time.Now()
+	return &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) {
+		s.mu.Lock()
+		s.wrote = time.Now()
+		s.mu.Unlock()
+	}}
+}
+
+func (s *sentAt) get() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.wrote.IsZero() {
+		return s.start
+	}
+	return s.wrote
+}
+
+func (c *Client) stop(endpoint, key string, n int, sent time.Time, status int, last, why error) (answer, int, error) {
 	c.report(Attempt{Endpoint: endpoint, Key: key, N: n, Status: status, Err: last})
-	return answer{}, n, &OutcomeUnknownError{Key: key, Endpoint: endpoint, Attempts: n, Last: errors.Join(why, last)}
+	return answer{}, n, &OutcomeUnknownError{Key: key, Endpoint: endpoint, Attempts: n, LastSent: sent, Last: errors.Join(why, last)}
 }
 
 func (c *Client) report(a Attempt) {

@@ -59,6 +59,7 @@ func TestRetryTable(t *testing.T) {
 		retry  bool
 	}{
 		{409, "idempotency_key_in_use", true},
+		{409, "conflicting_write_in_progress", true},
 		{429, "rate_limited", true},
 		{502, "", true},
 		{503, "service_unavailable", true},

@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -44,14 +45,27 @@ type bundle struct {
 	faults   *faultTransport
 }
 
-func setup(t *testing.T) *bundle {
+// timeouts are the server's: how long a request may run, and how long it
+// waits on a lock. Setup's defaults are requestTimeout and lockTimeout.
+type timeouts struct {
+	request, lock time.Duration
+}
+
+// requestTimeout is the server's REQUEST_TIMEOUT in these tests.
+const requestTimeout = 10 * time.Second
+
+func setup(t *testing.T, with ...timeouts) *bundle {
 	t.Helper()
+	to := timeouts{request: requestTimeout, lock: lockTimeout}
+	for _, w := range with {
+		to = w
+	}
 	pool, _ := testdb.NewPool(t)
 	id, key, err := tenants.Create(t.Context(), pool, "client tests")
 	if err != nil {
 		t.Fatal(err)
 	}
-	store := idem.NewStore(pool, idem.Config{LockTimeout: lockTimeout})
+	store := idem.NewStore(pool, idem.Config{LockTimeout: to.lock})
 	sim := httptest.NewServer(processorsim.New(processorsim.Config{Logger: slog.New(slog.DiscardHandler)}).Handler())
 	t.Cleanup(sim.Close)
 	svc := payments.NewService(pool, store, processor.NewClient(sim.URL, 5*time.Second), httpapi.Renderer{},
@@ -61,7 +75,7 @@ func setup(t *testing.T) *bundle {
 		Idem:           store,
 		Payments:       svc,
 		Logger:         slog.New(slog.DiscardHandler),
-		RequestTimeout: 10 * time.Second,
+		RequestTimeout: to.request,
 		OpenAPI:        apispec.OpenAPI,
 	}))
 	t.Cleanup(srv.Close)
@@ -216,6 +230,78 @@ func (e *bundle) heldByAnother(t *testing.T) fault {
 			 VALUES ($1, 'POST /v1/orders', $2, $3, $4, now() + interval '1 day', now() + interval '3 days')`,
 			e.tenantID, req.Header.Get("Idempotency-Key"), fp[:], idem.FingerprintVersion); err != nil {
 			t.Errorf("hold the key: %v", err)
+			return nil, err
+		}
+		return next.RoundTrip(req)
+	}
+}
+
+// detached forwards the attempt on its own, as a server behind a broken
+// link goes on with a request its client no longer hears about: the client
+// sees a connection reset at once, while the request runs to its end at the
+// server, which sends its status to done.
+func detached(done chan<- int) fault {
+	return func(req *http.Request, next http.RoundTripper) (*http.Response, error) {
+		body, err := req.GetBody()
+		if err != nil {
+			return nil, err
+		}
+		out := req.Clone(context.WithoutCancel(req.Context()))
+		out.Body = body
+		go func() {
+			res, err := next.RoundTrip(out)
+			if err != nil {
+				done <- 0
+				return
+			}
+			_, _ = io.Copy(io.Discard, res.Body)
+			res.Body.Close()
+			done <- res.StatusCode
+		}()
+		return nil, errors.New("connection reset while the request was in flight")
+	}
+}
+
+// waitForLockWaiters returns once n statements of the test's database wait
+// on a lock: the server's requests are held where the test wants them.
+func (e *bundle) waitForLockWaiters(t *testing.T, n int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for e.count(t, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'") < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("fewer than %d requests ever waited on the lock the test holds", n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// writtenByAnother forwards the attempt while another transaction holds an
+// uncommitted order with the attempt's reference, as another key's request
+// for the same order would: the real server waits its lock timeout and
+// answers 409 conflicting_write_in_progress with Retry-After, recording
+// nothing. The other order is then rolled back, so the retry can run.
+func (e *bundle) writtenByAnother(t *testing.T) fault {
+	return func(req *http.Request, next http.RoundTripper) (*http.Response, error) {
+		body, err := req.GetBody()
+		if err != nil {
+			return nil, err
+		}
+		var order struct {
+			Reference string `json:"reference"`
+		}
+		if err := json.NewDecoder(body).Decode(&order); err != nil {
+			return nil, err
+		}
+		ctx := context.Background()
+		tx, err := e.pool.Begin(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		if _, err := tx.Exec(ctx, `
+			INSERT INTO orders (tenant_id, id, reference, customer_id, amount, currency)
+			VALUES ($1, gen_random_uuid(), $2, 'cus_other', 100, 'EUR')`, e.tenantID, order.Reference); err != nil {
+			t.Errorf("write the other order: %v", err)
 			return nil, err
 		}
 		return next.RoundTrip(req)

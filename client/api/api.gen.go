@@ -259,7 +259,10 @@ type Customer struct {
 	CreatedAt time.Time `json:"created_at"`
 	Email     string    `json:"email"`
 
-	// Id An RFC 9562 UUID in its canonical textual form.
+	// Id An RFC 9562 UUID in the one textual form the API writes and reads:
+	// 36 characters, lower-case hex digits and hyphens (8-4-4-4-12). Upper
+	// case, braces, `urn:uuid:` and the form without hyphens are not ids.
+	//
 	//
 	// Examples: 0b9f7c3e-5d1a-4f6b-9a2e-7c4d8e1f2a3b
 	Id   Uuid   `json:"id"`
@@ -329,7 +332,10 @@ type Order struct {
 	// Description Empty string when none was given.
 	Description string `json:"description"`
 
-	// Id An RFC 9562 UUID in its canonical textual form.
+	// Id An RFC 9562 UUID in the one textual form the API writes and reads:
+	// 36 characters, lower-case hex digits and hyphens (8-4-4-4-12). Upper
+	// case, braces, `urn:uuid:` and the form without hyphens are not ids.
+	//
 	//
 	// Examples: 0b9f7c3e-5d1a-4f6b-9a2e-7c4d8e1f2a3b
 	Id Uuid `json:"id"`
@@ -382,12 +388,18 @@ type Payment struct {
 	// DeclineCode Why the card was declined, for a `declined` payment; otherwise `null`.
 	DeclineCode *string `json:"decline_code"`
 
-	// Id An RFC 9562 UUID in its canonical textual form.
+	// Id An RFC 9562 UUID in the one textual form the API writes and reads:
+	// 36 characters, lower-case hex digits and hyphens (8-4-4-4-12). Upper
+	// case, braces, `urn:uuid:` and the form without hyphens are not ids.
+	//
 	//
 	// Examples: 0b9f7c3e-5d1a-4f6b-9a2e-7c4d8e1f2a3b
 	Id Uuid `json:"id"`
 
-	// OrderId An RFC 9562 UUID in its canonical textual form.
+	// OrderId An RFC 9562 UUID in the one textual form the API writes and reads:
+	// 36 characters, lower-case hex digits and hyphens (8-4-4-4-12). Upper
+	// case, braces, `urn:uuid:` and the form without hyphens are not ids.
+	//
 	//
 	// Examples: 0b9f7c3e-5d1a-4f6b-9a2e-7c4d8e1f2a3b
 	OrderId       Uuid   `json:"order_id"`
@@ -432,10 +444,13 @@ type PaymentList struct {
 // | `invalid_json` | 400 |
 // | `validation_failed` | 400 |
 // | `invalid_query` | 400 |
+// | `ambiguous_framing` | 400 |
+// | `headers_too_large` | 431 |
 // | `not_found` | 404 |
 // | `method_not_allowed` | 405 |
 // | `card_declined` | 402 |
 // | `idempotency_key_in_use` | 409 |
+// | `conflicting_write_in_progress` | 409 |
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
@@ -466,6 +481,14 @@ type Problem struct {
 	// as it would an unknown status of that class. Codes are never
 	// renamed or reused.
 	Code string `json:"code"`
+
+	// CommitWindowSeconds Present with `not_found` from `GET /v1/idempotency-keys/{key}`:
+	// how many seconds after it was sent a request under the key can
+	// still commit (the server's request timeout, plus one lock wait,
+	// plus a margin). No record of the key is final only once that
+	// long has passed since the key's last request was sent; before,
+	// a request may still be running.
+	CommitWindowSeconds *int64 `json:"commit_window_seconds,omitempty"`
 
 	// DeclineCode Present with `card_declined`; the processor's reason, for example `generic_decline` or `insufficient_funds`.
 	DeclineCode *string `json:"decline_code,omitempty"`
@@ -515,12 +538,18 @@ type Refund struct {
 	Amount    int64     `json:"amount"`
 	CreatedAt time.Time `json:"created_at"`
 
-	// Id An RFC 9562 UUID in its canonical textual form.
+	// Id An RFC 9562 UUID in the one textual form the API writes and reads:
+	// 36 characters, lower-case hex digits and hyphens (8-4-4-4-12). Upper
+	// case, braces, `urn:uuid:` and the form without hyphens are not ids.
+	//
 	//
 	// Examples: 0b9f7c3e-5d1a-4f6b-9a2e-7c4d8e1f2a3b
 	Id Uuid `json:"id"`
 
-	// PaymentId An RFC 9562 UUID in its canonical textual form.
+	// PaymentId An RFC 9562 UUID in the one textual form the API writes and reads:
+	// 36 characters, lower-case hex digits and hyphens (8-4-4-4-12). Upper
+	// case, braces, `urn:uuid:` and the form without hyphens are not ids.
+	//
 	//
 	// Examples: 0b9f7c3e-5d1a-4f6b-9a2e-7c4d8e1f2a3b
 	PaymentId Uuid `json:"payment_id"`
@@ -541,7 +570,9 @@ type UpdateOrderRequest struct {
 	Metadata *Metadata `json:"metadata,omitempty"`
 }
 
-// Uuid An RFC 9562 UUID in its canonical textual form.
+// Uuid An RFC 9562 UUID in the one textual form the API writes and reads:
+// 36 characters, lower-case hex digits and hyphens (8-4-4-4-12). Upper
+// case, braces, `urn:uuid:` and the form without hyphens are not ids.
 //
 // Examples: 0b9f7c3e-5d1a-4f6b-9a2e-7c4d8e1f2a3b
 type Uuid = openapi_types.UUID
@@ -552,7 +583,9 @@ type IdempotencyKey = string
 // IfMatch defines model for IfMatch.
 type IfMatch = string
 
-// PaymentId An RFC 9562 UUID in its canonical textual form.
+// PaymentId An RFC 9562 UUID in the one textual form the API writes and reads:
+// 36 characters, lower-case hex digits and hyphens (8-4-4-4-12). Upper
+// case, braces, `urn:uuid:` and the form without hyphens are not ids.
 //
 // Examples: 0b9f7c3e-5d1a-4f6b-9a2e-7c4d8e1f2a3b
 type PaymentId = Uuid
@@ -569,10 +602,13 @@ type PaymentId = Uuid
 // | `invalid_json` | 400 |
 // | `validation_failed` | 400 |
 // | `invalid_query` | 400 |
+// | `ambiguous_framing` | 400 |
+// | `headers_too_large` | 431 |
 // | `not_found` | 404 |
 // | `method_not_allowed` | 405 |
 // | `card_declined` | 402 |
 // | `idempotency_key_in_use` | 409 |
+// | `conflicting_write_in_progress` | 409 |
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
@@ -609,10 +645,13 @@ type BodyTooLarge = Problem
 // | `invalid_json` | 400 |
 // | `validation_failed` | 400 |
 // | `invalid_query` | 400 |
+// | `ambiguous_framing` | 400 |
+// | `headers_too_large` | 431 |
 // | `not_found` | 404 |
 // | `method_not_allowed` | 405 |
 // | `card_declined` | 402 |
 // | `idempotency_key_in_use` | 409 |
+// | `conflicting_write_in_progress` | 409 |
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
@@ -649,10 +688,13 @@ type CardDeclined = Problem
 // | `invalid_json` | 400 |
 // | `validation_failed` | 400 |
 // | `invalid_query` | 400 |
+// | `ambiguous_framing` | 400 |
+// | `headers_too_large` | 431 |
 // | `not_found` | 404 |
 // | `method_not_allowed` | 405 |
 // | `card_declined` | 402 |
 // | `idempotency_key_in_use` | 409 |
+// | `conflicting_write_in_progress` | 409 |
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
@@ -689,10 +731,13 @@ type CreateOrderBadRequest = Problem
 // | `invalid_json` | 400 |
 // | `validation_failed` | 400 |
 // | `invalid_query` | 400 |
+// | `ambiguous_framing` | 400 |
+// | `headers_too_large` | 431 |
 // | `not_found` | 404 |
 // | `method_not_allowed` | 405 |
 // | `card_declined` | 402 |
 // | `idempotency_key_in_use` | 409 |
+// | `conflicting_write_in_progress` | 409 |
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
@@ -729,10 +774,13 @@ type CreateOrderConflict = Problem
 // | `invalid_json` | 400 |
 // | `validation_failed` | 400 |
 // | `invalid_query` | 400 |
+// | `ambiguous_framing` | 400 |
+// | `headers_too_large` | 431 |
 // | `not_found` | 404 |
 // | `method_not_allowed` | 405 |
 // | `card_declined` | 402 |
 // | `idempotency_key_in_use` | 409 |
+// | `conflicting_write_in_progress` | 409 |
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
@@ -769,10 +817,13 @@ type CreatePaymentBadRequest = Problem
 // | `invalid_json` | 400 |
 // | `validation_failed` | 400 |
 // | `invalid_query` | 400 |
+// | `ambiguous_framing` | 400 |
+// | `headers_too_large` | 431 |
 // | `not_found` | 404 |
 // | `method_not_allowed` | 405 |
 // | `card_declined` | 402 |
 // | `idempotency_key_in_use` | 409 |
+// | `conflicting_write_in_progress` | 409 |
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
@@ -809,10 +860,13 @@ type CreatePaymentConflict = Problem
 // | `invalid_json` | 400 |
 // | `validation_failed` | 400 |
 // | `invalid_query` | 400 |
+// | `ambiguous_framing` | 400 |
+// | `headers_too_large` | 431 |
 // | `not_found` | 404 |
 // | `method_not_allowed` | 405 |
 // | `card_declined` | 402 |
 // | `idempotency_key_in_use` | 409 |
+// | `conflicting_write_in_progress` | 409 |
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
@@ -849,10 +903,13 @@ type CreatePaymentUnprocessable = Problem
 // | `invalid_json` | 400 |
 // | `validation_failed` | 400 |
 // | `invalid_query` | 400 |
+// | `ambiguous_framing` | 400 |
+// | `headers_too_large` | 431 |
 // | `not_found` | 404 |
 // | `method_not_allowed` | 405 |
 // | `card_declined` | 402 |
 // | `idempotency_key_in_use` | 409 |
+// | `conflicting_write_in_progress` | 409 |
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
@@ -889,10 +946,13 @@ type CreateRefundBadRequest = Problem
 // | `invalid_json` | 400 |
 // | `validation_failed` | 400 |
 // | `invalid_query` | 400 |
+// | `ambiguous_framing` | 400 |
+// | `headers_too_large` | 431 |
 // | `not_found` | 404 |
 // | `method_not_allowed` | 405 |
 // | `card_declined` | 402 |
 // | `idempotency_key_in_use` | 409 |
+// | `conflicting_write_in_progress` | 409 |
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
@@ -929,10 +989,13 @@ type CreateRefundConflict = Problem
 // | `invalid_json` | 400 |
 // | `validation_failed` | 400 |
 // | `invalid_query` | 400 |
+// | `ambiguous_framing` | 400 |
+// | `headers_too_large` | 431 |
 // | `not_found` | 404 |
 // | `method_not_allowed` | 405 |
 // | `card_declined` | 402 |
 // | `idempotency_key_in_use` | 409 |
+// | `conflicting_write_in_progress` | 409 |
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
@@ -957,6 +1020,49 @@ type CreateRefundConflict = Problem
 // | `precondition_required` | 428 |
 type CreateRefundUnprocessable = Problem
 
+// IdempotencyKeyNotRecorded RFC 9457 problem details, served as `application/problem+json` with
+// `Cache-Control: no-store`. Branch on `code` (or equivalently `type`);
+// `title` and `detail` are for humans and may change.
+//
+// | code | status |
+// |------|--------|
+// | `unauthorized` | 401 |
+// | `idempotency_key_missing` | 400 |
+// | `idempotency_key_invalid` | 400 |
+// | `invalid_json` | 400 |
+// | `validation_failed` | 400 |
+// | `invalid_query` | 400 |
+// | `ambiguous_framing` | 400 |
+// | `headers_too_large` | 431 |
+// | `not_found` | 404 |
+// | `method_not_allowed` | 405 |
+// | `card_declined` | 402 |
+// | `idempotency_key_in_use` | 409 |
+// | `conflicting_write_in_progress` | 409 |
+// | `order_reference_exists` | 409 |
+// | `payment_exists` | 409 |
+// | `payment_not_refundable` | 409 |
+// | `refund_exists` | 409 |
+// | `body_too_large` | 413 |
+// | `unsupported_media_type` | 415 |
+// | `idempotency_key_reused` | 422 |
+// | `order_not_found` | 422 |
+// | `payment_amount_mismatch` | 422 |
+// | `refund_exceeds_payment` | 422 |
+// | `processor_rejected` | 422 |
+// | `internal_error` | 500 |
+// | `service_unavailable` | 503 |
+// | `processor_unavailable` | 503 |
+// | `processor_outcome_unknown` | 503 |
+// | `rate_limited` | 429 |
+// | `idempotency_key_budget_exceeded` | 429 |
+// | `idempotency_result_expired` | 409 |
+// | `webhook_signature_invalid` | 400 |
+// | `webhook_timestamp_out_of_tolerance` | 400 |
+// | `precondition_failed` | 412 |
+// | `precondition_required` | 428 |
+type IdempotencyKeyNotRecorded = Problem
+
 // IdempotencyKeyReused RFC 9457 problem details, served as `application/problem+json` with
 // `Cache-Control: no-store`. Branch on `code` (or equivalently `type`);
 // `title` and `detail` are for humans and may change.
@@ -969,10 +1075,13 @@ type CreateRefundUnprocessable = Problem
 // | `invalid_json` | 400 |
 // | `validation_failed` | 400 |
 // | `invalid_query` | 400 |
+// | `ambiguous_framing` | 400 |
+// | `headers_too_large` | 431 |
 // | `not_found` | 404 |
 // | `method_not_allowed` | 405 |
 // | `card_declined` | 402 |
 // | `idempotency_key_in_use` | 409 |
+// | `conflicting_write_in_progress` | 409 |
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
@@ -1009,10 +1118,13 @@ type IdempotencyKeyReused = Problem
 // | `invalid_json` | 400 |
 // | `validation_failed` | 400 |
 // | `invalid_query` | 400 |
+// | `ambiguous_framing` | 400 |
+// | `headers_too_large` | 431 |
 // | `not_found` | 404 |
 // | `method_not_allowed` | 405 |
 // | `card_declined` | 402 |
 // | `idempotency_key_in_use` | 409 |
+// | `conflicting_write_in_progress` | 409 |
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
@@ -1049,10 +1161,13 @@ type InternalError = Problem
 // | `invalid_json` | 400 |
 // | `validation_failed` | 400 |
 // | `invalid_query` | 400 |
+// | `ambiguous_framing` | 400 |
+// | `headers_too_large` | 431 |
 // | `not_found` | 404 |
 // | `method_not_allowed` | 405 |
 // | `card_declined` | 402 |
 // | `idempotency_key_in_use` | 409 |
+// | `conflicting_write_in_progress` | 409 |
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
@@ -1089,10 +1204,13 @@ type InvalidQuery = Problem
 // | `invalid_json` | 400 |
 // | `validation_failed` | 400 |
 // | `invalid_query` | 400 |
+// | `ambiguous_framing` | 400 |
+// | `headers_too_large` | 431 |
 // | `not_found` | 404 |
 // | `method_not_allowed` | 405 |
 // | `card_declined` | 402 |
 // | `idempotency_key_in_use` | 409 |
+// | `conflicting_write_in_progress` | 409 |
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
@@ -1129,10 +1247,13 @@ type NotFound = Problem
 // | `invalid_json` | 400 |
 // | `validation_failed` | 400 |
 // | `invalid_query` | 400 |
+// | `ambiguous_framing` | 400 |
+// | `headers_too_large` | 431 |
 // | `not_found` | 404 |
 // | `method_not_allowed` | 405 |
 // | `card_declined` | 402 |
 // | `idempotency_key_in_use` | 409 |
+// | `conflicting_write_in_progress` | 409 |
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
@@ -1169,10 +1290,13 @@ type PaymentServiceUnavailable = Problem
 // | `invalid_json` | 400 |
 // | `validation_failed` | 400 |
 // | `invalid_query` | 400 |
+// | `ambiguous_framing` | 400 |
+// | `headers_too_large` | 431 |
 // | `not_found` | 404 |
 // | `method_not_allowed` | 405 |
 // | `card_declined` | 402 |
 // | `idempotency_key_in_use` | 409 |
+// | `conflicting_write_in_progress` | 409 |
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
@@ -1209,10 +1333,13 @@ type PlainBadRequest = Problem
 // | `invalid_json` | 400 |
 // | `validation_failed` | 400 |
 // | `invalid_query` | 400 |
+// | `ambiguous_framing` | 400 |
+// | `headers_too_large` | 431 |
 // | `not_found` | 404 |
 // | `method_not_allowed` | 405 |
 // | `card_declined` | 402 |
 // | `idempotency_key_in_use` | 409 |
+// | `conflicting_write_in_progress` | 409 |
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
@@ -1249,10 +1376,13 @@ type PreconditionFailed = Problem
 // | `invalid_json` | 400 |
 // | `validation_failed` | 400 |
 // | `invalid_query` | 400 |
+// | `ambiguous_framing` | 400 |
+// | `headers_too_large` | 431 |
 // | `not_found` | 404 |
 // | `method_not_allowed` | 405 |
 // | `card_declined` | 402 |
 // | `idempotency_key_in_use` | 409 |
+// | `conflicting_write_in_progress` | 409 |
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
@@ -1289,10 +1419,13 @@ type PreconditionRequired = Problem
 // | `invalid_json` | 400 |
 // | `validation_failed` | 400 |
 // | `invalid_query` | 400 |
+// | `ambiguous_framing` | 400 |
+// | `headers_too_large` | 431 |
 // | `not_found` | 404 |
 // | `method_not_allowed` | 405 |
 // | `card_declined` | 402 |
 // | `idempotency_key_in_use` | 409 |
+// | `conflicting_write_in_progress` | 409 |
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
@@ -1329,10 +1462,13 @@ type RefundPaymentNotFound = Problem
 // | `invalid_json` | 400 |
 // | `validation_failed` | 400 |
 // | `invalid_query` | 400 |
+// | `ambiguous_framing` | 400 |
+// | `headers_too_large` | 431 |
 // | `not_found` | 404 |
 // | `method_not_allowed` | 405 |
 // | `card_declined` | 402 |
 // | `idempotency_key_in_use` | 409 |
+// | `conflicting_write_in_progress` | 409 |
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
@@ -1369,10 +1505,13 @@ type ServiceUnavailable = Problem
 // | `invalid_json` | 400 |
 // | `validation_failed` | 400 |
 // | `invalid_query` | 400 |
+// | `ambiguous_framing` | 400 |
+// | `headers_too_large` | 431 |
 // | `not_found` | 404 |
 // | `method_not_allowed` | 405 |
 // | `card_declined` | 402 |
 // | `idempotency_key_in_use` | 409 |
+// | `conflicting_write_in_progress` | 409 |
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
@@ -1409,10 +1548,13 @@ type TooManyRequests = Problem
 // | `invalid_json` | 400 |
 // | `validation_failed` | 400 |
 // | `invalid_query` | 400 |
+// | `ambiguous_framing` | 400 |
+// | `headers_too_large` | 431 |
 // | `not_found` | 404 |
 // | `method_not_allowed` | 405 |
 // | `card_declined` | 402 |
 // | `idempotency_key_in_use` | 409 |
+// | `conflicting_write_in_progress` | 409 |
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
@@ -1449,10 +1591,13 @@ type Unauthorized = Problem
 // | `invalid_json` | 400 |
 // | `validation_failed` | 400 |
 // | `invalid_query` | 400 |
+// | `ambiguous_framing` | 400 |
+// | `headers_too_large` | 431 |
 // | `not_found` | 404 |
 // | `method_not_allowed` | 405 |
 // | `card_declined` | 402 |
 // | `idempotency_key_in_use` | 409 |
+// | `conflicting_write_in_progress` | 409 |
 // | `order_reference_exists` | 409 |
 // | `payment_exists` | 409 |
 // | `payment_not_refundable` | 409 |
@@ -1750,6 +1895,18 @@ type ClientInterface interface {
 	// tenant's key, a key never used, and a key past its retention are
 	// `404 not_found`.
 	//
+	// **No record is not yet "never ran".** An order's key is recorded by
+	// the last statement of its request's transaction (a payment's or a
+	// refund's by the transaction of its first step), so while that
+	// request still executes the key has no record and this answers
+	// `404`, exactly as for a key never used. A request can only commit
+	// within the server's request timeout, plus one lock wait: the `404`
+	// says how long in `commit_window_seconds`. No record is final only
+	// once that long has passed since the key's last request was sent;
+	// until then, ask again after it, or send the same request again
+	// with the same key, which is safe (at most one attempt commits; the
+	// others replay its answer). The Go client's `Resolve` does this.
+	//
 	// Corresponds with GET /v1/idempotency-keys/{key} (the `GetIdempotencyKey` operationId).
 	GetIdempotencyKey(ctx context.Context, key string, params *GetIdempotencyKeyParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
@@ -1782,6 +1939,10 @@ type ClientInterface interface {
 	//   key.
 	// - `reference` already used by another order of this tenant (under a
 	//   different key): `409 order_reference_exists` with `order_id`.
+	// - `reference` being written by another request of this tenant, under
+	//   another key, that has not finished within the lock timeout:
+	//   `409 conflicting_write_in_progress` with `Retry-After`; nothing is
+	//   recorded, retry with the same key.
 	// - `500` and `503` roll everything back and record nothing; retrying
 	//   with the same key is safe and runs the request again.
 	//
@@ -1813,6 +1974,10 @@ type ClientInterface interface {
 	//   key.
 	// - `reference` already used by another order of this tenant (under a
 	//   different key): `409 order_reference_exists` with `order_id`.
+	// - `reference` being written by another request of this tenant, under
+	//   another key, that has not finished within the lock timeout:
+	//   `409 conflicting_write_in_progress` with `Retry-After`; nothing is
+	//   recorded, retry with the same key.
 	// - `500` and `503` roll everything back and record nothing; retrying
 	//   with the same key is safe and runs the request again.
 	//
@@ -2092,7 +2257,7 @@ type ClientInterface interface {
 	// replays, `409 idempotency_key_in_use`, `422 idempotency_key_reused`
 	// and the completer work as for `POST /v1/payments`.
 	//
-	// A payment id that is not a UUID is `404 not_found` before the key is
+	// A payment id that is not a UUID as the API writes it is `404 not_found` before the key is
 	// claimed (nothing is recorded); an unknown but well-formed id, or
 	// another tenant's payment, is a recorded `404 not_found`.
 	//
@@ -2137,7 +2302,7 @@ type ClientInterface interface {
 	// replays, `409 idempotency_key_in_use`, `422 idempotency_key_reused`
 	// and the completer work as for `POST /v1/payments`.
 	//
-	// A payment id that is not a UUID is `404 not_found` before the key is
+	// A payment id that is not a UUID as the API writes it is `404 not_found` before the key is
 	// claimed (nothing is recorded); an unknown but well-formed id, or
 	// another tenant's payment, is a recorded `404 not_found`.
 	//
@@ -2260,6 +2425,18 @@ func (c *Client) PutCustomer(ctx context.Context, id string, body PutCustomerJSO
 // tenant's key, a key never used, and a key past its retention are
 // `404 not_found`.
 //
+// **No record is not yet "never ran".** An order's key is recorded by
+// the last statement of its request's transaction (a payment's or a
+// refund's by the transaction of its first step), so while that
+// request still executes the key has no record and this answers
+// `404`, exactly as for a key never used. A request can only commit
+// within the server's request timeout, plus one lock wait: the `404`
+// says how long in `commit_window_seconds`. No record is final only
+// once that long has passed since the key's last request was sent;
+// until then, ask again after it, or send the same request again
+// with the same key, which is safe (at most one attempt commits; the
+// others replay its answer). The Go client's `Resolve` does this.
+//
 // Corresponds with GET /v1/idempotency-keys/{key} (the `GetIdempotencyKey` operationId).
 func (c *Client) GetIdempotencyKey(ctx context.Context, key string, params *GetIdempotencyKeyParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetIdempotencyKeyRequest(c.Server, key, params)
@@ -2312,6 +2489,10 @@ func (c *Client) ListOrders(ctx context.Context, params *ListOrdersParams, reqEd
 //     key.
 //   - `reference` already used by another order of this tenant (under a
 //     different key): `409 order_reference_exists` with `order_id`.
+//   - `reference` being written by another request of this tenant, under
+//     another key, that has not finished within the lock timeout:
+//     `409 conflicting_write_in_progress` with `Retry-After`; nothing is
+//     recorded, retry with the same key.
 //   - `500` and `503` roll everything back and record nothing; retrying
 //     with the same key is safe and runs the request again.
 //
@@ -2353,6 +2534,10 @@ func (c *Client) CreateOrderWithBody(ctx context.Context, params *CreateOrderPar
 //     key.
 //   - `reference` already used by another order of this tenant (under a
 //     different key): `409 order_reference_exists` with `order_id`.
+//   - `reference` being written by another request of this tenant, under
+//     another key, that has not finished within the lock timeout:
+//     `409 conflicting_write_in_progress` with `Retry-After`; nothing is
+//     recorded, retry with the same key.
 //   - `500` and `503` roll everything back and record nothing; retrying
 //     with the same key is safe and runs the request again.
 //
@@ -2712,7 +2897,7 @@ func (c *Client) GetPayment(ctx context.Context, id PaymentId, reqEditors ...Req
 // replays, `409 idempotency_key_in_use`, `422 idempotency_key_reused`
 // and the completer work as for `POST /v1/payments`.
 //
-// A payment id that is not a UUID is `404 not_found` before the key is
+// A payment id that is not a UUID as the API writes it is `404 not_found` before the key is
 // claimed (nothing is recorded); an unknown but well-formed id, or
 // another tenant's payment, is a recorded `404 not_found`.
 //
@@ -2767,7 +2952,7 @@ func (c *Client) CreateRefundWithBody(ctx context.Context, id PaymentId, params 
 // replays, `409 idempotency_key_in_use`, `422 idempotency_key_reused`
 // and the completer work as for `POST /v1/payments`.
 //
-// A payment id that is not a UUID is `404 not_found` before the key is
+// A payment id that is not a UUID as the API writes it is `404 not_found` before the key is
 // claimed (nothing is recorded); an unknown but well-formed id, or
 // another tenant's payment, is a recorded `404 not_found`.
 //
@@ -3542,6 +3727,18 @@ type ClientWithResponsesInterface interface {
 	// tenant's key, a key never used, and a key past its retention are
 	// `404 not_found`.
 	//
+	// **No record is not yet "never ran".** An order's key is recorded by
+	// the last statement of its request's transaction (a payment's or a
+	// refund's by the transaction of its first step), so while that
+	// request still executes the key has no record and this answers
+	// `404`, exactly as for a key never used. A request can only commit
+	// within the server's request timeout, plus one lock wait: the `404`
+	// says how long in `commit_window_seconds`. No record is final only
+	// once that long has passed since the key's last request was sent;
+	// until then, ask again after it, or send the same request again
+	// with the same key, which is safe (at most one attempt commits; the
+	// others replay its answer). The Go client's `Resolve` does this.
+	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /v1/idempotency-keys/{key} (the `GetIdempotencyKey` operationId).
@@ -3578,6 +3775,10 @@ type ClientWithResponsesInterface interface {
 	//   key.
 	// - `reference` already used by another order of this tenant (under a
 	//   different key): `409 order_reference_exists` with `order_id`.
+	// - `reference` being written by another request of this tenant, under
+	//   another key, that has not finished within the lock timeout:
+	//   `409 conflicting_write_in_progress` with `Retry-After`; nothing is
+	//   recorded, retry with the same key.
 	// - `500` and `503` roll everything back and record nothing; retrying
 	//   with the same key is safe and runs the request again.
 	//
@@ -3609,6 +3810,10 @@ type ClientWithResponsesInterface interface {
 	//   key.
 	// - `reference` already used by another order of this tenant (under a
 	//   different key): `409 order_reference_exists` with `order_id`.
+	// - `reference` being written by another request of this tenant, under
+	//   another key, that has not finished within the lock timeout:
+	//   `409 conflicting_write_in_progress` with `Retry-After`; nothing is
+	//   recorded, retry with the same key.
 	// - `500` and `503` roll everything back and record nothing; retrying
 	//   with the same key is safe and runs the request again.
 	//
@@ -3894,7 +4099,7 @@ type ClientWithResponsesInterface interface {
 	// replays, `409 idempotency_key_in_use`, `422 idempotency_key_reused`
 	// and the completer work as for `POST /v1/payments`.
 	//
-	// A payment id that is not a UUID is `404 not_found` before the key is
+	// A payment id that is not a UUID as the API writes it is `404 not_found` before the key is
 	// claimed (nothing is recorded); an unknown but well-formed id, or
 	// another tenant's payment, is a recorded `404 not_found`.
 	//
@@ -3939,7 +4144,7 @@ type ClientWithResponsesInterface interface {
 	// replays, `409 idempotency_key_in_use`, `422 idempotency_key_reused`
 	// and the completer work as for `POST /v1/payments`.
 	//
-	// A payment id that is not a UUID is `404 not_found` before the key is
+	// A payment id that is not a UUID as the API writes it is `404 not_found` before the key is
 	// claimed (nothing is recorded); an unknown but well-formed id, or
 	// another tenant's payment, is a recorded `404 not_found`.
 	//
@@ -4339,7 +4544,7 @@ type GetIdempotencyKeyResponse struct {
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
-	ApplicationproblemJSON404 *NotFound
+	ApplicationproblemJSON404 *IdempotencyKeyNotRecorded
 	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
 	ApplicationproblemJSON429 *TooManyRequests
 	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
@@ -4378,7 +4583,7 @@ func (r GetIdempotencyKeyResponse) GetApplicationproblemJSON401() *Unauthorized 
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r GetIdempotencyKeyResponse) GetApplicationproblemJSON404() *NotFound {
+func (r GetIdempotencyKeyResponse) GetApplicationproblemJSON404() *IdempotencyKeyNotRecorded {
 	return r.ApplicationproblemJSON404
 }
 
@@ -6054,6 +6259,18 @@ func (c *ClientWithResponses) PutCustomerWithResponse(ctx context.Context, id st
 // tenant's key, a key never used, and a key past its retention are
 // `404 not_found`.
 //
+// **No record is not yet "never ran".** An order's key is recorded by
+// the last statement of its request's transaction (a payment's or a
+// refund's by the transaction of its first step), so while that
+// request still executes the key has no record and this answers
+// `404`, exactly as for a key never used. A request can only commit
+// within the server's request timeout, plus one lock wait: the `404`
+// says how long in `commit_window_seconds`. No record is final only
+// once that long has passed since the key's last request was sent;
+// until then, ask again after it, or send the same request again
+// with the same key, which is safe (at most one attempt commits; the
+// others replay its answer). The Go client's `Resolve` does this.
+//
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /v1/idempotency-keys/{key} (the `GetIdempotencyKey` operationId).
@@ -6102,6 +6319,10 @@ func (c *ClientWithResponses) ListOrdersWithResponse(ctx context.Context, params
 //     key.
 //   - `reference` already used by another order of this tenant (under a
 //     different key): `409 order_reference_exists` with `order_id`.
+//   - `reference` being written by another request of this tenant, under
+//     another key, that has not finished within the lock timeout:
+//     `409 conflicting_write_in_progress` with `Retry-After`; nothing is
+//     recorded, retry with the same key.
 //   - `500` and `503` roll everything back and record nothing; retrying
 //     with the same key is safe and runs the request again.
 //
@@ -6139,6 +6360,10 @@ func (c *ClientWithResponses) CreateOrderWithBodyWithResponse(ctx context.Contex
 //     key.
 //   - `reference` already used by another order of this tenant (under a
 //     different key): `409 order_reference_exists` with `order_id`.
+//   - `reference` being written by another request of this tenant, under
+//     another key, that has not finished within the lock timeout:
+//     `409 conflicting_write_in_progress` with `Retry-After`; nothing is
+//     recorded, retry with the same key.
 //   - `500` and `503` roll everything back and record nothing; retrying
 //     with the same key is safe and runs the request again.
 //
@@ -6472,7 +6697,7 @@ func (c *ClientWithResponses) GetPaymentWithResponse(ctx context.Context, id Pay
 // replays, `409 idempotency_key_in_use`, `422 idempotency_key_reused`
 // and the completer work as for `POST /v1/payments`.
 //
-// A payment id that is not a UUID is `404 not_found` before the key is
+// A payment id that is not a UUID as the API writes it is `404 not_found` before the key is
 // claimed (nothing is recorded); an unknown but well-formed id, or
 // another tenant's payment, is a recorded `404 not_found`.
 //
@@ -6523,7 +6748,7 @@ func (c *ClientWithResponses) CreateRefundWithBodyWithResponse(ctx context.Conte
 // replays, `409 idempotency_key_in_use`, `422 idempotency_key_reused`
 // and the completer work as for `POST /v1/payments`.
 //
-// A payment id that is not a UUID is `404 not_found` before the key is
+// A payment id that is not a UUID as the API writes it is `404 not_found` before the key is
 // claimed (nothing is recorded); an unknown but well-formed id, or
 // another tenant's payment, is a recorded `404 not_found`.
 //
@@ -7150,7 +7375,7 @@ func ParseGetIdempotencyKeyResponse(rsp *http.Response) (*GetIdempotencyKeyRespo
 		response.ApplicationproblemJSON401 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
-		var dest NotFound
+		var dest IdempotencyKeyNotRecorded
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}

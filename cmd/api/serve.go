@@ -25,13 +25,14 @@ import (
 	"github.com/idemref/payments/internal/tenants"
 )
 
-// maxHeaderBytes bounds a request's header block (R3), counted as sent:
-// the request line, the header lines and the empty line that ends them.
-// Past it the server answers 431 before any handler runs. net/http reads
-// up to its MaxHeaderBytes plus 4096 bytes (bufio slack) before it gives
-// up, so the server is given that much less.
+// maxHeaderBytes bounds a request's header block (R3): the request line,
+// the header lines and the empty line that ends them. Past it the handler
+// answers a 431 problem (httpapi.MaxHeaderBytes). net/http itself stops
+// reading only at httpapi.ServerHeaderBytes, and answers 431 in plain text
+// (docs/contract.md): it reads up to its MaxHeaderBytes plus 4096 bytes
+// (bufio slack) before it gives up, so the server is given that much less.
 const (
-	maxHeaderBytes     = 16 << 10
+	maxHeaderBytes     = httpapi.MaxHeaderBytes
 	netHTTPHeaderSlack = 4096
 )
 
@@ -83,8 +84,14 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 		ReadTimeout:       cfg.ReadTimeout,
 		WriteTimeout:      cfg.WriteTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
-		MaxHeaderBytes:    maxHeaderBytes - netHTTPHeaderSlack,
-		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+		MaxHeaderBytes:    httpapi.ServerHeaderBytes - netHTTPHeaderSlack,
+		// Never before the handler's bound on header lines, so that its
+		// refusal is a problem (httpapi.MaxHeaderLines).
+		MaxHeaderValueCount: httpapi.ServerHeaderLines,
+		// OPTIONS * goes to the handler, which answers every request with
+		// its X-Content-Type-Options, and this one with a problem.
+		DisableGeneralOptionsHandler: true,
+		ErrorLog:                     slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
 
 	// Listen synchronously: a port already in use is an error, not a log line.

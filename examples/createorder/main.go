@@ -20,6 +20,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"time"
 
 	"github.com/idemref/payments/client"
 	"github.com/idemref/payments/client/api"
@@ -33,6 +34,9 @@ func main() {
 		os.Exit(1)
 	}
 }
+
+// resolveWait bounds how long an unknown outcome is looked up for.
+const resolveWait = 5 * time.Second
 
 // pending is the operation as persisted before it is sent.
 type pending struct {
@@ -84,9 +88,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	switch {
 	case errors.As(err, &unknown):
 		// Keep the state file: the next run resumes with the same key.
-		st, rerr := c.Resolve(context.WithoutCancel(ctx), unknown)
-		if errors.Is(rerr, client.ErrKeyUnknown) {
+		// Resolve waits out the server's commit window when the key has no
+		// record yet; a few seconds is all this program gives it.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resolveWait)
+		defer cancel()
+		st, rerr := c.Resolve(rctx, unknown)
+		var notYet *client.NotRecordedError
+		switch {
+		case errors.Is(rerr, client.ErrKeyUnknown):
 			return fmt.Errorf("not created yet (run again to resume): %w", err)
+		case errors.As(rerr, &notYet):
+			return fmt.Errorf("no record yet, and an attempt may still be running until %s (run again to resume: the same key, so at most one order): %w",
+				notYet.FinalAt.Format(time.RFC3339), err)
 		}
 		if rerr != nil {
 			return fmt.Errorf("outcome unknown, and the key status lookup failed (run again to resume): %w", errors.Join(err, rerr))

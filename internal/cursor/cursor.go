@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/idemref/payments/internal/validation"
 )
 
 // ErrInvalid: a cursor that this service did not issue.
@@ -35,8 +37,10 @@ func Decode(c string) (time.Time, uuid.UUID, error) {
 	if !ok || err != nil {
 		return time.Time{}, uuid.Nil, ErrInvalid
 	}
-	id, err := uuid.Parse(idText)
-	if err != nil {
+	// The id as Encode wrote it: any other spelling of it was not issued
+	// here.
+	id, ok := validation.ParseID(idText)
+	if !ok {
 		return time.Time{}, uuid.Nil, ErrInvalid
 	}
 	return time.Unix(0, n), id, nil

@@ -392,14 +392,51 @@ func (t *Tx) Rollback(ctx context.Context) error {
 	return nil
 }
 
+// DBTX is what runs statements: a pool, a connection, a transaction, or
+// the Statements of one. sqlc's dbsqlc.DBTX has the same methods.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Statements is a transaction's statements without the transaction: Exec,
+// Query and QueryRow, and nothing that ends it, opens a savepoint in it or
+// reaches its connection. Code handed Statements can write inside the
+// transaction, and only there: its owner alone decides whether any of it
+// commits. The transaction cannot be had back from it, not even by a type
+// assertion.
+type Statements struct{ tx pgx.Tx }
+
+// StatementsOf returns tx's Statements.
+func StatementsOf(tx pgx.Tx) Statements { return Statements{tx} }
+
+func (s Statements) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return s.tx.Exec(ctx, sql, args...)
+}
+
+func (s Statements) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return s.tx.Query(ctx, sql, args...)
+}
+
+func (s Statements) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return s.tx.QueryRow(ctx, sql, args...)
+}
+
 // Deferred returns a DBTX for statements whose result nothing reads (the
-// transaction's SET LOCAL settings): on a Tx, Exec queues them to travel
-// with the next statement; on any other transaction it runs them at once.
-func Deferred(tx pgx.Tx) Deferrer { return Deferrer{tx} }
+// transaction's SET LOCAL settings, an outbox row): on a Tx, or the
+// Statements of one, Exec queues them to travel with the next statement;
+// on anything else it runs them at once.
+func Deferred(tx DBTX) Deferrer {
+	if s, ok := tx.(Statements); ok {
+		tx = s.tx
+	}
+	return Deferrer{tx}
+}
 
 // Deferrer is what Deferred returns. Only Exec may be deferred: a statement
 // whose rows are read cannot wait.
-type Deferrer struct{ tx pgx.Tx }
+type Deferrer struct{ tx DBTX }
 
 func (d Deferrer) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	switch t := d.tx.(type) {

@@ -140,6 +140,35 @@ func TestPipelinedTransaction(t *testing.T) {
 		p.idle(t)
 	})
 
+	// Statements of a savepoint (what idem.Store.Execute hands its work)
+	// run in it, and a deferred statement through them (an outbox row)
+	// still travels with the next one.
+	t.Run("StatementsDeferLikeTheirTransaction", func(t *testing.T) {
+		p := setup(t)
+		n, err := p.roundTrips(t, func(ctx context.Context, tx pgx.Tx) error {
+			sp, err := tx.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			st := db.StatementsOf(sp)
+			if _, err := db.Deferred(st).Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, "1000ms"); err != nil {
+				return err
+			}
+			if _, err := st.Exec(ctx, `INSERT INTO things (id, note) VALUES ($1, $2)`, 1, "one"); err != nil {
+				return err
+			}
+			return sp.Commit(ctx)
+		})
+		must(t, err)
+		if n != 2 { // [BEGIN, SAVEPOINT, set_config, INSERT], [RELEASE, COMMIT]
+			t.Errorf("round trips = %d, want 2", n)
+		}
+		if got := p.notes(t); len(got) != 1 || got[0] != "one" {
+			t.Errorf("rows = %q, want [one]", got)
+		}
+		p.idle(t)
+	})
+
 	t.Run("CommitTravelsWithTheLastStatement", func(t *testing.T) {
 		p := setup(t)
 		n, err := p.roundTrips(t, func(ctx context.Context, tx pgx.Tx) error {

@@ -10,8 +10,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/go-chi/chi/v5"
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemref/payments/internal/db"
@@ -75,8 +73,8 @@ func matches(tags []string, current string) bool {
 }
 
 func (a *api) updateOrder(w http.ResponseWriter, r *http.Request) {
-	id, err := uuid.Parse(chi.URLParam(r, "id"))
-	if err != nil {
+	id, ok := pathID(r, "id")
+	if !ok {
 		writeError(w, r, orders.ErrNotFound)
 		return
 	}
@@ -100,7 +98,7 @@ func (a *api) updateOrder(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	var updated orders.Order
-	err = db.WithTx(r.Context(), a.pool, func(ctx context.Context, tx pgx.Tx) error {
+	err := db.WithTx(r.Context(), a.pool, func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		updated, err = orders.UpdateDetails(ctx, tx, tenantFrom(ctx), id, d, func(current orders.Order) error {
 			// Compared under the row lock: the state checked is the state

@@ -237,6 +237,22 @@ func TestContractResponsesMatchSpec(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// 409 conflicting_write_in_progress: another key's request holds an
+	// uncommitted order with the same reference.
+	other, err := e.pool.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Exec(context.Background(),
+		`INSERT INTO orders (tenant_id, id, reference, customer_id, amount, currency)
+		 VALUES ($1, gen_random_uuid(), 'inv-contended', 'cus_1', 2500, 'EUR')`, e.a.ID); err != nil {
+		t.Fatal(err)
+	}
+	post(t, "conflicting_write_in_progress", 409, e.a.Key, "k-contended", orderBody("inv-contended"))
+	if err := other.Rollback(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+
 	get(t, "list", 200, e.a.Key, "/v1/orders?limit=1")
 	get(t, "list empty", 200, e.b.Key, "/v1/orders")
 	get(t, "list invalid_query", 400, e.a.Key, "/v1/orders?limit=0")

@@ -4,7 +4,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
 
 	"github.com/idemref/payments/internal/customers"
@@ -39,10 +38,10 @@ func toCustomerJSON(c customers.Customer) customerJSON {
 // row is the record. A retry finds the row it created and writes the same
 // state again: 200 instead of 201, same body.
 func (a *api) putCustomer(w http.ResponseWriter, r *http.Request) {
-	id, ok := canonicalUUID(chi.URLParam(r, "id"))
+	id, ok := pathID(r, "id")
 	if !ok {
 		// The client chose this id: a malformed one is its request's fault.
-		writeError(w, r, &validation.Error{Fields: []validation.FieldError{{Field: "id", Message: "must be a UUID in its canonical form, such as 01890a5d-ac96-774b-bcce-b302099a8057"}}})
+		writeError(w, r, &validation.Error{Fields: []validation.FieldError{{Field: "id", Message: validation.IDMessage}}})
 		return
 	}
 	var req putCustomerRequest
@@ -68,7 +67,7 @@ func (a *api) putCustomer(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api) getCustomer(w http.ResponseWriter, r *http.Request) {
-	id, ok := canonicalUUID(chi.URLParam(r, "id"))
+	id, ok := pathID(r, "id")
 	if !ok {
 		writeError(w, r, customers.ErrNotFound)
 		return
@@ -79,13 +78,4 @@ func (a *api) getCustomer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, toCustomerJSON(c))
-}
-
-// canonicalUUID parses s only in the canonical 8-4-4-4-12 form (either
-// case), the one the contract names. uuid.Parse also takes {...},
-// urn:uuid:... and the form without dashes: one id spelt four ways would
-// be four ways to name one customer in logs, URLs and the Location.
-func canonicalUUID(s string) (uuid.UUID, bool) {
-	id, err := uuid.Parse(s)
-	return id, err == nil && len(s) == 36
 }

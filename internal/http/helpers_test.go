@@ -44,6 +44,9 @@ const endpointOrders = "POST /v1/orders"
 // these tests; short, so the 409 path is quick.
 const lockTimeout = 300 * time.Millisecond
 
+// requestTimeout is the server's REQUEST_TIMEOUT in these tests.
+const requestTimeout = 10 * time.Second
+
 type tenant struct {
 	ID  uuid.UUID
 	Key string // API key, sent as Authorization: Bearer <Key>
@@ -81,6 +84,14 @@ type setupOptions struct {
 	// webhookScheme is the scheme both the server and the simulator use;
 	// with SchemeStandard the server's secret is standardWebhookSecret.
 	webhookScheme webhook.Scheme
+	// lockTimeout is the store's; zero: the const lockTimeout.
+	lockTimeout time.Duration
+}
+
+// withLockTimeout sets how long a request waits on a lock, for a test that
+// holds one longer than lockTimeout.
+func withLockTimeout(d time.Duration) setupOption {
+	return func(o *setupOptions) { o.lockTimeout = d }
 }
 
 // withWireCounter routes the server's pool, one connection, through a
@@ -151,7 +162,7 @@ const (
 
 func setup(t *testing.T, opts ...setupOption) *bundle {
 	t.Helper()
-	o := setupOptions{settleWindow: settleWindow}
+	o := setupOptions{settleWindow: settleWindow, lockTimeout: lockTimeout}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -214,7 +225,7 @@ func setup(t *testing.T, opts ...setupOption) *bundle {
 	}
 
 	logger := testkit.Logger(t) // before the servers, so its cleanup runs after their Close
-	store := idem.NewStore(serverPool, idem.Config{LockTimeout: lockTimeout, Lease: paymentLease})
+	store := idem.NewStore(serverPool, idem.Config{LockTimeout: o.lockTimeout, Lease: paymentLease})
 	if o.processor {
 		e.sim = processorsim.New(processorsim.Config{Logger: logger.With(slog.String("component", "processorsim"))})
 		simSrv := httptest.NewServer(e.sim.Handler())
@@ -232,7 +243,7 @@ func setup(t *testing.T, opts ...setupOption) *bundle {
 		Idem:           store,
 		Payments:       e.payments,
 		Logger:         logger,
-		RequestTimeout: 10 * time.Second,
+		RequestTimeout: requestTimeout,
 		OpenAPI:        apispec.OpenAPI,
 		RateLimit:      o.rateLimit,
 		AuthCacheTTL:   authCacheTTL,

@@ -184,7 +184,8 @@ func TestHostileRequests(t *testing.T) {
 		{name: "CreateOrder/KeyWithoutScheme", method: post, path: orders, auth: []string{e.a.Key}, body: newOrder().String(), status: 401, code: unauth},
 		{name: "CreateOrder/BearerWithNothingAfter", method: post, path: orders, auth: []string{"Bearer"}, body: newOrder().String(), status: 401, code: unauth},
 		{name: "CreateOrder/BearerKeyWithTrailingJunk", method: post, path: orders, auth: []string{valid + " extra"}, body: newOrder().String(), status: 401, code: unauth},
-		{name: "CreateOrder/BearerHugeToken", method: post, path: orders, auth: []string{bearer(strings.Repeat("A", 16<<10))}, body: newOrder().String(), status: 401, code: unauth, wrongToken: true},
+		{name: "CreateOrder/BearerHugeToken", method: post, path: orders, auth: []string{bearer(strings.Repeat("A", 15<<10))}, body: newOrder().String(), status: 401, code: unauth, wrongToken: true},
+		{name: "CreateOrder/HeaderBlockOverLimit", method: post, path: orders, auth: []string{bearer(strings.Repeat("A", 16<<10))}, body: newOrder().String(), status: 431, code: "headers_too_large"},
 		{name: "CreateOrder/TwoAuthorizationLinesSecondInvalid", method: post, path: orders, auth: []string{valid, bearer(wrongKey)}, body: newOrder().String(), status: 401, code: unauth},
 		{name: "CreateOrder/TwoAuthorizationLinesBothValid", method: post, path: orders, auth: []string{valid, valid}, body: newOrder().String(), status: 401, code: unauth},
 		{name: "CreateOrder/BearerSeveralSpacesAccepted", method: post, path: orders, auth: []string{"Bearer    " + e.a.Key}, body: newOrder().String(), status: 201, writes: writesOrder},
@@ -335,12 +336,13 @@ func TestHostileRequests(t *testing.T) {
 		{name: "GetPayment/OtherTenantsPayment", method: get, path: payments + "/" + otherPaid.Id.String(), status: 404, code: notFound},
 		{name: "GetPayment/WrongAPIKey", method: get, path: payments + "/" + paid.Id.String(), auth: []string{bearer(wrongKey)}, status: 401, code: unauth, wrongToken: true},
 
-		// --- PUT /v1/customers/{id}: the id in its canonical form only ---
+		// --- PUT /v1/customers/{id}: the id in its canonical form only (lower case) ---
 		{name: "PutCustomer/BracedUUID", method: http.MethodPut, path: "/v1/customers/{" + uuid.NewString() + "}", body: `{"name":"Ada","email":"ada@example.com"}`, status: 400, code: invalid},
 		{name: "PutCustomer/URNUUID", method: http.MethodPut, path: "/v1/customers/urn:uuid:" + uuid.NewString(), body: `{"name":"Ada","email":"ada@example.com"}`, status: 400, code: invalid},
 		{name: "PutCustomer/UUIDWithoutDashes", method: http.MethodPut, path: "/v1/customers/" + strings.ReplaceAll(uuid.NewString(), "-", ""), body: `{"name":"Ada","email":"ada@example.com"}`, status: 400, code: invalid},
 		{name: "PutCustomer/NameWithEscape", method: http.MethodPut, path: "/v1/customers/" + uuid.NewString(), body: `{"name":"Ada\u001b[31m","email":"ada@example.com"}`, status: 400, code: invalid},
-		{name: "PutCustomer/CanonicalUppercaseAccepted", method: http.MethodPut, path: "/v1/customers/" + strings.ToUpper(uuid.NewString()), body: `{"name":"Ada","email":"ada@example.com"}`, status: 201, writes: map[string]int{"customers": 1}},
+		{name: "PutCustomer/UpperCaseUUID", method: http.MethodPut, path: "/v1/customers/" + strings.ToUpper(uuid.NewString()), body: `{"name":"Ada","email":"ada@example.com"}`, status: 400, code: invalid},
+		{name: "PutCustomer/CanonicalAccepted", method: http.MethodPut, path: "/v1/customers/" + uuid.NewString(), body: `{"name":"Ada","email":"ada@example.com"}`, status: 201, writes: map[string]int{"customers": 1}},
 
 		// --- Routes and methods ---
 		{name: "Route/Unknown", method: get, path: "/nope", status: 404, code: notFound},

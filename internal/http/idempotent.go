@@ -6,7 +6,6 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/idemref/payments/internal/idem"
 )
@@ -24,8 +23,9 @@ type request interface {
 // idempotentOp runs the business write inside the idempotency
 // transaction and returns the result to encode, or an error. Errors that
 // map to a 4xx problem are deterministic and get recorded; others roll
-// everything back.
-type idempotentOp[T any] func(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, req *T) (success, error)
+// everything back. It is idem.UndoableWork: it writes through tx and
+// nothing else, since it may be rolled back, and run again by a duplicate.
+type idempotentOp[T any] func(ctx context.Context, tx idem.UndoableTx, tenantID uuid.UUID, req *T) (success, error)
 
 // success is a 2xx answer before encoding.
 type success struct {
@@ -49,7 +49,7 @@ func idempotent[T any, PT interface {
 		if !ok {
 			return
 		}
-		res, replayed, err := a.idem.Execute(r.Context(), claim, func(ctx context.Context, tx pgx.Tx) (idem.Response, error) {
+		res, replayed, err := a.idem.Execute(r.Context(), claim, func(ctx context.Context, tx idem.UndoableTx) (idem.Response, error) {
 			out, err := op(ctx, tx, claim.TenantID, req)
 			if err != nil {
 				p := problemFor(err)

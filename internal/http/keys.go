@@ -62,9 +62,31 @@ func keySegment(r *http.Request) (string, bool) {
 	return decoded, err == nil
 }
 
+// keyNotRecordedError is the status endpoint's 404: no record of the key,
+// which is final only once window has passed since the key's last request
+// was sent (idem.Store.CommitWindow): a request still running has no
+// record yet.
+type keyNotRecordedError struct{ window time.Duration }
+
+func (e *keyNotRecordedError) Error() string { return "no record of this Idempotency-Key yet" }
+
+// requestTimeout is the time this server gives a request: every request
+// gets the same deadline (Config.RequestTimeout), so what is left of this
+// one's, rounded up to the second, is what a request under the key had.
+// Zero when the request has no deadline.
+func requestTimeout(r *http.Request) time.Duration {
+	deadline, ok := r.Context().Deadline()
+	if !ok {
+		return 0
+	}
+	return (time.Until(deadline) + time.Second - 1).Truncate(time.Second)
+}
+
 // getKeyStatus serves GET /v1/idempotency-keys/{key}?endpoint=... (E4):
 // what became of one of the tenant's keys, never the stored body. Another
-// tenant's key, and a key past its retention, are 404.
+// tenant's key, a key past its retention and a key whose request has not
+// committed (yet) are 404, with the window after which no record means
+// that no request sent before it committed.
 func (a *api) getKeyStatus(w http.ResponseWriter, r *http.Request) {
 	segment, ok := keySegment(r)
 	if !ok {
@@ -86,7 +108,11 @@ func (a *api) getKeyStatus(w http.ResponseWriter, r *http.Request) {
 	}
 	st, err := a.idem.Status(r.Context(), tenantFrom(r.Context()), endpoint, key)
 	if errors.Is(err, idem.ErrKeyUnknown) {
-		writeError(w, r, errRouteNotFound)
+		var window time.Duration // unknown without a deadline
+		if rt := requestTimeout(r); rt > 0 {
+			window = a.idem.CommitWindow(rt)
+		}
+		writeError(w, r, &keyNotRecordedError{window: window})
 		return
 	}
 	if err != nil {

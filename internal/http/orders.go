@@ -7,10 +7,9 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
+	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/orders"
 )
 
@@ -68,7 +67,9 @@ func toOrderJSON(o orders.Order) orderJSON {
 	}
 }
 
-func createOrder(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, req *createOrderRequest) (success, error) {
+// createOrder is POST /v1/orders' idempotentOp: it writes the order
+// through tx, inside the key's transaction, and does nothing else.
+func createOrder(ctx context.Context, tx idem.UndoableTx, tenantID uuid.UUID, req *createOrderRequest) (success, error) {
 	o, err := orders.Create(ctx, tx, tenantID, orders.CreateInput(*req))
 	if err != nil {
 		return success{}, err
@@ -77,8 +78,8 @@ func createOrder(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, req *create
 }
 
 func (a *api) getOrder(w http.ResponseWriter, r *http.Request) {
-	id, err := uuid.Parse(chi.URLParam(r, "id"))
-	if err != nil {
+	id, ok := pathID(r, "id")
+	if !ok {
 		// A malformed id names no order: 404, like any unknown id.
 		writeError(w, r, orders.ErrNotFound)
 		return

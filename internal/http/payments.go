@@ -3,22 +3,21 @@ package httpapi
 import (
 	"context"
 	"net/http"
-	"strings"
 	"time"
 
-	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
 
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/payments"
+	"github.com/idemref/payments/internal/validation"
 )
 
 // createPaymentRequest is the body of POST /v1/payments.
 type createPaymentRequest struct {
-	OrderID       uuid.UUID `json:"order_id"`
-	Amount        int64     `json:"amount"`
-	Currency      string    `json:"currency"`
-	PaymentMethod string    `json:"payment_method"`
+	OrderID       bodyID `json:"order_id"`
+	Amount        int64  `json:"amount"`
+	Currency      string `json:"currency"`
+	PaymentMethod string `json:"payment_method"`
 }
 
 func (*createPaymentRequest) applyDefaults() {}
@@ -143,12 +142,14 @@ func (Renderer) Failure(err error) (idem.Response, bool) {
 }
 
 func (a *api) createPayment(ctx context.Context, c idem.Claim, req *createPaymentRequest) (idem.Response, bool, error) {
-	return a.payments.Pay(ctx, c, payments.PayInput(*req))
+	return a.payments.Pay(ctx, c, payments.PayInput{
+		OrderID: uuid.UUID(req.OrderID), Amount: req.Amount, Currency: req.Currency, PaymentMethod: req.PaymentMethod,
+	})
 }
 
 func (a *api) createRefund(w http.ResponseWriter, r *http.Request) {
-	paymentID, err := uuid.Parse(chi.URLParam(r, "id"))
-	if err != nil {
+	paymentID, ok := pathID(r, "id")
+	if !ok {
 		writeError(w, r, payments.ErrNotFound)
 		return
 	}
@@ -158,8 +159,8 @@ func (a *api) createRefund(w http.ResponseWriter, r *http.Request) {
 }
 
 func (a *api) getPayment(w http.ResponseWriter, r *http.Request) {
-	id, err := uuid.Parse(chi.URLParam(r, "id"))
-	if err != nil {
+	id, ok := pathID(r, "id")
+	if !ok {
 		writeError(w, r, payments.ErrNotFound)
 		return
 	}
@@ -186,7 +187,8 @@ func (a *api) listPayments(w http.ResponseWriter, r *http.Request) {
 	}
 	var orderID uuid.UUID
 	if s := r.URL.Query().Get("order_id"); s != "" {
-		if orderID, err = uuid.Parse(s); err != nil || orderID.String() != strings.ToLower(s) {
+		var ok bool
+		if orderID, ok = validation.ParseID(s); !ok {
 			writeError(w, r, errInvalidOrderFilter)
 			return
 		}
@@ -208,13 +210,13 @@ func (a *api) listPayments(w http.ResponseWriter, r *http.Request) {
 
 // getRefund answers GET /v1/payments/{id}/refunds/{refund_id}.
 func (a *api) getRefund(w http.ResponseWriter, r *http.Request) {
-	paymentID, err := uuid.Parse(chi.URLParam(r, "id"))
-	if err != nil {
+	paymentID, ok := pathID(r, "id")
+	if !ok {
 		writeError(w, r, payments.ErrRefundNotFound)
 		return
 	}
-	refundID, err := uuid.Parse(chi.URLParam(r, "refund_id"))
-	if err != nil {
+	refundID, ok := pathID(r, "refund_id")
+	if !ok {
 		writeError(w, r, payments.ErrRefundNotFound)
 		return
 	}

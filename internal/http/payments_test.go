@@ -1756,17 +1756,18 @@ func TestRefundAgainstAProcessorWithoutIdempotency(t *testing.T) {
 	}
 }
 
-// F1, F2: path parameters are fingerprinted as the handler reads them: a
-// retry that spells the payment id in upper case is the same request and
-// replays, instead of 422 idempotency_key_reused.
-func TestRefundRetryWithUpperCasePaymentIDReplays(t *testing.T) {
+// F2: an id has one spelling, the one the API writes, so two paths never
+// name one resource: a retry that spells the payment id in upper case is
+// not the same request in disguise but names no payment (404, like any
+// unknown id), before any key is looked at, and refunds nothing.
+func TestRefundRetryWithUpperCasePaymentIDIsNotFound(t *testing.T) {
 	t.Parallel()
 	e := setup(t, withProcessor())
 	_, p := e.paidOrder(t, e.a, "inv-1")
 	const key = "refund-case"
 	first := e.refund(t, e.a.Key, key, p.Id.String(), refundBody(1000))
 	wantStatus(t, first, http.StatusCreated)
-	wantReplay(t, first, e.refund(t, e.a.Key, key, strings.ToUpper(p.Id.String()), refundBody(1000)))
+	wantProblem(t, e.refund(t, e.a.Key, key, strings.ToUpper(p.Id.String()), refundBody(1000)), http.StatusNotFound, httpapi.CodeNotFound)
 	if n := len(e.sim.Refunds()); n != 1 {
 		t.Errorf("refunds at the processor = %d, want 1", n)
 	}

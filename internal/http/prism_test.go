@@ -374,7 +374,7 @@ func TestPrismProxyFindsNoViolations(t *testing.T) {
 		exchange{name: "put customer", method: "PUT", path: customer, apiKey: a, body: customerBody("Ada"), want: 201},
 		exchange{name: "put customer again", method: "PUT", path: customer, apiKey: a, body: customerBody("Ada"), want: 200},
 		exchange{name: "put customer validation_failed", method: "PUT", path: customer, apiKey: a, body: `{"name":"Ada","email":"nope"}`, want: 400},
-		exchange{name: "put customer id not a uuid", method: "PUT", path: "/v1/customers/not-a-uuid", apiKey: a, body: customerBody("Ada"), want: 400},
+		exchange{name: "put customer id not a uuid", method: "PUT", path: "/v1/customers/not-a-uuid", apiKey: a, body: customerBody("Ada"), want: 400, invalid: true},
 		exchange{name: "put customer invalid_json", method: "PUT", path: customer, apiKey: a, body: `{"name":"Ada","email":"ada@example.com","nickname":"x"}`, want: 400, invalid: true},
 		exchange{name: "put customer unauthorized", method: "PUT", path: customer, body: customerBody("Ada"), want: 401, invalid: true},
 		exchange{name: "put customer body_too_large", method: "PUT", path: customer, apiKey: a, body: `{"name":"` + big + `"}`, want: 413, invalid: true},

@@ -36,6 +36,7 @@ const (
 	CodeUnsupportedMediaType = "unsupported_media_type"
 	CodeValidationFailed     = "validation_failed"
 	CodeKeyInUse             = "idempotency_key_in_use"
+	CodeConflictingWrite     = "conflicting_write_in_progress"
 	CodeKeyReused            = "idempotency_key_reused"
 	CodeReferenceExists      = "order_reference_exists"
 	CodeNotFound             = "not_found"
@@ -63,7 +64,8 @@ const (
 	CodeWebhookTimestampInvalid = "webhook_timestamp_out_of_tolerance"
 )
 
-// retryAfterSeconds is sent with 409 idempotency_key_in_use and 503.
+// retryAfterSeconds is sent with 409 idempotency_key_in_use, 409
+// conflicting_write_in_progress and 503.
 const retryAfterSeconds = "1"
 
 // keyBudgetRetryAfter is what a tenant past its key budget is asked to
@@ -92,6 +94,9 @@ type Problem struct {
 	Resource       string            `json:"resource,omitempty"`
 	OriginalStatus int               `json:"original_status,omitempty"`
 	header         map[string]string // extra response headers, e.g. Retry-After
+	// CommitWindowSeconds details the key-status endpoint's 404: how long
+	// after it was sent a request under the key can still commit.
+	CommitWindowSeconds int64 `json:"commit_window_seconds,omitempty"`
 }
 
 func newProblem(status int, code, title, detail string) Problem {
@@ -121,6 +126,7 @@ func problemFor(err error) Problem {
 		exceeds   *payments.RefundExceedsError
 		refundDup *payments.RefundExistsError
 		hookErr   *webhookError
+		notYet    *keyNotRecordedError
 	)
 	switch {
 	case errors.Is(err, tenants.ErrUnauthenticated):
@@ -166,6 +172,21 @@ func problemFor(err error) Problem {
 		p := newProblem(http.StatusConflict, CodeKeyInUse, "Request in progress",
 			"A request with this Idempotency-Key is still being processed. Retry with the same key after the Retry-After delay.")
 		p.header = map[string]string{"Retry-After": retryAfterSeconds}
+		return p
+	case errors.Is(err, idem.ErrConflictingWrite):
+		p := newProblem(http.StatusConflict, CodeConflictingWrite, "Conflicting write in progress",
+			"Another request, under another Idempotency-Key, is writing what this request must write (such as an order with the same reference) and has not finished. Nothing was recorded: retry with the same key after the Retry-After delay.")
+		p.header = map[string]string{"Retry-After": retryAfterSeconds}
+		return p
+	case errors.As(err, &notYet):
+		// No record is final only once no request under the key can still
+		// commit: the window since its last request was sent.
+		p := newProblem(http.StatusNotFound, CodeNotFound, "Not found",
+			"No record of this Idempotency-Key on this endpoint for this tenant. A request under it that is still running has no record until it commits, which it can only do within commit_window_seconds of being sent: until that long after the key's last request was sent, ask again or send the same request with the same key (at most one attempt commits).")
+		p.CommitWindowSeconds = ceilSeconds(notYet.window)
+		if notYet.window <= 0 {
+			p.Detail = "No record of this Idempotency-Key on this endpoint for this tenant. A request under it that is still running has no record until it commits."
+		}
 		return p
 	case errors.As(err, &expired):
 		p := newProblem(http.StatusConflict, CodeResultExpired, "Idempotency result expired",

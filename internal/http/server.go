@@ -111,6 +111,7 @@ func NewHandler(cfg Config) http.Handler {
 	}
 	r := chi.NewRouter()
 	r.Use(requestContext(cfg.Logger, cfg.RequestTimeout))
+	r.Use(requestFraming)
 	r.Use(headAsGet)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) { writeError(w, r, errRouteNotFound) })
 	var allow *chi.Mux // built from the finished router, below

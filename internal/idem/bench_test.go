@@ -61,7 +61,7 @@ func BenchmarkExecute(b *testing.B) {
 		b.Fatal(err)
 	}
 	response := Response{Status: http.StatusCreated, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"ok":true}`)}
-	write := func(ctx context.Context, tx pgx.Tx) (Response, error) {
+	write := func(ctx context.Context, tx UndoableTx) (Response, error) {
 		_, err := tx.Exec(ctx, `INSERT INTO scratch (tenant_id, v) VALUES ($1, 'x')`, tenant)
 		return response, err
 	}

@@ -33,6 +33,15 @@ import (
 // again (at most every budgetRecount) before anything is refused. Behind N
 // processes a tenant can overshoot by what the other processes claimed
 // since the last count, as the per-process rate limit can.
+//
+// What it counts is key rows, so a key whose request is still running is
+// not counted: a one-transaction request writes its key's row as its
+// transaction's last statement (Execute). Every such request has passed
+// admit, and the overshoot they make is bounded: each holds one of the
+// pool's connections from before its claim until its commit, and no longer
+// than the request's deadline, and each came through the tenant's rate
+// limit. So at most the pool's size per process, and at most the rate
+// limit times the request timeout, are ever in flight past the budget.
 
 // ErrKeyBudgetExceeded: the tenant holds as many live keys as its budget
 // allows; a request with a new key is refused before any claim.

@@ -21,7 +21,8 @@
 //     fingerprint → ErrKeyReused (422); unfinished → ErrKeyInUse (409 with
 //     Retry-After). No row: the request is new.
 //  2. Execute: in a new READ COMMITTED transaction, exec runs inside a
-//     savepoint (L2).
+//     savepoint (L2), with an UndoableTx: the transaction's statements and
+//     nothing else.
 //  3. Claim and record, in one statement: the key row is inserted on the
 //     primary key (tenant_id, endpoint, idem_key) (L1, K2) already
 //     completed with the exact status, the RecordedHeaders and the body
@@ -50,16 +51,37 @@
 // it did when the insert came first; a duplicate that arrives while the
 // first request runs finds no row in step 1 and executes too, but its
 // insert waits on the first one's uncommitted row and then fails, and its
-// work rolls back with its transaction. So exec must have no effect outside
-// the transaction, the rule of this path anyway. Why an insert and not a
-// select: two requests can both see "no row"; only the unique index
-// decides between them, and the read of step 1 only serves replays. Why
-// the wait is bounded: the duplicate of a slow request would otherwise hold
-// a connection for as long as the first one runs, so after lock_timeout
-// (Config.LockTimeout; also for a wait inside exec, most often on the rows
-// the duplicate is writing) it gets ErrKeyInUse and retries later. Why READ
-// COMMITTED matters: the read of step 4 takes a new snapshot, which sees
-// the row the winner committed while our insert waited for it.
+// work rolls back with its transaction. Why an insert and not a select:
+// two requests can both see "no row"; only the unique index decides
+// between them, and the read of step 1 only serves replays. Why the wait
+// is bounded: the duplicate of a slow request would otherwise hold a
+// connection for as long as the first one runs, so after lock_timeout
+// (Config.LockTimeout) its claim gives up with ErrKeyInUse and it retries
+// later. A wait past it inside exec, on a business row another transaction
+// is writing (another key's order with the same reference), is
+// ErrConflictingWrite instead: this request's key is not in use, another
+// request's write is. Why READ COMMITTED matters: the read of step 4 takes
+// a new snapshot, which sees the row the winner committed while our insert
+// waited for it.
+//
+// The rule exec lives by: every effect through its UndoableTx, and none
+// anywhere else. A duplicate runs exec too, concurrently, and all but one
+// run roll back (TestExecuteConcurrentDuplicatesCommitOnce counts them);
+// so does any run whose transaction fails. An e-mail sent, a message
+// published, an HTTP call or a write through the pool inside exec would
+// happen once per attempt. UndoableTx makes the transaction's statements
+// all that exec gets: no Commit, no Begin, no connection, and no way back
+// to the pgx.Tx behind it. To announce a change, write it to the outbox in
+// the same transaction (outbox.Write takes the UndoableTx); to call another
+// service, use the multi-step path below.
+//
+// While exec runs, the key has no row: Status reports ErrKeyUnknown, and
+// the key budget (budget.go) does not count it. Both last at most until
+// the request's deadline plus one lock wait (CommitWindow): every
+// statement runs under the request's context. The key-status endpoint
+// therefore says, with its 404, how long after a request was sent no
+// record becomes final, and the Go client's Resolve waits that long before
+// it concludes that nothing committed.
 //
 // What it costs (P2): three round trips to PostgreSQL for a create, one
 // for a replay. The transaction is a db.Tx, which pipelines: BEGIN, the

@@ -17,7 +17,7 @@ import (
 var (
 	requestsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "idempotency_requests_total",
-		Help: "Idempotent requests by endpoint and outcome: executed, replayed, takeover (a multi-step key resumed by a retry), in_progress (409), mismatch (422), result_expired (409), released_transient (503, nothing kept), rejected_before_claim (invalid key or body, nothing recorded), failed (other error).",
+		Help: "Idempotent requests by endpoint and outcome: executed, replayed, takeover (a multi-step key resumed by a retry), in_progress (409), conflicting_write (409: a lock wait on another request's write, nothing kept), mismatch (422), result_expired (409), released_transient (503, nothing kept), rejected_before_claim (invalid key or body, nothing recorded), failed (other error).",
 	}, []string{"endpoint", "outcome"})
 	leaseTakeoversTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "idempotency_lease_takeovers_total",
@@ -56,6 +56,7 @@ const (
 	outcomeFailed            = "failed"
 	outcomeRejected          = "rejected_before_claim"
 	outcomeBudgetExceeded    = "budget_exceeded"
+	outcomeConflictingWrite  = "conflicting_write"
 )
 
 // countOutcome counts one Execute or Begin call; err is the error it
@@ -79,6 +80,8 @@ func countOutcome(endpoint string, err error, replayed, takenOver bool, createdA
 	case err == nil:
 	case errors.Is(err, ErrKeyInUse):
 		outcome = outcomeInProgress
+	case errors.Is(err, ErrConflictingWrite):
+		outcome = outcomeConflictingWrite
 	case errors.Is(err, ErrKeyReused):
 		outcome = outcomeMismatch
 	case errors.Is(err, ErrResultExpired):
@@ -209,7 +212,8 @@ func (c *keyStats) Collect(ch chan<- prometheus.Metric) {
 // fencing rejection or transient release.
 func InitEndpointMetrics(endpoints ...string) {
 	outcomes := []string{outcomeExecuted, outcomeReplayed, outcomeTakeover, outcomeInProgress, outcomeMismatch,
-		outcomeResultExpired, outcomeReleasedTransient, outcomeFailed, outcomeRejected, outcomeBudgetExceeded}
+		outcomeResultExpired, outcomeReleasedTransient, outcomeFailed, outcomeRejected, outcomeBudgetExceeded,
+		outcomeConflictingWrite}
 	for _, e := range endpoints {
 		for _, o := range outcomes {
 			requestsTotal.WithLabelValues(e, o)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemref/payments/internal/db"
@@ -18,8 +19,17 @@ import (
 
 var (
 	// ErrKeyInUse: another request holds the key and has not finished
-	// (L5). The client should retry later with the same key.
+	// (L5): its claim is committed in progress, or this request's claim
+	// waited on another transaction's uncommitted claim of the key past
+	// Config.LockTimeout. The client should retry later with the same key.
 	ErrKeyInUse = errors.New("a request with this Idempotency-Key is still in progress")
+	// ErrConflictingWrite: the request's own work (exec) waited past
+	// Config.LockTimeout on a row another transaction is writing and has
+	// not committed, most often another key's request for the same natural
+	// key (an order's reference). The key itself is free and nothing was
+	// recorded: the client should retry later with the same key, and the
+	// retry runs (or meets the backstop once the other request committed).
+	ErrConflictingWrite = errors.New("another request is writing what this request must write")
 	// ErrKeyReused: the key was used before for a different request (L5).
 	ErrKeyReused = errors.New("this Idempotency-Key was already used for a different request")
 	// ErrResultExpired matches *ResultExpiredError.
@@ -161,6 +171,34 @@ const ExpiresHeader = "Idempotency-Expires"
 // the retry, not the original outcome.
 var RecordedHeaders = []string{"Content-Type", "Location", "Cache-Control"}
 
+// UndoableTx is all that Execute's work gets of the transaction it runs
+// in: statements (dbsqlc.New takes it, so do orders.Create and
+// outbox.Write), never the transaction itself. It has no Commit, Rollback
+// or Begin and no connection, and the value behind it is not a pgx.Tx, so
+// the work cannot end the transaction or step outside it.
+//
+// Everything done through it may be undone: Execute rolls it back when
+// the work fails, when the response is a deterministic failure (the
+// savepoint), and when a duplicate of the request recorded the key first.
+// A duplicate that arrives while the request runs executes the same work
+// concurrently, and all but one of them roll back. So the work's effects
+// must be statements through this handle and nothing else: an e-mail, a
+// message published, an HTTP call or a write through the pool would happen
+// once per attempt, rolled back or not. Announce a change with
+// outbox.Write(ctx, tx, ...) instead: the event commits with the change or
+// not at all. Calls to other services take the multi-step path (lease.go).
+type UndoableTx interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// UndoableWork is the work Execute runs under a key: it runs inside the
+// key's transaction, through tx only, and returns the response to record.
+// It may run more than once for one key, and every run but the one that
+// commits is rolled back (see UndoableTx).
+type UndoableWork func(ctx context.Context, tx UndoableTx) (Response, error)
+
 // Execute is the one-transaction idempotency path (L1-L5), for side effects
 // that live in our own database. Its four steps run in this order:
 //
@@ -184,9 +222,13 @@ var RecordedHeaders = []string{"Content-Type", "Location", "Cache-Control"}
 // step 1 and executes too; whichever records first wins, and the other's
 // INSERT waits on the winner's uncommitted row (bounded by
 // Config.LockTimeout, then ErrKeyInUse), fails, and rolls its own work back.
-// exec must therefore have no effect outside the transaction, which is the
-// rule of this path anyway; side effects elsewhere take the multi-step path
-// (lease.go).
+// exec must therefore have no effect outside the transaction: it gets an
+// UndoableTx, statements in the transaction and nothing else, and side
+// effects elsewhere take the multi-step path (lease.go).
+//
+// Until step 3 commits the key has no row: Status reports it unknown, and
+// the key budget does not count it. That lasts at most as long as ctx
+// allows the request to run, plus one lock wait (see CommitWindow).
 //
 // exec returns the response to record. A response with status >= 400 is a
 // deterministic failure (validation, natural-key conflict): its savepoint
@@ -194,10 +236,12 @@ var RecordedHeaders = []string{"Content-Type", "Location", "Cache-Control"}
 // failure is recorded and replayed like a success (O1). An error from exec
 // rolls everything back, and nothing is recorded, so the retry runs again
 // (O2): transient errors come back wrapped in ErrUnavailable, others as
-// they are. A lock wait past Config.LockTimeout, in exec or in the claim,
-// is ErrKeyInUse: another transaction, most often the duplicate's, holds
-// what this request must write.
-func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Context, tx pgx.Tx) (Response, error)) (res Response, replayed bool, err error) {
+// they are. A lock wait past Config.LockTimeout in exec is
+// ErrConflictingWrite: another transaction, most often another key's
+// request for the same natural key, holds a row this request must write.
+// A lock wait past it in the claim is ErrKeyInUse: a duplicate holds the
+// key.
+func (s *Store) Execute(ctx context.Context, c Claim, exec UndoableWork) (res Response, replayed bool, err error) {
 	var createdAt time.Time
 	// Counted once, when the outcome is decided: after the commit or the
 	// rollback.
@@ -238,8 +282,16 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Cont
 			return err
 		}
 
-		// 2. Execute, inside a savepoint taken before the business write.
-		res, err = executeInSavepoint(ctx, tx, exec)
+		// 2. Execute, inside a savepoint taken before the business write,
+		// with the savepoint's statements only.
+		res, err = executeInSavepoint(ctx, tx, func(ctx context.Context, sp pgx.Tx) (Response, error) {
+			return exec(ctx, db.StatementsOf(sp))
+		})
+		if db.IsLockTimeout(err) {
+			// A wait on a business row, not on the key: the claim comes
+			// after exec.
+			return ErrConflictingWrite
+		}
 		if err != nil {
 			return err
 		}
@@ -270,7 +322,10 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec func(ctx context.Cont
 		// winner committed.
 		res, createdAt, err = existing(ctx, q, c)
 		return res, err == nil, s.wrap(err)
+	case errors.Is(err, ErrConflictingWrite):
+		return Response{}, false, ErrConflictingWrite
 	case db.IsLockTimeout(err):
+		// The claim waited on a duplicate's uncommitted key row.
 		return Response{}, false, ErrKeyInUse
 	case err != nil:
 		return Response{}, false, s.wrap(err)

@@ -182,8 +182,8 @@ func recorded(t *testing.T, row keyRow) Response {
 
 // insertExec returns an exec that counts its calls, inserts v into scratch
 // for tenant and returns res.
-func insertExec(calls *atomic.Int32, tenant uuid.UUID, v string, res Response) func(context.Context, pgx.Tx) (Response, error) {
-	return func(ctx context.Context, tx pgx.Tx) (Response, error) {
+func insertExec(calls *atomic.Int32, tenant uuid.UUID, v string, res Response) UndoableWork {
+	return func(ctx context.Context, tx UndoableTx) (Response, error) {
 		calls.Add(1)
 		if _, err := tx.Exec(ctx, `INSERT INTO scratch (tenant_id, v) VALUES ($1, $2)`, tenant, v); err != nil {
 			return Response{}, err
@@ -193,8 +193,8 @@ func insertExec(calls *atomic.Int32, tenant uuid.UUID, v string, res Response) f
 }
 
 // notCalled is an exec that must never run.
-func notCalled(t *testing.T) func(context.Context, pgx.Tx) (Response, error) {
-	return func(context.Context, pgx.Tx) (Response, error) {
+func notCalled(t *testing.T) UndoableWork {
+	return func(context.Context, UndoableTx) (Response, error) {
 		t.Errorf("exec ran, but the request must not execute")
 		return Response{}, errors.New("exec must not run")
 	}
@@ -498,11 +498,11 @@ func TestExecuteRecordsDeterministicFailure(t *testing.T) {
 		name string
 		// fail runs after exec's first business write and returns the
 		// deterministic failure to record.
-		fail func(ctx context.Context, tx pgx.Tx) (Response, error)
+		fail func(ctx context.Context, tx UndoableTx) (Response, error)
 	}{
 		{
 			name: "StatementAbortedTheTransaction",
-			fail: func(ctx context.Context, tx pgx.Tx) (Response, error) {
+			fail: func(ctx context.Context, tx UndoableTx) (Response, error) {
 				_, err := tx.Exec(ctx, `INSERT INTO scratch_unique (v) VALUES ('taken')`)
 				var pgErr *pgconn.PgError
 				if !errors.As(err, &pgErr) || pgErr.Code != "23505" {
@@ -513,7 +513,7 @@ func TestExecuteRecordsDeterministicFailure(t *testing.T) {
 		},
 		{
 			name: "BusinessRuleRejected",
-			fail: func(context.Context, pgx.Tx) (Response, error) {
+			fail: func(context.Context, UndoableTx) (Response, error) {
 				return problem(http.StatusUnprocessableEntity, "insufficient_funds"), nil
 			},
 		},
@@ -526,7 +526,7 @@ func TestExecuteRecordsDeterministicFailure(t *testing.T) {
 			c := h.claim(t, "key-1", `{}`)
 			var calls atomic.Int32
 			var want Response
-			exec := func(ctx context.Context, tx pgx.Tx) (Response, error) {
+			exec := func(ctx context.Context, tx UndoableTx) (Response, error) {
 				calls.Add(1)
 				if _, err := tx.Exec(ctx, `INSERT INTO scratch (tenant_id, v) VALUES ($1, 'before the failure')`, h.tenant); err != nil {
 					return Response{}, err
@@ -586,7 +586,7 @@ func TestExecuteErrorRecordsNothing(t *testing.T) {
 			c := h.claim(t, "key-1", `{}`)
 			var calls atomic.Int32
 
-			_, replayed, err := store.Execute(t.Context(), c, func(ctx context.Context, tx pgx.Tx) (Response, error) {
+			_, replayed, err := store.Execute(t.Context(), c, func(ctx context.Context, tx UndoableTx) (Response, error) {
 				calls.Add(1)
 				if _, err := tx.Exec(ctx, `INSERT INTO scratch (tenant_id, v) VALUES ($1, 'failed')`, h.tenant); err != nil {
 					return Response{}, err
@@ -643,7 +643,7 @@ func TestExecuteCancelledMidStatementIsUnavailable(t *testing.T) {
 	sleeping := make(chan struct{})
 	done := make(chan outcome, 1)
 	go func() {
-		res, replayed, err := store.Execute(ctx, c, func(ctx context.Context, tx pgx.Tx) (Response, error) {
+		res, replayed, err := store.Execute(ctx, c, func(ctx context.Context, tx UndoableTx) (Response, error) {
 			calls.Add(1)
 			if _, err := tx.Exec(ctx, `INSERT INTO scratch (tenant_id, v) VALUES ($1, 'cancelled')`, h.tenant); err != nil {
 				return Response{}, err
@@ -916,7 +916,7 @@ func TestExecuteTheFirstRecordWins(t *testing.T) {
 	first := make(chan outcome, 1)
 	go func() {
 		exec := insertExec(&callsFirst, h.tenant, "first", resFirst)
-		res, replayed, err := store.Execute(ctx, c, func(ctx context.Context, tx pgx.Tx) (Response, error) {
+		res, replayed, err := store.Execute(ctx, c, func(ctx context.Context, tx UndoableTx) (Response, error) {
 			res, err := exec(ctx, tx)
 			close(entered)
 			select {
@@ -985,7 +985,7 @@ func TestExecuteConcurrentDuplicatesCommitOnce(t *testing.T) {
 	release := make(chan struct{})
 	var inside sync.WaitGroup
 	inside.Add(n)
-	exec := func(ctx context.Context, tx pgx.Tx) (Response, error) {
+	exec := func(ctx context.Context, tx UndoableTx) (Response, error) {
 		i := calls.Add(1)
 		if _, err := tx.Exec(ctx, `INSERT INTO scratch (tenant_id, v) VALUES ($1, 'v')`, h.tenant); err != nil {
 			return Response{}, err
@@ -1162,7 +1162,7 @@ func TestExecuteBoundsLockWait(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			store := NewStore(pool, Config{LockTimeout: tt.lockTimeout})
 			var got string
-			_, _, err := store.Execute(t.Context(), h.claim(t, tt.name, `{}`), func(ctx context.Context, tx pgx.Tx) (Response, error) {
+			_, _, err := store.Execute(t.Context(), h.claim(t, tt.name, `{}`), func(ctx context.Context, tx UndoableTx) (Response, error) {
 				return created(`{}`), tx.QueryRow(ctx, `SELECT current_setting('lock_timeout')`).Scan(&got)
 			})
 			if err != nil {
@@ -1201,7 +1201,7 @@ func TestExecutePanicRollsBackAndReleasesTheKey(t *testing.T) {
 				t.Errorf("recovered %v, want the handler's panic to go on", v)
 			}
 		}()
-		_, _, _ = store.Execute(t.Context(), c, func(ctx context.Context, tx pgx.Tx) (Response, error) {
+		_, _, _ = store.Execute(t.Context(), c, func(ctx context.Context, tx UndoableTx) (Response, error) {
 			if _, err := insertExec(&calls, h.tenant, "panicked", created(`{}`))(ctx, tx); err != nil {
 				t.Fatal(err)
 			}

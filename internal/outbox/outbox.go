@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/db/dbsqlc"
@@ -24,9 +23,10 @@ import (
 )
 
 // Write adds an event of eventType with data to the outbox in tx, the
-// transaction that makes the change the event announces: the event exists
+// transaction that makes the change the event announces (a pgx.Tx, or the
+// idem.UndoableTx an idempotent request's work gets): the event exists
 // exactly when the change committed. It returns the event's id.
-func Write(ctx context.Context, tx pgx.Tx, tenantID uuid.UUID, eventType string, data any) (uuid.UUID, error) {
+func Write(ctx context.Context, tx dbsqlc.DBTX, tenantID uuid.UUID, eventType string, data any) (uuid.UUID, error) {
 	id, err := uuid.NewV7()
 	if err != nil {
 		return uuid.Nil, err
