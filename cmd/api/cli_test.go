@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemref/payments/internal/dbmigrate"
+	"github.com/idemref/payments/internal/messaging"
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/tooling/testdb"
 	"github.com/idemref/payments/internal/tooling/testkit"
@@ -286,8 +287,8 @@ func TestStartupLogHidesPasswords(t *testing.T) {
 	if got := databaseTarget("postgres://app:s3cret@db.internal:6432/payments?sslmode=disable"); got != "db.internal:6432/payments" {
 		t.Errorf("databaseTarget = %q, want db.internal:6432/payments", got)
 	}
-	if got := redactURL("nats://user:s3cret@broker:4222"); strings.Contains(got, "s3cret") {
-		t.Errorf("redactURL = %q, leaks the password", got)
+	if got := messaging.RedactURL("nats://user:s3cret@broker:4222"); strings.Contains(got, "s3cret") {
+		t.Errorf("messaging.RedactURL = %q, leaks the password", got)
 	}
 }
 

@@ -73,7 +73,8 @@ type config struct {
 	LogLevel   slog.Level
 	// Clients resolves the client of a request behind the trusted proxies
 	// (TRUSTED_PROXIES, TRUSTED_PROXY_HEADER); it trusts none by default.
-	Clients *clientaddr.Resolver
+	Clients        *clientaddr.Resolver
+	trustedProxies string // TRUSTED_PROXIES as set, for TRUSTED_PROXY_HEADER's parser
 
 	// EventWorkers: serve runs the outbox relay and the orders consumer.
 	// Off, it leaves them to the other API processes (they split the work
@@ -128,6 +129,9 @@ type setting struct {
 	// about says what the variable does. Backticks mark code, as in the
 	// docs; `api help` prints the text without them.
 	about string
+	// parse reads the value into the configuration; its error says what
+	// is wanted ("want a positive duration such as 2s").
+	parse func(c *config, value string) error
 }
 
 // settings is every environment variable the configuration reads, with its
@@ -136,72 +140,112 @@ type setting struct {
 // docs/configuration.md, which TestConfigurationTableInDocs holds to it.
 var settings = []setting{
 	{"DATABASE_URL", "", "none: `serve` requires it; `make run` starts its own",
-		"`postgres://user:pass@host:5432/db?sslmode=...`; pool settings such as `pool_max_conns` go in the URL"},
+		"`postgres://user:pass@host:5432/db?sslmode=...`; pool settings such as `pool_max_conns` go in the URL",
+		text(func(c *config) *string { return &c.DatabaseURL })},
 	{"DATABASE_DIRECT_URL", "", "the value of `DATABASE_URL`",
-		"PostgreSQL without a pooler in transaction mode, for what needs a session: the outbox relay's `LISTEN` and the migrations' advisory lock; set it when `DATABASE_URL` goes through PgBouncer (see `docs/deployment.md`)"},
-	{"ADDR", ":8080", "", "listen address"},
+		"PostgreSQL without a pooler in transaction mode, for what needs a session: the outbox relay's `LISTEN` and the migrations' advisory lock; set it when `DATABASE_URL` goes through PgBouncer (see `docs/deployment.md`)",
+		text(func(c *config) *string { return &c.DatabaseDirectURL })},
+	{"ADDR", ":8080", "", "listen address",
+		text(func(c *config) *string { return &c.Addr })},
 	{"REQUEST_TIMEOUT", "20s", "",
-		"deadline of each request, database work and the processor call included (expired: rolled back or released, 503); must exceed `PROCESSOR_TIMEOUT`"},
+		"deadline of each request, database work and the processor call included (expired: rolled back or released, 503); must exceed `PROCESSOR_TIMEOUT`",
+		positive(func(c *config) *time.Duration { return &c.RequestTimeout })},
 	{"IDEMPOTENCY_LOCK_TIMEOUT", duration(idem.DefaultLockTimeout), "",
-		"longest wait of a duplicate behind an uncommitted claim before its 409"},
-	{"IDEMPOTENCY_TTL", duration(idem.DefaultTTL), "", "how long a key's exact response is replayed"},
+		"longest wait of a duplicate behind an uncommitted claim before its 409",
+		positive(func(c *config) *time.Duration { return &c.LockTimeout })},
+	{"IDEMPOTENCY_TTL", duration(idem.DefaultTTL), "", "how long a key's exact response is replayed",
+		positive(func(c *config) *time.Duration { return &c.IdempotencyTTL })},
 	{"IDEMPOTENCY_KEY_RETENTION", duration(idem.DefaultKeyRetention), "",
-		"how long the key's tombstone is kept after that (from creation; at least the TTL)"},
+		"how long the key's tombstone is kept after that (from creation; at least the TTL)",
+		positive(func(c *config) *time.Duration { return &c.KeyRetention })},
 	{"REAPER_INTERVAL", duration(reaper.DefaultInterval), "",
-		"how often `serve` prunes and deletes expired records; `0` turns it off (`api reap` runs it alone)"},
-	{"REAPER_BATCH", strconv.Itoa(reaper.DefaultBatch), "", "rows per reaper batch"},
+		"how often `serve` prunes and deletes expired records; `0` turns it off (`api reap` runs it alone)",
+		orOff(func(c *config) *time.Duration { return &c.ReaperInterval })},
+	{"REAPER_BATCH", strconv.Itoa(reaper.DefaultBatch), "", "rows per reaper batch",
+		atLeastOne(func(c *config) *int { return &c.ReaperBatch }, "a positive number of rows, such as 500")},
 	{"REAPER_DUTY", strconv.FormatFloat(reaper.DefaultDuty, 'f', -1, 64), "",
-		"the largest share of its time the reaper spends in batches: higher reaps faster and costs live traffic more"},
+		"the largest share of its time the reaper spends in batches: higher reaps faster and costs live traffic more",
+		parseReaperDuty},
 	{"PROCESSOR_URL", "", "`serve` and `completer`: `" + defaultProcessorURL + "`; `make run`: its own simulator",
-		"the payment processor (`go run ./tools/processor` serves the simulator at `" + defaultProcessorURL + "`)"},
-	{"PROCESSOR_TIMEOUT", duration(processor.DefaultTimeout), "", "timeout of one processor call"},
+		"the payment processor (`go run ./tools/processor` serves the simulator at `" + defaultProcessorURL + "`)",
+		text(func(c *config) *string { return &c.ProcessorURL })},
+	{"PROCESSOR_TIMEOUT", duration(processor.DefaultTimeout), "", "timeout of one processor call",
+		positive(func(c *config) *time.Duration { return &c.ProcessorTimeout })},
 	{"PROCESSOR_WEBHOOK_RETRY_SPAN", duration(processor.DefaultWebhookRetrySpan), "",
-		"how long the processor keeps retrying a webhook, by its own schedule (Stripe's: 3 days; the simulator's: under 2 h); `MESSAGE_RETENTION` must exceed it"},
+		"how long the processor keeps retrying a webhook, by its own schedule (Stripe's: 3 days; the simulator's: under 2 h); `MESSAGE_RETENTION` must exceed it",
+		positive(func(c *config) *time.Duration { return &c.WebhookRetrySpan })},
 	{"PROCESSOR_SETTLE_WINDOW", duration(payments.DefaultSettleWindow), "",
-		"how long after a processor call it may still land (the processor's longest execution, with room to spare; the simulator's is 30 s); no call is resent and nothing recorded as final until it has passed with nothing found; must exceed `PROCESSOR_TIMEOUT`"},
+		"how long after a processor call it may still land (the processor's longest execution, with room to spare; the simulator's is 30 s); no call is resent and nothing recorded as final until it has passed with nothing found; must exceed `PROCESSOR_TIMEOUT`",
+		positive(func(c *config) *time.Duration { return &c.SettleWindow })},
 	{"PAYMENT_LEASE", duration(idem.DefaultLease), "",
-		"how long a payment attempt owns its key before a retry or the completer may take over; must exceed `PROCESSOR_TIMEOUT`"},
+		"how long a payment attempt owns its key before a retry or the completer may take over; must exceed `PROCESSOR_TIMEOUT`",
+		positive(func(c *config) *time.Duration { return &c.PaymentLease })},
 	{"COMPLETER_INTERVAL", "5s", "",
-		"how often `serve` looks for abandoned payments and runs the reconciliation sweep; `0` turns the in-process completer off (`api completer` runs it alone)"},
-	{"READ_HEADER_TIMEOUT", "5s", "", "`http.Server.ReadHeaderTimeout`"},
-	{"READ_TIMEOUT", "15s", "", "`http.Server.ReadTimeout`"},
-	{"WRITE_TIMEOUT", "30s", "", "`http.Server.WriteTimeout`"},
-	{"IDLE_TIMEOUT", "120s", "", "`http.Server.IdleTimeout`"},
-	{"SHUTDOWN_TIMEOUT", "15s", "", "how long SIGINT/SIGTERM waits for in-flight requests"},
+		"how often `serve` looks for abandoned payments and runs the reconciliation sweep; `0` turns the in-process completer off (`api completer` runs it alone)",
+		orOff(func(c *config) *time.Duration { return &c.CompleterInterval })},
+	{"READ_HEADER_TIMEOUT", "5s", "", "`http.Server.ReadHeaderTimeout`",
+		positive(func(c *config) *time.Duration { return &c.ReadHeaderTimeout })},
+	{"READ_TIMEOUT", "15s", "", "`http.Server.ReadTimeout`",
+		positive(func(c *config) *time.Duration { return &c.ReadTimeout })},
+	{"WRITE_TIMEOUT", "30s", "", "`http.Server.WriteTimeout`",
+		positive(func(c *config) *time.Duration { return &c.WriteTimeout })},
+	{"IDLE_TIMEOUT", "120s", "", "`http.Server.IdleTimeout`",
+		positive(func(c *config) *time.Duration { return &c.IdleTimeout })},
+	{"SHUTDOWN_TIMEOUT", "15s", "", "how long SIGINT/SIGTERM waits for in-flight requests",
+		positive(func(c *config) *time.Duration { return &c.ShutdownTimeout })},
 	{"RATE_LIMIT_RPS", strconv.FormatFloat(httpapi.DefaultRateLimit, 'f', -1, 64), "",
-		"requests per second per tenant and process; `0` turns the limit off"},
-	{"RATE_LIMIT_BURST", strconv.Itoa(httpapi.DefaultRateBurst), "", "requests a tenant may send at once"},
+		"requests per second per tenant and process; `0` turns the limit off",
+		parseRateLimit},
+	{"RATE_LIMIT_BURST", strconv.Itoa(httpapi.DefaultRateBurst), "", "requests a tenant may send at once",
+		atLeastOne(func(c *config) *int { return &c.RateLimit.Burst }, "a positive number of requests, such as 200")},
 	{"IDEMPOTENCY_KEY_BUDGET", strconv.Itoa(idem.DefaultKeyBudget), "",
-		"how many live idempotency keys one tenant may hold (R6); past it a request with a new key is `429 idempotency_key_budget_exceeded`; `0` turns the budget off"},
+		"how many live idempotency keys one tenant may hold (R6); past it a request with a new key is `429 idempotency_key_budget_exceeded`; `0` turns the budget off",
+		parseKeyBudget},
 	{"AUTH_CACHE_TTL", "10s", "",
-		"how long an API key that authenticated is trusted without a lookup; `0` looks up every request"},
-	{"MAX_CONNECTIONS", "1024", "", "open connections one process accepts at a time; one client address holds at most a quarter of them, a trusted proxy any number"},
+		"how long an API key that authenticated is trusted without a lookup; `0` looks up every request",
+		orOff(func(c *config) *time.Duration { return &c.AuthCacheTTL })},
+	{"MAX_CONNECTIONS", "1024", "", "open connections one process accepts at a time; one client address holds at most a quarter of them, a trusted proxy any number",
+		atLeastOne(func(c *config) *int { return &c.MaxConnections }, "a positive number, such as 1024")},
 	{"TRUSTED_PROXIES", "", "none: every client is its TCP peer",
-		"comma-separated addresses or CIDR ranges of the proxies or load balancers in front of the API (such as `10.0.0.0/8`); from these peers only, the client is read from `TRUSTED_PROXY_HEADER` for the per-client budgets, and they are not held to one address's share of `MAX_CONNECTIONS` (see `docs/deployment.md`)"},
+		"comma-separated addresses or CIDR ranges of the proxies or load balancers in front of the API (such as `10.0.0.0/8`); from these peers only, the client is read from `TRUSTED_PROXY_HEADER` for the per-client budgets, and they are not held to one address's share of `MAX_CONNECTIONS` (see `docs/deployment.md`)",
+		parseTrustedProxies},
 	{"TRUSTED_PROXY_HEADER", string(clientaddr.XForwardedFor), "",
-		"the header the trusted proxies write the client's address into: `X-Forwarded-For` or `Forwarded` (RFC 7239); read from the right, past every trusted proxy, so what a client wrote there itself is ignored"},
+		"the header the trusted proxies write the client's address into: `X-Forwarded-For` or `Forwarded` (RFC 7239); read from the right, past every trusted proxy, so what a client wrote there itself is ignored",
+		parseTrustedProxyHeader},
 	{"EVENT_WORKERS", "true", "",
-		"`serve` runs the outbox relay and the orders consumer; `false` leaves them to the other API processes (the load benchmark's probe uses it)"},
+		"`serve` runs the outbox relay and the orders consumer; `false` leaves them to the other API processes (the load benchmark's probe uses it)",
+		parseEventWorkers},
 	{"NATS_URL", "", "none: `serve` requires it; `make run` starts an embedded server",
-		"NATS server with JetStream; `serve` requires it set, not reachable: it starts without the broker and connects when it comes (see `/readyz`)"},
+		"NATS server with JetStream; `serve` requires it set, not reachable: it starts without the broker and connects when it comes (see `/readyz`)",
+		text(func(c *config) *string { return &c.NatsURL })},
 	{"EVENTS_DUPLICATE_WINDOW", duration(broker.DefaultDuplicateWindow), "",
-		"the events stream's duplicates window: longer than `OUTBOX_CLAIM_HOLD` plus the 5 s publish timeout, so a relay's republish after a crash is dropped by the stream"},
+		"the events stream's duplicates window: longer than `OUTBOX_CLAIM_HOLD` plus the 5 s publish timeout, so a relay's republish after a crash is dropped by the stream",
+		positive(func(c *config) *time.Duration { return &c.Broker.DuplicateWindow })},
 	{"EVENTS_ACK_WAIT", duration(broker.DefaultAckWait), "",
-		"how long a delivery may stay unacknowledged; the backoff doubles it per delivery"},
-	{"EVENTS_MAX_DELIVER", strconv.Itoa(broker.DefaultMaxDeliver), "", "deliveries before a message is dead-lettered"},
+		"how long a delivery may stay unacknowledged; the backoff doubles it per delivery",
+		positive(func(c *config) *time.Duration { return &c.Broker.AckWait })},
+	{"EVENTS_MAX_DELIVER", strconv.Itoa(broker.DefaultMaxDeliver), "", "deliveries before a message is dead-lettered",
+		atLeastOne(func(c *config) *int { return &c.Broker.MaxDeliver }, "a positive number of deliveries, such as 5")},
 	{"EVENTS_REPLICAS", "1", "",
-		"how many NATS servers keep each stream: `3` in a cluster of three, so losing one server loses no acknowledged event (see `docs/deployment.md`)"},
+		"how many NATS servers keep each stream: `3` in a cluster of three, so losing one server loses no acknowledged event (see `docs/deployment.md`)",
+		parseEventsReplicas},
 	{"OUTBOX_CLAIM_HOLD", duration(outbox.DefaultClaimHold), "",
-		"how long a relay's claim on outbox rows lasts; a dead relay's rows are published by another after it, and a batch publishes for at most four fifths of it"},
+		"how long a relay's claim on outbox rows lasts; a dead relay's rows are published by another after it, and a batch publishes for at most four fifths of it",
+		positive(func(c *config) *time.Duration { return &c.OutboxClaimHold })},
 	{"MESSAGE_RETENTION", duration(DefaultMessageRetention), "",
-		"how long processed message ids and published outbox rows are kept; must exceed the broker's redelivery horizon and the processor's webhook retry span"},
+		"how long processed message ids and published outbox rows are kept; must exceed the broker's redelivery horizon and the processor's webhook retry span",
+		positive(func(c *config) *time.Duration { return &c.MessageRetention })},
 	{"WEBHOOK_SECRETS", "", "none; `make run`: a development secret",
-		"comma-separated processor webhook secrets (two during a rotation); none rejects every webhook"},
+		"comma-separated processor webhook secrets (two during a rotation); none rejects every webhook",
+		parseWebhookSecrets},
 	{"WEBHOOK_SCHEME", string(webhook.SchemeProcessor), "",
-		"how the processor signs webhooks: `processor` (`Processor-Signature: t=...,v1=<hex>`, Stripe's form) or `standard` (Standard Webhooks: `webhook-id`, `webhook-timestamp`, `webhook-signature: v1,<base64>`, with `whsec_<base64>` secrets, checked at start)"},
+		"how the processor signs webhooks: `processor` (`Processor-Signature: t=...,v1=<hex>`, Stripe's form) or `standard` (Standard Webhooks: `webhook-id`, `webhook-timestamp`, `webhook-signature: v1,<base64>`, with `whsec_<base64>` secrets, checked at start)",
+		parseWebhookScheme},
 	{"WEBHOOK_TOLERANCE", duration(webhook.DefaultTolerance), "",
-		"how far a webhook signature's timestamp may be from now"},
-	{"LOG_LEVEL", "info", "", "`debug`, `info`, `warn`, `error` (JSON logs on stderr)"},
+		"how far a webhook signature's timestamp may be from now",
+		positive(func(c *config) *time.Duration { return &c.WebhookTolerance })},
+	{"LOG_LEVEL", "info", "", "`debug`, `info`, `warn`, `error` (JSON logs on stderr)",
+		parseLogLevel},
 }
 
 // duration writes d as a variable would be set to it: 24h, 2m, 30s.
@@ -280,26 +324,6 @@ func wrap(text string, width int) []string {
 	return lines
 }
 
-// withDefaults reads a variable from getenv, or its default from settings
-// when it is unset or empty. Reading a variable that has no row in settings
-// is a programming error, caught by any test that loads the configuration.
-func withDefaults(getenv func(string) string) func(string) string {
-	defs := make(map[string]string, len(settings))
-	for _, s := range settings {
-		defs[s.name] = s.def
-	}
-	return func(name string) string {
-		def, ok := defs[name]
-		if !ok {
-			panic("config.go reads " + name + ", which has no row in settings: add one")
-		}
-		if v := getenv(name); v != "" {
-			return v
-		}
-		return def
-	}
-}
-
 // directURL is DATABASE_DIRECT_URL, or DATABASE_URL when that is unset.
 func (c config) directURL() string {
 	if c.DatabaseDirectURL != "" {
@@ -308,145 +332,181 @@ func (c config) directURL() string {
 	return c.DatabaseURL
 }
 
-// loadConfig reads the configuration from getenv; a variable unset or
-// empty takes its default from settings.
+// loadConfig reads the configuration from getenv: each variable in
+// settings' order, unset or empty taking its default, parsed by its own
+// row; then the rules between variables, each kept by the package that
+// relies on it.
 func loadConfig(getenv func(string) string) (config, error) {
-	getenv = withDefaults(getenv)
-	cfg := config{
-		DatabaseURL:       getenv("DATABASE_URL"),
-		DatabaseDirectURL: getenv("DATABASE_DIRECT_URL"),
-		Addr:              getenv("ADDR"),
-		ProcessorURL:      getenv("PROCESSOR_URL"),
-		NatsURL:           getenv("NATS_URL"),
-	}
-	for sec := range strings.SplitSeq(getenv("WEBHOOK_SECRETS"), ",") {
-		if sec = strings.TrimSpace(sec); sec != "" {
-			cfg.WebhookSecrets = append(cfg.WebhookSecrets, sec)
+	var cfg config
+	for _, s := range settings {
+		v := getenv(s.name)
+		if v == "" {
+			v = s.def
+		}
+		if err := s.parse(&cfg, v); err != nil {
+			return config{}, fmt.Errorf("%s=%q: %w", s.name, v, err)
 		}
 	}
-	switch s := getenv("WEBHOOK_SCHEME"); s {
-	case string(webhook.SchemeProcessor):
-		cfg.WebhookScheme = webhook.SchemeProcessor
-	case string(webhook.SchemeStandard):
-		cfg.WebhookScheme = webhook.SchemeStandard
-		for _, sec := range cfg.WebhookSecrets {
-			if _, err := webhook.StandardKey(sec); err != nil {
-				return config{}, fmt.Errorf("WEBHOOK_SECRETS: with WEBHOOK_SCHEME=standard each secret is whsec_ followed by the base64 of at least 16 bytes, as the processor shows it")
-			}
-		}
-	default:
-		return config{}, fmt.Errorf("WEBHOOK_SCHEME=%q: want processor (Processor-Signature, the default) or standard (Standard Webhooks)", s)
-	}
+	return cfg, cfg.check()
+}
 
-	// zeroOff: 0 turns the thing off; every other duration must be
-	// positive.
-	durations := []struct {
-		name    string
-		dst     *time.Duration
-		zeroOff bool
-	}{
-		{"REQUEST_TIMEOUT", &cfg.RequestTimeout, false},
-		{"READ_HEADER_TIMEOUT", &cfg.ReadHeaderTimeout, false},
-		{"READ_TIMEOUT", &cfg.ReadTimeout, false},
-		{"WRITE_TIMEOUT", &cfg.WriteTimeout, false},
-		{"IDLE_TIMEOUT", &cfg.IdleTimeout, false},
-		{"SHUTDOWN_TIMEOUT", &cfg.ShutdownTimeout, false},
-		{"IDEMPOTENCY_LOCK_TIMEOUT", &cfg.LockTimeout, false},
-		{"IDEMPOTENCY_TTL", &cfg.IdempotencyTTL, false},
-		{"IDEMPOTENCY_KEY_RETENTION", &cfg.KeyRetention, false},
-		{"PAYMENT_LEASE", &cfg.PaymentLease, false},
-		{"PROCESSOR_TIMEOUT", &cfg.ProcessorTimeout, false},
-		{"PROCESSOR_SETTLE_WINDOW", &cfg.SettleWindow, false},
-		{"PROCESSOR_WEBHOOK_RETRY_SPAN", &cfg.WebhookRetrySpan, false},
-		{"COMPLETER_INTERVAL", &cfg.CompleterInterval, true},
-		{"REAPER_INTERVAL", &cfg.ReaperInterval, true},
-		{"AUTH_CACHE_TTL", &cfg.AuthCacheTTL, true},
-		{"EVENTS_DUPLICATE_WINDOW", &cfg.Broker.DuplicateWindow, false},
-		{"EVENTS_ACK_WAIT", &cfg.Broker.AckWait, false},
-		{"OUTBOX_CLAIM_HOLD", &cfg.OutboxClaimHold, false},
-		{"MESSAGE_RETENTION", &cfg.MessageRetention, false},
-		{"WEBHOOK_TOLERANCE", &cfg.WebhookTolerance, false},
-	}
-	for _, d := range durations {
-		s := getenv(d.name)
-		v, err := time.ParseDuration(s)
-		if err != nil || v < 0 || (v == 0 && !d.zeroOff) {
-			return config{}, fmt.Errorf("%s=%q: want a positive duration such as 2s or 24h", d.name, s)
-		}
-		*d.dst = v
-	}
-	// The cross-field rules belong to the packages that rely on them;
-	// here they are only given the variables' names.
+// check applies the rules between variables; here they are only given
+// the variables' names.
+func (cfg config) check() error {
 	if err := (idem.Config{TTL: cfg.IdempotencyTTL, KeyRetention: cfg.KeyRetention}).Check(); err != nil {
-		return config{}, fmt.Errorf("IDEMPOTENCY_KEY_RETENTION (%s) must be at least IDEMPOTENCY_TTL (%s): %w", cfg.KeyRetention, cfg.IdempotencyTTL, err)
+		return fmt.Errorf("IDEMPOTENCY_KEY_RETENTION (%s) must be at least IDEMPOTENCY_TTL (%s): %w", cfg.KeyRetention, cfg.IdempotencyTTL, err)
 	}
 	timings := payments.Timings{RequestTimeout: cfg.RequestTimeout, ProcessorTimeout: cfg.ProcessorTimeout, Lease: cfg.PaymentLease, SettleWindow: cfg.SettleWindow}
 	switch err := timings.Check(); {
 	case errors.Is(err, payments.ErrProcessorCallOutlastsRequest):
-		return config{}, fmt.Errorf("PROCESSOR_TIMEOUT (%s) must be shorter than REQUEST_TIMEOUT (%s): %w", cfg.ProcessorTimeout, cfg.RequestTimeout, err)
+		return fmt.Errorf("PROCESSOR_TIMEOUT (%s) must be shorter than REQUEST_TIMEOUT (%s): %w", cfg.ProcessorTimeout, cfg.RequestTimeout, err)
 	case errors.Is(err, payments.ErrLeaseWithinProcessorCall):
-		return config{}, fmt.Errorf("PAYMENT_LEASE (%s) must be longer than PROCESSOR_TIMEOUT (%s): %w", cfg.PaymentLease, cfg.ProcessorTimeout, err)
+		return fmt.Errorf("PAYMENT_LEASE (%s) must be longer than PROCESSOR_TIMEOUT (%s): %w", cfg.PaymentLease, cfg.ProcessorTimeout, err)
 	case errors.Is(err, payments.ErrSettleWithinProcessorCall):
-		return config{}, fmt.Errorf("PROCESSOR_SETTLE_WINDOW (%s) must be longer than PROCESSOR_TIMEOUT (%s): %w", cfg.SettleWindow, cfg.ProcessorTimeout, err)
+		return fmt.Errorf("PROCESSOR_SETTLE_WINDOW (%s) must be longer than PROCESSOR_TIMEOUT (%s): %w", cfg.SettleWindow, cfg.ProcessorTimeout, err)
 	case err != nil:
-		return config{}, err
-	}
-	var err error
-	if cfg.Broker.Replicas, err = atLeastOne("EVENTS_REPLICAS", getenv); err != nil || cfg.Broker.Replicas > broker.MaxReplicas {
-		return config{}, fmt.Errorf("EVENTS_REPLICAS=%q: want the number of NATS servers that keep each stream, 1 to %d (3 in a cluster of three)", getenv("EVENTS_REPLICAS"), broker.MaxReplicas)
-	}
-	if cfg.Broker.MaxDeliver, err = atLeastOne("EVENTS_MAX_DELIVER", getenv); err != nil {
-		return config{}, fmt.Errorf("%w: want a positive number of deliveries, such as 5", err)
+		return err
 	}
 	if err := inbox.CheckRetention(cfg.MessageRetention, cfg.Broker.RedeliveryHorizon(), cfg.WebhookRetrySpan); err != nil {
-		return config{}, fmt.Errorf("MESSAGE_RETENTION (%s) must be longer than the broker's redelivery horizon (%s: its backoff over EVENTS_MAX_DELIVER deliveries) and PROCESSOR_WEBHOOK_RETRY_SPAN (%s): %w",
+		return fmt.Errorf("MESSAGE_RETENTION (%s) must be longer than the broker's redelivery horizon (%s: its backoff over EVENTS_MAX_DELIVER deliveries) and PROCESSOR_WEBHOOK_RETRY_SPAN (%s): %w",
 			cfg.MessageRetention, cfg.Broker.RedeliveryHorizon(), cfg.WebhookRetrySpan, err)
 	}
-	s := getenv("RATE_LIMIT_RPS")
-	if cfg.RateLimit.Rate, err = strconv.ParseFloat(s, 64); err != nil || cfg.RateLimit.Rate < 0 || math.IsInf(cfg.RateLimit.Rate, 0) || math.IsNaN(cfg.RateLimit.Rate) {
-		return config{}, fmt.Errorf("RATE_LIMIT_RPS=%q: want requests per second and tenant, such as 100 (0 turns the limit off)", s)
-	}
-	if cfg.RateLimit.Burst, err = atLeastOne("RATE_LIMIT_BURST", getenv); err != nil {
-		return config{}, fmt.Errorf("%w: want a positive number of requests, such as 200", err)
-	}
-	s = getenv("IDEMPOTENCY_KEY_BUDGET")
-	if cfg.KeyBudget, err = strconv.ParseInt(s, 10, 64); err != nil || cfg.KeyBudget < 0 {
-		return config{}, fmt.Errorf("IDEMPOTENCY_KEY_BUDGET=%q: want how many live keys a tenant may hold, such as 1000000 (0 turns the budget off)", s)
-	}
-	if cfg.KeyBudget == 0 {
-		cfg.KeyBudget = -1
-	}
-	if cfg.ReaperBatch, err = atLeastOne("REAPER_BATCH", getenv); err != nil {
-		return config{}, fmt.Errorf("%w: want a positive number of rows, such as 500", err)
-	}
-	s = getenv("EVENT_WORKERS")
-	if cfg.EventWorkers, err = strconv.ParseBool(s); err != nil {
-		return config{}, fmt.Errorf("EVENT_WORKERS=%q: want true or false", s)
-	}
-	s = getenv("REAPER_DUTY")
-	if cfg.ReaperDuty, err = strconv.ParseFloat(s, 64); err != nil || cfg.ReaperDuty <= 0 || cfg.ReaperDuty > 1 {
-		return config{}, fmt.Errorf("REAPER_DUTY=%q: want a share of time above 0 and at most 1, such as 0.05", s)
-	}
-	if cfg.MaxConnections, err = atLeastOne("MAX_CONNECTIONS", getenv); err != nil {
-		return config{}, fmt.Errorf("%w: want a positive number, such as 1024", err)
-	}
-	if cfg.Clients, err = clientaddr.Parse(getenv("TRUSTED_PROXIES"), clientaddr.Header(getenv("TRUSTED_PROXY_HEADER"))); err != nil {
-		return config{}, fmt.Errorf("TRUSTED_PROXIES=%q, TRUSTED_PROXY_HEADER=%q: %w", getenv("TRUSTED_PROXIES"), getenv("TRUSTED_PROXY_HEADER"), err)
-	}
-	s = getenv("LOG_LEVEL")
-	if err := cfg.LogLevel.UnmarshalText([]byte(s)); err != nil {
-		return config{}, fmt.Errorf("LOG_LEVEL=%q: want debug, info, warn or error", s)
-	}
-	return cfg, nil
+	return nil
 }
 
-// atLeastOne reads the variable name as a whole number of at least 1; its
-// error starts with NAME="value".
-func atLeastOne(name string, getenv func(string) string) (int, error) {
-	s := getenv(name)
-	v, err := strconv.Atoi(s)
-	if err != nil || v < 1 {
-		return 0, fmt.Errorf("%s=%q", name, s)
+// The parsers of settings: each reads one value into its field, or says
+// what it wants.
+
+func text(field func(*config) *string) func(*config, string) error {
+	return func(c *config, v string) error {
+		*field(c) = v
+		return nil
 	}
-	return v, nil
+}
+
+var errWantDuration = errors.New("want a positive duration such as 2s or 24h")
+
+// positive reads a duration above zero.
+func positive(field func(*config) *time.Duration) func(*config, string) error {
+	return func(c *config, v string) error {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return errWantDuration
+		}
+		*field(c) = d
+		return nil
+	}
+}
+
+// orOff reads a duration of zero (which turns the thing off) or more.
+func orOff(field func(*config) *time.Duration) func(*config, string) error {
+	return func(c *config, v string) error {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			return errors.New("want a positive duration such as 2s or 24h, or 0 to turn it off")
+		}
+		*field(c) = d
+		return nil
+	}
+}
+
+// atLeastOne reads a whole number of at least 1; want says what it counts.
+func atLeastOne(field func(*config) *int, want string) func(*config, string) error {
+	return func(c *config, v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			return errors.New("want " + want)
+		}
+		*field(c) = n
+		return nil
+	}
+}
+
+func parseReaperDuty(c *config, v string) (err error) {
+	if c.ReaperDuty, err = strconv.ParseFloat(v, 64); err != nil || c.ReaperDuty <= 0 || c.ReaperDuty > 1 {
+		return errors.New("want a share of time above 0 and at most 1, such as 0.05")
+	}
+	return nil
+}
+
+func parseRateLimit(c *config, v string) (err error) {
+	r := &c.RateLimit.Rate
+	if *r, err = strconv.ParseFloat(v, 64); err != nil || *r < 0 || math.IsInf(*r, 0) || math.IsNaN(*r) {
+		return errors.New("want requests per second and tenant, such as 100 (0 turns the limit off)")
+	}
+	return nil
+}
+
+func parseKeyBudget(c *config, v string) (err error) {
+	if c.KeyBudget, err = strconv.ParseInt(v, 10, 64); err != nil || c.KeyBudget < 0 {
+		return errors.New("want how many live keys a tenant may hold, such as 1000000 (0 turns the budget off)")
+	}
+	if c.KeyBudget == 0 {
+		c.KeyBudget = -1
+	}
+	return nil
+}
+
+// parseTrustedProxies checks the list; TRUSTED_PROXY_HEADER, read next,
+// builds the resolver from it.
+func parseTrustedProxies(c *config, v string) error {
+	if _, err := clientaddr.Parse(v, clientaddr.XForwardedFor); err != nil {
+		return err
+	}
+	c.trustedProxies = v
+	return nil
+}
+
+func parseTrustedProxyHeader(c *config, v string) (err error) {
+	c.Clients, err = clientaddr.Parse(c.trustedProxies, clientaddr.Header(v))
+	return err
+}
+
+func parseEventWorkers(c *config, v string) (err error) {
+	if c.EventWorkers, err = strconv.ParseBool(v); err != nil {
+		return errors.New("want true or false")
+	}
+	return nil
+}
+
+func parseEventsReplicas(c *config, v string) (err error) {
+	if c.Broker.Replicas, err = strconv.Atoi(v); err != nil || c.Broker.Replicas < 1 || c.Broker.Replicas > broker.MaxReplicas {
+		return fmt.Errorf("want the number of NATS servers that keep each stream, 1 to %d (3 in a cluster of three)", broker.MaxReplicas)
+	}
+	return nil
+}
+
+func parseWebhookSecrets(c *config, v string) error {
+	for sec := range strings.SplitSeq(v, ",") {
+		if sec = strings.TrimSpace(sec); sec != "" {
+			c.WebhookSecrets = append(c.WebhookSecrets, sec)
+		}
+	}
+	return nil
+}
+
+// parseWebhookScheme reads the scheme, and checks the secrets read before
+// it against it.
+func parseWebhookScheme(c *config, v string) error {
+	switch v {
+	case string(webhook.SchemeProcessor):
+		c.WebhookScheme = webhook.SchemeProcessor
+	case string(webhook.SchemeStandard):
+		c.WebhookScheme = webhook.SchemeStandard
+		for _, sec := range c.WebhookSecrets {
+			if _, err := webhook.StandardKey(sec); err != nil {
+				return errors.New("with WEBHOOK_SCHEME=standard each of WEBHOOK_SECRETS is whsec_ followed by the base64 of at least 16 bytes, as the processor shows it")
+			}
+		}
+	default:
+		return errors.New("want processor (Processor-Signature, the default) or standard (Standard Webhooks)")
+	}
+	return nil
+}
+
+func parseLogLevel(c *config, v string) error {
+	if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
+		return errors.New("want debug, info, warn or error")
+	}
+	return nil
 }

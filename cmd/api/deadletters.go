@@ -12,6 +12,7 @@ import (
 	"github.com/idemref/payments/internal/consumer"
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/events"
+	"github.com/idemref/payments/internal/messaging"
 )
 
 // deadLetters runs `api deadletters list` and `api deadletters redrive`:
@@ -25,7 +26,7 @@ func deadLetters(ctx context.Context, cfg config, action string, stdout io.Write
 	}
 	nc, js, err := broker.Connect(cfg.NatsURL, "payments-api-deadletters")
 	if err != nil {
-		return fmt.Errorf("NATS_URL %s: %w: start the broker, or point NATS_URL at it", redactURL(cfg.NatsURL), err)
+		return fmt.Errorf("NATS_URL %s: %w: start the broker, or point NATS_URL at it", messaging.RedactURL(cfg.NatsURL), err)
 	}
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)

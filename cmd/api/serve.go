@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -19,6 +18,8 @@ import (
 	"github.com/idemref/payments/internal/dbmigrate"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
+	"github.com/idemref/payments/internal/messaging"
+	"github.com/idemref/payments/internal/orders"
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
 	"github.com/idemref/payments/internal/reaper"
@@ -58,10 +59,10 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 	// Whether events flow, for /readyz, when this process runs the relay
 	// and the consumers.
 	var events func() (bool, string)
-	var messaging *eventsState
+	var eventsState *messaging.State
 	if cfg.EventWorkers {
-		messaging = newEventsState()
-		events = messaging.status
+		eventsState = messaging.NewState()
+		events = eventsState.Status
 	}
 	handler := httpapi.NewHandler(httpapi.Config{
 		Pool:             pool,
@@ -107,7 +108,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 	ln = conns
 	logger.Info("listening", slog.String("addr", ln.Addr().String()), slog.Int("max_connections", cfg.MaxConnections),
 		slog.String("database", databaseTarget(cfg.DatabaseURL)), slog.String("processor", cfg.ProcessorURL),
-		slog.String("nats", redactURL(cfg.NatsURL)))
+		slog.String("nats", messaging.RedactURL(cfg.NatsURL)))
 	if ready != nil {
 		ready(ln.Addr().String())
 	}
@@ -121,7 +122,11 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 			return err
 		}
 		defer closeListenPool()
-		defer startMessaging(ctx, pool, listenPool, cfg, logger, messaging)()
+		defer messaging.Start(ctx, messaging.Config{
+			Pool: pool, ListenPool: listenPool, NatsURL: cfg.NatsURL, Broker: cfg.Broker, OutboxClaimHold: cfg.OutboxClaimHold,
+			Consumer: messaging.Consumer{Name: orders.ConsumerName, Subjects: orders.Subjects, Apply: orders.ApplyEvent},
+			Logger:   logger, State: eventsState,
+		})()
 	}
 
 	// The completer runs beside the server and stops with it.
@@ -212,7 +217,7 @@ func runCompleter(ctx context.Context, cfg config, logger *slog.Logger) error {
 
 // newReaper builds the reaper from cfg.
 func newReaper(pool *pgxpool.Pool, cfg config, logger *slog.Logger) *reaper.Reaper {
-	return reaper.New(pool, reaperConfig(cfg, logger))
+	return reaper.New(pool, reaper.Config{Interval: cfg.ReaperInterval, Batch: cfg.ReaperBatch, Duty: cfg.ReaperDuty, MessageRetention: cfg.MessageRetention, Logger: logger})
 }
 
 // runReaper makes one reaper pass and prints its counts, or with loop runs
@@ -289,13 +294,4 @@ func databaseTarget(databaseURL string) string {
 		return "(unparsable DATABASE_URL)"
 	}
 	return fmt.Sprintf("%s:%d/%s", cfg.Host, cfg.Port, cfg.Database)
-}
-
-// redactURL drops a URL's password.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	return u.Redacted()
 }
