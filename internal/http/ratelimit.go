@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"golang.org/x/time/rate"
 )
 
 // RateLimit is the per-tenant token bucket (R1): each tenant may send Burst
@@ -30,20 +32,21 @@ const (
 	DefaultRateBurst = 200
 )
 
-// limiter holds one token bucket per key that sent a request: a tenant
-// (authenticated first, so the map is bounded by the number of tenants) or
-// a client address (bounded by maxBuckets).
+// limiter holds one token bucket (golang.org/x/time/rate) per key that
+// sent a request: a tenant (authenticated first, so the map is bounded by
+// the number of tenants) or a client (bounded by maxBuckets).
 type limiter[K comparable] struct {
-	rate, burst float64
-	now         func() time.Time
+	limit rate.Limit
+	burst int
+	now   func() time.Time
 
 	mu      sync.Mutex
 	buckets map[K]*bucket
 }
 
 type bucket struct {
-	tokens float64
-	at     time.Time
+	*rate.Limiter
+	charged time.Time // the last take
 }
 
 // maxBuckets bounds a limiter's map. Past it, buckets that refilled are
@@ -53,7 +56,7 @@ type bucket struct {
 const maxBuckets = 100_000
 
 func newLimiter[K comparable](cfg RateLimit) *limiter[K] {
-	return &limiter[K]{rate: cfg.Rate, burst: float64(max(cfg.Burst, 1)), now: time.Now, buckets: map[K]*bucket{}}
+	return &limiter[K]{limit: rate.Limit(cfg.Rate), burst: max(cfg.Burst, 1), now: time.Now, buckets: map[K]*bucket{}}
 }
 
 // take takes one token from key's bucket. It returns whether it got one,
@@ -67,19 +70,13 @@ func (l *limiter[K]) take(key K) (ok bool, remaining int, next time.Duration) {
 		if len(l.buckets) >= maxBuckets {
 			l.pruneLocked(now)
 		}
-		b = &bucket{tokens: l.burst, at: now}
+		b = &bucket{Limiter: rate.NewLimiter(l.limit, l.burst)}
 		l.buckets[key] = b
 	}
-	b.tokens = math.Min(l.burst, b.tokens+now.Sub(b.at).Seconds()*l.rate)
-	b.at = now
-	if b.tokens >= 1 {
-		b.tokens--
-		ok = true
-	}
-	if b.tokens < 1 {
-		next = time.Duration((1 - b.tokens) / l.rate * float64(time.Second))
-	}
-	return ok, int(b.tokens), next
+	b.charged = now
+	ok = b.AllowN(now, 1)
+	tokens := b.TokensAt(now)
+	return ok, int(tokens), l.untilOne(tokens)
 }
 
 // empty reports, without taking anything, whether key's bucket has no
@@ -92,26 +89,32 @@ func (l *limiter[K]) empty(key K) (bool, time.Duration) {
 	if !found {
 		return false, 0
 	}
-	tokens := math.Min(l.burst, b.tokens+now.Sub(b.at).Seconds()*l.rate)
-	if tokens >= 1 {
-		return false, 0
-	}
-	return true, time.Duration((1 - tokens) / l.rate * float64(time.Second))
+	tokens := b.TokensAt(now)
+	return tokens < 1, l.untilOne(tokens)
 }
 
-// takenWithin reports whether a token was taken from key's bucket in the
-// last d (a bucket dropped by pruneLocked had refilled: taken long ago).
+// untilOne is how long a bucket holding tokens takes to hold one whole
+// token: 0 if it does.
+func (l *limiter[K]) untilOne(tokens float64) time.Duration {
+	if tokens >= 1 {
+		return 0
+	}
+	return time.Duration((1 - tokens) / float64(l.limit) * float64(time.Second))
+}
+
+// takenWithin reports whether key's bucket was taken from in the last d
+// (a bucket dropped by pruneLocked had refilled: taken from long ago).
 func (l *limiter[K]) takenWithin(key K, d time.Duration) bool {
 	now := l.now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	b, found := l.buckets[key]
-	return found && now.Sub(b.at) < d
+	return found && now.Sub(b.charged) < d
 }
 
 func (l *limiter[K]) pruneLocked(now time.Time) {
 	for k, b := range l.buckets {
-		if b.tokens+now.Sub(b.at).Seconds()*l.rate >= l.burst {
+		if b.TokensAt(now) >= float64(l.burst) {
 			delete(l.buckets, k)
 		}
 	}
@@ -130,8 +133,8 @@ func (a *api) rateLimit(next http.Handler) http.Handler {
 		return next
 	}
 	l := a.limiter
-	window := int64(math.Ceil(l.burst / l.rate))
-	policy := fmt.Sprintf(`"tenant";q=%d;w=%d`, int64(l.burst), window)
+	window := int64(math.Ceil(float64(l.burst) / float64(l.limit)))
+	policy := fmt.Sprintf(`"tenant";q=%d;w=%d`, l.burst, window)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ok, remaining, wait := l.take(tenantFrom(r.Context()))
 		secs := ceilSeconds(wait)

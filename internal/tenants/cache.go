@@ -4,36 +4,40 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
+	lru "github.com/hashicorp/golang-lru/v2"
 
 	"github.com/idemref/payments/internal/db/dbsqlc"
 )
 
-// maxCachedKeys bounds each of the cache's two maps (keys that
-// authenticated, keys that did not); past it that map starts over empty,
-// so memory stays bounded whatever a flood of made-up keys does.
+// maxCachedKeys bounds each of the cache's two lists (keys that
+// authenticated, keys that did not): past it the least recently used key
+// gives way, so memory stays bounded whatever a flood of made-up keys does,
+// and the keys in use stay.
 const maxCachedKeys = 10_000
 
 // Cache remembers, for ttl, which keys authenticated and which did not,
 // so a busy tenant (or a tenant flooding past its rate limit) costs one
 // database lookup per key and ttl instead of one per request, and so does
 // a client repeating a wrong or revoked key (R5). A flood of ever new
-// made-up keys misses it every time: the per-address limit in front of it
-// (internal/http) bounds that. The price: a revoked key keeps working for
+// made-up keys misses it every time: the lookup budgets in front of it
+// (internal/http) bound that. The price: a revoked key keeps working for
 // up to ttl in each process. A key is never refused because of the
 // negative entries: keys are random secrets, so no key is tried before it
 // exists.
+//
+// Each list is an LRU (golang-lru) whose entries carry their own expiry,
+// checked when read: the library's expirable LRU would do the same with a
+// goroutine per cache that never stops.
 type Cache struct {
 	q   dbsqlc.DBTX
 	ttl time.Duration
 	now func() time.Time
 
-	mu      sync.Mutex
-	entries map[[sha256.Size]byte]cached
-	unknown map[[sha256.Size]byte]time.Time // until when the key is known not to authenticate
+	known   *lru.Cache[[sha256.Size]byte, cached]
+	unknown *lru.Cache[[sha256.Size]byte, time.Time] // until when the key is known not to authenticate
 }
 
 type cached struct {
@@ -43,7 +47,9 @@ type cached struct {
 
 // NewCache returns a cache over q; a ttl of zero or less caches nothing.
 func NewCache(q dbsqlc.DBTX, ttl time.Duration) *Cache {
-	return &Cache{q: q, ttl: ttl, now: time.Now, entries: map[[sha256.Size]byte]cached{}, unknown: map[[sha256.Size]byte]time.Time{}}
+	known, _ := lru.New[[sha256.Size]byte, cached](maxCachedKeys)
+	unknown, _ := lru.New[[sha256.Size]byte, time.Time](maxCachedKeys)
+	return &Cache{q: q, ttl: ttl, now: time.Now, known: known, unknown: unknown}
 }
 
 // Cached answers from the cache alone: the tenant of a key that
@@ -56,12 +62,10 @@ func (c *Cache) Cached(key string) (tenant uuid.UUID, found bool, err error) {
 	}
 	h := sha256.Sum256([]byte(key))
 	now := c.now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if e, ok := c.entries[h]; ok && now.Before(e.expires) {
+	if e, ok := c.known.Get(h); ok && now.Before(e.expires) {
 		return e.tenant, true, nil
 	}
-	if until, ok := c.unknown[h]; ok && now.Before(until) {
+	if until, ok := c.unknown.Get(h); ok && now.Before(until) {
 		return uuid.Nil, true, ErrUnauthenticated
 	}
 	return uuid.Nil, false, nil
@@ -80,18 +84,11 @@ func (c *Cache) Authenticate(ctx context.Context, key string) (uuid.UUID, error)
 	}
 	h := sha256.Sum256([]byte(key))
 	until := c.now().Add(c.ttl)
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	if err != nil {
-		if len(c.unknown) >= maxCachedKeys {
-			clear(c.unknown)
-		}
-		c.unknown[h] = until
+		c.unknown.Add(h, until)
 		return id, err
 	}
-	if len(c.entries) >= maxCachedKeys {
-		clear(c.entries)
-	}
-	c.entries[h] = cached{tenant: id, expires: until}
+	c.unknown.Remove(h)
+	c.known.Add(h, cached{tenant: id, expires: until})
 	return id, nil
 }
