@@ -137,6 +137,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
+	shmDeadline := time.Now().Add(groupExitTimeout)
 	for attempt := 1; ; attempt++ {
 		port := opts.Port
 		if port == 0 {
@@ -151,7 +152,16 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 			log.Info("PostgreSQL started", "dir", dir, "port", port)
 			return c, nil
 		}
-		if opts.Port != 0 || attempt == portAttempts || !errors.Is(err, errPortInUse) {
+		if shmStillAttached(err) && time.Now().Before(shmDeadline) {
+			// A killed server's backends can still be detaching from its
+			// shared memory when the next start on the directory comes
+			// (they are not our children, and a busy machine reaps them
+			// late): PostgreSQL refuses to start until they are gone.
+			log.Warn("the previous server's shared memory is still attached; starting again shortly", "dir", dir)
+			time.Sleep(200 * time.Millisecond)
+			continue
+		}
+		if opts.Port != 0 || attempt >= portAttempts || !errors.Is(err, errPortInUse) {
 			removeTemp(tempSocket)
 			return nil, err
 		}
@@ -266,6 +276,14 @@ func (c *Cluster) kill() {
 	for deadline := time.Now().Add(groupExitTimeout); groupAlive(pgid) && time.Now().Before(deadline); {
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// shmStillAttached reports whether a start failed because processes of a
+// killed server on the same directory still hold its shared memory
+// (PostgreSQL's FATAL "pre-existing shared memory block ... is still in
+// use", which the error carries from the server's log).
+func shmStillAttached(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "pre-existing shared memory block")
 }
 
 func initialized(dir string) bool {
