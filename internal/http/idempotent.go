@@ -113,7 +113,10 @@ func prepare[T any, PT interface {
 	rctx := chi.RouteContext(r.Context())
 	params := map[string]string{}
 	for i, k := range rctx.URLParams.Keys {
-		params[k] = canonicalParam(rctx.URLParams.Values[i])
+		// Every id has one spelling (validation.ParseID), so a path
+		// parameter is fingerprinted as sent: two paths that differ name
+		// two resources, or none.
+		params[k] = rctx.URLParams.Values[i]
 	}
 	fingerprint, err := idem.Fingerprint(endpoint, params, req)
 	if err != nil {
@@ -121,16 +124,4 @@ func prepare[T any, PT interface {
 	}
 	claim := idem.Claim{TenantID: tenantFrom(r.Context()), Endpoint: endpoint, Key: key, Fingerprint: fingerprint}
 	return claim, (*T)(req), true
-}
-
-// canonicalParam is the path parameter as the handler will understand it,
-// so that two paths naming one resource are one request (F1): every path
-// parameter of this API is a UUID, which parses case-insensitively, so a
-// retry that spells the id in upper case replays instead of getting 422.
-// Anything else is fingerprinted as sent; the handler rejects it anyway.
-func canonicalParam(v string) string {
-	if id, err := uuid.Parse(v); err == nil {
-		return id.String()
-	}
-	return v
 }
