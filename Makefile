@@ -90,16 +90,18 @@ fuzz-ci: ## Fuzz every target for a few seconds each (FUZZTIME=3s; what CI runs)
 	  done; \
 	done
 
-generate: ## Regenerate the sqlc code (internal/db/dbsqlc) and the client's types and operations (client/api) from openapi.yaml
+generate: ## Regenerate the sqlc code (internal/db/dbsqlc), the client's types and operations (client/api) from openapi.yaml, and db/schema.sql from the migrations
 	$(SQLC) generate
 	cd client/api && $(OAPI) -config oapi-codegen.yaml ../../openapi.yaml
+	$(GO) run ./tools/schema -o db/schema.sql
 
-verify: ## Fail if generated code or go.mod is out of date
+verify: ## Fail if generated code, db/schema.sql or go.mod is out of date
 	$(SQLC) diff
 	@tmp=$$(mktemp -d) && trap 'rm -rf $$tmp' EXIT && \
 	sed 's|^output: .*|output: '$$tmp'/api.gen.go|' client/api/oapi-codegen.yaml > $$tmp/config.yaml && \
 	$(OAPI) -config $$tmp/config.yaml openapi.yaml && \
 	diff -u client/api/api.gen.go $$tmp/api.gen.go || { echo "client/api/api.gen.go is stale: run make generate"; exit 1; }
+	$(GO) run ./tools/schema -check db/schema.sql
 	$(GO) mod tidy -diff
 
 lint: ## go vet, gofmt and golangci-lint (v2.15.0, the linters and exclusions of .golangci.yml)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemref/payments/client"
 	"github.com/idemref/payments/client/api"
+	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
 )
 
@@ -19,7 +20,7 @@ import (
 // the router matched (method plus route template) and the key.
 type sent struct{ endpoint, key string }
 
-// tableServer routes exactly the endpoints of idem.Endpoints, the way the
+// tableServer routes exactly the endpoints of httpapi.Endpoints, the way the
 // server does, and records what each request matched; any other request is
 // 404.
 func tableServer(t *testing.T) (*httptest.Server, func() []sent) {
@@ -29,7 +30,7 @@ func tableServer(t *testing.T) (*httptest.Server, func() []sent) {
 		seen []sent
 	)
 	r := chi.NewRouter()
-	for _, e := range idem.Endpoints {
+	for _, e := range httpapi.Endpoints {
 		r.Method(e.Method, e.Route, http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 			mu.Lock()
 			seen = append(seen, sent{req.Method + " " + chi.RouteContext(req.Context()).RoutePattern(), req.Header.Get(idem.HeaderName)})
@@ -49,7 +50,7 @@ func tableServer(t *testing.T) (*httptest.Server, func() []sent) {
 }
 
 // The client lives apart from the server's packages (a fork may publish it
-// alone), so its endpoints are checked against idem.Endpoints here: every
+// alone), so its endpoints are checked against httpapi.Endpoints here: every
 // operation that sends an Idempotency-Key sends it to an endpoint of the
 // table, under the name the client gives that endpoint (its key-status
 // lookups and errors use it), and every endpoint of the table has such an
@@ -82,7 +83,7 @@ func TestIdempotentOperationsFollowTable(t *testing.T) {
 	for _, op := range ops {
 		key := "k-" + uuid.NewString()
 		if err := op.call(t.Context(), key); err != nil {
-			t.Errorf("%s: %v (sent to a route idem.Endpoints does not list?)", op.endpoint, err)
+			t.Errorf("%s: %v (sent to a route httpapi.Endpoints does not list?)", op.endpoint, err)
 			continue
 		}
 		got := requests()
@@ -91,7 +92,7 @@ func TestIdempotentOperationsFollowTable(t *testing.T) {
 		}
 		covered[op.endpoint] = true
 	}
-	for _, e := range idem.Endpoints {
+	for _, e := range httpapi.Endpoints {
 		if !covered[e.String()] {
 			t.Errorf("the client has no operation for %s", e)
 		}

@@ -2076,20 +2076,19 @@ type ClientInterface interface {
 	// state machine. Each step commits in its own transaction together with
 	// the key's recovery point:
 	//
-	// 1. `payment_created`: the key is claimed with a lease and, in the same
-	//    transaction, the order is checked and the payment row inserted
-	//    (status `created`). The order must exist (`422 order_not_found`),
-	//    have no payment that has not been declined or failed
-	//    (`409 payment_exists`, the natural-key backstop), and `amount` and
-	//    `currency` must equal what it still owes
-	//    (`422 payment_amount_mismatch`). These failures, and
+	// 1. `charge_sent`: the key is claimed with a lease and, in the same
+	//    transaction, the order is checked and the payment row inserted,
+	//    already marked `charge_sent`. The order must exist
+	//    (`422 order_not_found`), have no payment that has not been
+	//    declined or failed (`409 payment_exists`, the natural-key
+	//    backstop), and `amount` and `currency` must equal what it still
+	//    owes (`422 payment_amount_mismatch`). These failures, and
 	//    `400 validation_failed`, are recorded and replayed; no payment row
-	//    is left behind.
-	// 2. `charge_sent`: the payment becomes `charge_sent`, then the
-	//    processor is called with a derived key (SHA-256 of the tenant, the
-	//    endpoint, your key and the step name `charge`), never with your key
-	//    itself and never with a fresh one.
-	// 3. `finished`: the processor's answer is written to the payment
+	//    is left behind. After the commit the processor is called with a
+	//    derived key (SHA-256 of the tenant, the endpoint, your key and the
+	//    step name `charge`), never with your key itself and never with a
+	//    fresh one.
+	// 2. `finished`: the processor's answer is written to the payment
 	//    (on success with a `payment.succeeded` event in the outbox, from
 	//    which the orders consumer credits the order, which becomes `paid`
 	//    shortly after) and the exact response is recorded on the key:
@@ -2147,20 +2146,19 @@ type ClientInterface interface {
 	// state machine. Each step commits in its own transaction together with
 	// the key's recovery point:
 	//
-	// 1. `payment_created`: the key is claimed with a lease and, in the same
-	//    transaction, the order is checked and the payment row inserted
-	//    (status `created`). The order must exist (`422 order_not_found`),
-	//    have no payment that has not been declined or failed
-	//    (`409 payment_exists`, the natural-key backstop), and `amount` and
-	//    `currency` must equal what it still owes
-	//    (`422 payment_amount_mismatch`). These failures, and
+	// 1. `charge_sent`: the key is claimed with a lease and, in the same
+	//    transaction, the order is checked and the payment row inserted,
+	//    already marked `charge_sent`. The order must exist
+	//    (`422 order_not_found`), have no payment that has not been
+	//    declined or failed (`409 payment_exists`, the natural-key
+	//    backstop), and `amount` and `currency` must equal what it still
+	//    owes (`422 payment_amount_mismatch`). These failures, and
 	//    `400 validation_failed`, are recorded and replayed; no payment row
-	//    is left behind.
-	// 2. `charge_sent`: the payment becomes `charge_sent`, then the
-	//    processor is called with a derived key (SHA-256 of the tenant, the
-	//    endpoint, your key and the step name `charge`), never with your key
-	//    itself and never with a fresh one.
-	// 3. `finished`: the processor's answer is written to the payment
+	//    is left behind. After the commit the processor is called with a
+	//    derived key (SHA-256 of the tenant, the endpoint, your key and the
+	//    step name `charge`), never with your key itself and never with a
+	//    fresh one.
+	// 2. `finished`: the processor's answer is written to the payment
 	//    (on success with a `payment.succeeded` event in the outbox, from
 	//    which the orders consumer credits the order, which becomes `paid`
 	//    shortly after) and the exact response is recorded on the key:
@@ -2686,20 +2684,19 @@ func (c *Client) ListPayments(ctx context.Context, params *ListPaymentsParams, r
 // state machine. Each step commits in its own transaction together with
 // the key's recovery point:
 //
-//  1. `payment_created`: the key is claimed with a lease and, in the same
-//     transaction, the order is checked and the payment row inserted
-//     (status `created`). The order must exist (`422 order_not_found`),
-//     have no payment that has not been declined or failed
-//     (`409 payment_exists`, the natural-key backstop), and `amount` and
-//     `currency` must equal what it still owes
-//     (`422 payment_amount_mismatch`). These failures, and
+//  1. `charge_sent`: the key is claimed with a lease and, in the same
+//     transaction, the order is checked and the payment row inserted,
+//     already marked `charge_sent`. The order must exist
+//     (`422 order_not_found`), have no payment that has not been
+//     declined or failed (`409 payment_exists`, the natural-key
+//     backstop), and `amount` and `currency` must equal what it still
+//     owes (`422 payment_amount_mismatch`). These failures, and
 //     `400 validation_failed`, are recorded and replayed; no payment row
-//     is left behind.
-//  2. `charge_sent`: the payment becomes `charge_sent`, then the
-//     processor is called with a derived key (SHA-256 of the tenant, the
-//     endpoint, your key and the step name `charge`), never with your key
-//     itself and never with a fresh one.
-//  3. `finished`: the processor's answer is written to the payment
+//     is left behind. After the commit the processor is called with a
+//     derived key (SHA-256 of the tenant, the endpoint, your key and the
+//     step name `charge`), never with your key itself and never with a
+//     fresh one.
+//  2. `finished`: the processor's answer is written to the payment
 //     (on success with a `payment.succeeded` event in the outbox, from
 //     which the orders consumer credits the order, which becomes `paid`
 //     shortly after) and the exact response is recorded on the key:
@@ -2767,20 +2764,19 @@ func (c *Client) CreatePaymentWithBody(ctx context.Context, params *CreatePaymen
 // state machine. Each step commits in its own transaction together with
 // the key's recovery point:
 //
-//  1. `payment_created`: the key is claimed with a lease and, in the same
-//     transaction, the order is checked and the payment row inserted
-//     (status `created`). The order must exist (`422 order_not_found`),
-//     have no payment that has not been declined or failed
-//     (`409 payment_exists`, the natural-key backstop), and `amount` and
-//     `currency` must equal what it still owes
-//     (`422 payment_amount_mismatch`). These failures, and
+//  1. `charge_sent`: the key is claimed with a lease and, in the same
+//     transaction, the order is checked and the payment row inserted,
+//     already marked `charge_sent`. The order must exist
+//     (`422 order_not_found`), have no payment that has not been
+//     declined or failed (`409 payment_exists`, the natural-key
+//     backstop), and `amount` and `currency` must equal what it still
+//     owes (`422 payment_amount_mismatch`). These failures, and
 //     `400 validation_failed`, are recorded and replayed; no payment row
-//     is left behind.
-//  2. `charge_sent`: the payment becomes `charge_sent`, then the
-//     processor is called with a derived key (SHA-256 of the tenant, the
-//     endpoint, your key and the step name `charge`), never with your key
-//     itself and never with a fresh one.
-//  3. `finished`: the processor's answer is written to the payment
+//     is left behind. After the commit the processor is called with a
+//     derived key (SHA-256 of the tenant, the endpoint, your key and the
+//     step name `charge`), never with your key itself and never with a
+//     fresh one.
+//  2. `finished`: the processor's answer is written to the payment
 //     (on success with a `payment.succeeded` event in the outbox, from
 //     which the orders consumer credits the order, which becomes `paid`
 //     shortly after) and the exact response is recorded on the key:
@@ -3916,20 +3912,19 @@ type ClientWithResponsesInterface interface {
 	// state machine. Each step commits in its own transaction together with
 	// the key's recovery point:
 	//
-	// 1. `payment_created`: the key is claimed with a lease and, in the same
-	//    transaction, the order is checked and the payment row inserted
-	//    (status `created`). The order must exist (`422 order_not_found`),
-	//    have no payment that has not been declined or failed
-	//    (`409 payment_exists`, the natural-key backstop), and `amount` and
-	//    `currency` must equal what it still owes
-	//    (`422 payment_amount_mismatch`). These failures, and
+	// 1. `charge_sent`: the key is claimed with a lease and, in the same
+	//    transaction, the order is checked and the payment row inserted,
+	//    already marked `charge_sent`. The order must exist
+	//    (`422 order_not_found`), have no payment that has not been
+	//    declined or failed (`409 payment_exists`, the natural-key
+	//    backstop), and `amount` and `currency` must equal what it still
+	//    owes (`422 payment_amount_mismatch`). These failures, and
 	//    `400 validation_failed`, are recorded and replayed; no payment row
-	//    is left behind.
-	// 2. `charge_sent`: the payment becomes `charge_sent`, then the
-	//    processor is called with a derived key (SHA-256 of the tenant, the
-	//    endpoint, your key and the step name `charge`), never with your key
-	//    itself and never with a fresh one.
-	// 3. `finished`: the processor's answer is written to the payment
+	//    is left behind. After the commit the processor is called with a
+	//    derived key (SHA-256 of the tenant, the endpoint, your key and the
+	//    step name `charge`), never with your key itself and never with a
+	//    fresh one.
+	// 2. `finished`: the processor's answer is written to the payment
 	//    (on success with a `payment.succeeded` event in the outbox, from
 	//    which the orders consumer credits the order, which becomes `paid`
 	//    shortly after) and the exact response is recorded on the key:
@@ -3987,20 +3982,19 @@ type ClientWithResponsesInterface interface {
 	// state machine. Each step commits in its own transaction together with
 	// the key's recovery point:
 	//
-	// 1. `payment_created`: the key is claimed with a lease and, in the same
-	//    transaction, the order is checked and the payment row inserted
-	//    (status `created`). The order must exist (`422 order_not_found`),
-	//    have no payment that has not been declined or failed
-	//    (`409 payment_exists`, the natural-key backstop), and `amount` and
-	//    `currency` must equal what it still owes
-	//    (`422 payment_amount_mismatch`). These failures, and
+	// 1. `charge_sent`: the key is claimed with a lease and, in the same
+	//    transaction, the order is checked and the payment row inserted,
+	//    already marked `charge_sent`. The order must exist
+	//    (`422 order_not_found`), have no payment that has not been
+	//    declined or failed (`409 payment_exists`, the natural-key
+	//    backstop), and `amount` and `currency` must equal what it still
+	//    owes (`422 payment_amount_mismatch`). These failures, and
 	//    `400 validation_failed`, are recorded and replayed; no payment row
-	//    is left behind.
-	// 2. `charge_sent`: the payment becomes `charge_sent`, then the
-	//    processor is called with a derived key (SHA-256 of the tenant, the
-	//    endpoint, your key and the step name `charge`), never with your key
-	//    itself and never with a fresh one.
-	// 3. `finished`: the processor's answer is written to the payment
+	//    is left behind. After the commit the processor is called with a
+	//    derived key (SHA-256 of the tenant, the endpoint, your key and the
+	//    step name `charge`), never with your key itself and never with a
+	//    fresh one.
+	// 2. `finished`: the processor's answer is written to the payment
 	//    (on success with a `payment.succeeded` event in the outbox, from
 	//    which the orders consumer credits the order, which becomes `paid`
 	//    shortly after) and the exact response is recorded on the key:
@@ -6496,20 +6490,19 @@ func (c *ClientWithResponses) ListPaymentsWithResponse(ctx context.Context, para
 // state machine. Each step commits in its own transaction together with
 // the key's recovery point:
 //
-//  1. `payment_created`: the key is claimed with a lease and, in the same
-//     transaction, the order is checked and the payment row inserted
-//     (status `created`). The order must exist (`422 order_not_found`),
-//     have no payment that has not been declined or failed
-//     (`409 payment_exists`, the natural-key backstop), and `amount` and
-//     `currency` must equal what it still owes
-//     (`422 payment_amount_mismatch`). These failures, and
+//  1. `charge_sent`: the key is claimed with a lease and, in the same
+//     transaction, the order is checked and the payment row inserted,
+//     already marked `charge_sent`. The order must exist
+//     (`422 order_not_found`), have no payment that has not been
+//     declined or failed (`409 payment_exists`, the natural-key
+//     backstop), and `amount` and `currency` must equal what it still
+//     owes (`422 payment_amount_mismatch`). These failures, and
 //     `400 validation_failed`, are recorded and replayed; no payment row
-//     is left behind.
-//  2. `charge_sent`: the payment becomes `charge_sent`, then the
-//     processor is called with a derived key (SHA-256 of the tenant, the
-//     endpoint, your key and the step name `charge`), never with your key
-//     itself and never with a fresh one.
-//  3. `finished`: the processor's answer is written to the payment
+//     is left behind. After the commit the processor is called with a
+//     derived key (SHA-256 of the tenant, the endpoint, your key and the
+//     step name `charge`), never with your key itself and never with a
+//     fresh one.
+//  2. `finished`: the processor's answer is written to the payment
 //     (on success with a `payment.succeeded` event in the outbox, from
 //     which the orders consumer credits the order, which becomes `paid`
 //     shortly after) and the exact response is recorded on the key:
@@ -6573,20 +6566,19 @@ func (c *ClientWithResponses) CreatePaymentWithBodyWithResponse(ctx context.Cont
 // state machine. Each step commits in its own transaction together with
 // the key's recovery point:
 //
-//  1. `payment_created`: the key is claimed with a lease and, in the same
-//     transaction, the order is checked and the payment row inserted
-//     (status `created`). The order must exist (`422 order_not_found`),
-//     have no payment that has not been declined or failed
-//     (`409 payment_exists`, the natural-key backstop), and `amount` and
-//     `currency` must equal what it still owes
-//     (`422 payment_amount_mismatch`). These failures, and
+//  1. `charge_sent`: the key is claimed with a lease and, in the same
+//     transaction, the order is checked and the payment row inserted,
+//     already marked `charge_sent`. The order must exist
+//     (`422 order_not_found`), have no payment that has not been
+//     declined or failed (`409 payment_exists`, the natural-key
+//     backstop), and `amount` and `currency` must equal what it still
+//     owes (`422 payment_amount_mismatch`). These failures, and
 //     `400 validation_failed`, are recorded and replayed; no payment row
-//     is left behind.
-//  2. `charge_sent`: the payment becomes `charge_sent`, then the
-//     processor is called with a derived key (SHA-256 of the tenant, the
-//     endpoint, your key and the step name `charge`), never with your key
-//     itself and never with a fresh one.
-//  3. `finished`: the processor's answer is written to the payment
+//     is left behind. After the commit the processor is called with a
+//     derived key (SHA-256 of the tenant, the endpoint, your key and the
+//     step name `charge`), never with your key itself and never with a
+//     fresh one.
+//  2. `finished`: the processor's answer is written to the payment
 //     (on success with a `payment.succeeded` event in the outbox, from
 //     which the orders consumer credits the order, which becomes `paid`
 //     shortly after) and the exact response is recorded on the key:

@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemref/payments/internal/broker"
 	"github.com/idemref/payments/internal/events"
+	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/tooling/testdb"
 	"github.com/idemref/payments/internal/tooling/testkit"
@@ -62,8 +63,8 @@ func TestDeadLettersRedrive(t *testing.T) {
 	defer nc.Close()
 
 	order := uuid.New()
-	data, _ := json.Marshal(events.Payment{OrderID: order, Amount: 700, Currency: "EUR", Status: "succeeded"})
-	env := events.Envelope{ID: uuid.New(), Type: events.TypePaymentSucceeded, SchemaVersion: events.SchemaVersion, TenantID: tenant, Data: data}
+	data, _ := json.Marshal(payments.PaymentEvent{OrderID: order, Amount: 700, Currency: "EUR", Status: "succeeded"})
+	env := events.Envelope{ID: uuid.New(), Type: payments.TypePaymentSucceeded, SchemaVersion: events.SchemaVersion, TenantID: tenant, Data: data}
 	payload, _ := json.Marshal(env)
 	if _, err := js.PublishMsg(t.Context(), &nats.Msg{Subject: events.Subject(env.Type), Data: payload}, jetstream.WithMsgID(env.ID.String())); err != nil {
 		t.Fatal(err)

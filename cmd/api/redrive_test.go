@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemref/payments/internal/broker"
 	"github.com/idemref/payments/internal/events"
+	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/reaper"
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/tooling/testdb"
@@ -79,8 +80,8 @@ func TestRedriveNeverAppliesAnEventTwice(t *testing.T) {
 	}
 	publish := func(order uuid.UUID, occurred time.Time) events.Envelope {
 		t.Helper()
-		data, _ := json.Marshal(events.Payment{PaymentID: uuid.New(), OrderID: order, Amount: amount, Currency: "EUR", Status: "succeeded"})
-		env := events.Envelope{ID: uuid.New(), Type: events.TypePaymentSucceeded, SchemaVersion: events.SchemaVersion,
+		data, _ := json.Marshal(payments.PaymentEvent{PaymentID: uuid.New(), OrderID: order, Amount: amount, Currency: "EUR", Status: "succeeded"})
+		env := events.Envelope{ID: uuid.New(), Type: payments.TypePaymentSucceeded, SchemaVersion: events.SchemaVersion,
 			OccurredAt: occurred.UTC(), TenantID: tenant, Data: data}
 		payload, _ := json.Marshal(env)
 		if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: events.Subject(env.Type), Data: payload}, jetstream.WithMsgID(env.ID.String())); err != nil {

@@ -36,13 +36,14 @@ SELECT * FROM payments
 WHERE tenant_id = @tenant_id AND order_id = @order_id AND status NOT IN ('declined', 'failed');
 
 -- name: PaymentMarkChargeSent :one
--- Committed before every charge call: from here a call may be in flight,
--- and a crash cannot hide it from the attempt that resumes. Guarded: only
--- an unsettled payment is marked. No row back: a webhook settled it
--- meanwhile, and nothing may be sent (a mark would move it backwards).
+-- Committed before every charge call after the first (PaymentCreate marks
+-- the first): from here a call may be in flight, and a crash cannot hide
+-- it from the attempt that resumes. Guarded: only an unsettled payment is
+-- marked. No row back: a webhook settled it meanwhile, and nothing may be
+-- sent (a mark would move it backwards).
 UPDATE payments
-SET status = 'charge_sent', charge_sent_at = now(), charge_calls = charge_calls + 1, updated_at = now()
-WHERE tenant_id = @tenant_id AND id = @id AND status IN ('created', 'charge_sent')
+SET charge_sent_at = now(), charge_calls = charge_calls + 1, updated_at = now()
+WHERE tenant_id = @tenant_id AND id = @id AND status = 'charge_sent'
 RETURNING *;
 
 -- name: PaymentUnmarkChargeSent :execrows

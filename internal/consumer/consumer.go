@@ -48,8 +48,8 @@ import (
 	"github.com/idemref/payments/internal/broker"
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/events"
+	"github.com/idemref/payments/internal/failpoint"
 	"github.com/idemref/payments/internal/inbox"
-	"github.com/idemref/payments/internal/tooling/failpoint"
 )
 
 // Handler applies one event in tx, the transaction that also holds its

@@ -14,6 +14,7 @@ import (
 	"github.com/idemref/payments/internal/consumer"
 	"github.com/idemref/payments/internal/events"
 	"github.com/idemref/payments/internal/orders"
+	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/tooling/testdb"
 	"github.com/idemref/payments/internal/tooling/testkit"
 )
@@ -40,15 +41,15 @@ func TestDeadLetters(t *testing.T) {
 
 	publish := func(id string, data []byte) {
 		t.Helper()
-		if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: events.Subject(events.TypePaymentSucceeded), Data: data}, jetstream.WithMsgID(id)); err != nil {
+		if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: events.Subject(payments.TypePaymentSucceeded), Data: data}, jetstream.WithMsgID(id)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	publish("garbage", []byte("not json"))
 	// A payment of an order that does not exist: the update finds no row,
 	// every delivery fails.
-	orphan, _ := json.Marshal(events.Payment{OrderID: uuid.New(), Amount: 100, Currency: "EUR", Status: "succeeded"})
-	env, _ := json.Marshal(events.Envelope{ID: uuid.New(), Type: events.TypePaymentSucceeded, SchemaVersion: events.SchemaVersion, TenantID: uuid.New(), Data: orphan})
+	orphan, _ := json.Marshal(payments.PaymentEvent{OrderID: uuid.New(), Amount: 100, Currency: "EUR", Status: "succeeded"})
+	env, _ := json.Marshal(events.Envelope{ID: uuid.New(), Type: payments.TypePaymentSucceeded, SchemaVersion: events.SchemaVersion, TenantID: uuid.New(), Data: orphan})
 	publish("orphan", env)
 
 	reasons := map[string]string{}

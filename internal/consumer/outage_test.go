@@ -18,6 +18,7 @@ import (
 	"github.com/idemref/payments/internal/consumer"
 	"github.com/idemref/payments/internal/events"
 	"github.com/idemref/payments/internal/orders"
+	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/tooling/testdb"
 	"github.com/idemref/payments/internal/tooling/testkit"
@@ -89,8 +90,8 @@ func (f *outageBundle) order(t *testing.T, amount int64) uuid.UUID {
 // would: the envelope's id is the message id.
 func (f *outageBundle) paid(t *testing.T, order uuid.UUID, amount int64) {
 	t.Helper()
-	data, _ := json.Marshal(events.Payment{OrderID: order, Amount: amount, Currency: "EUR", Status: "succeeded"})
-	env := events.Envelope{ID: uuid.New(), Type: events.TypePaymentSucceeded, SchemaVersion: events.SchemaVersion, TenantID: f.tenant, Data: data}
+	data, _ := json.Marshal(payments.PaymentEvent{OrderID: order, Amount: amount, Currency: "EUR", Status: "succeeded"})
+	env := events.Envelope{ID: uuid.New(), Type: payments.TypePaymentSucceeded, SchemaVersion: events.SchemaVersion, TenantID: f.tenant, Data: data}
 	raw, _ := json.Marshal(env)
 	if _, err := f.js.PublishMsg(t.Context(), &nats.Msg{Subject: events.Subject(env.Type), Data: raw}, jetstream.WithMsgID(env.ID.String())); err != nil {
 		t.Fatal(err)

@@ -1,6 +1,8 @@
-// Package db owns the connection pool, the one transaction helper and the
-// translation of PostgreSQL errors into the few facts the rest of the code
-// branches on (unique violation by constraint name, lock timeout, transient).
+// Package db owns the connection pool, the transaction helpers (WithTx, a
+// plain pgx transaction, and WithPipelinedTx, which the idempotency paths
+// choose for its fewer round trips) and the translation of PostgreSQL
+// errors into the few facts the rest of the code branches on (unique
+// violation by constraint name, lock timeout, transient).
 // The generated sqlc code lives in the dbsqlc subpackage; only domain
 // packages import it.
 package db
@@ -64,9 +66,13 @@ type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// WithTx runs fn inside a transaction and commits when fn returns nil
-// (unless fn had the commit sent with its last statement: CommitAfterNext). A
-// panic in fn rolls the transaction back and goes on panicking.
+// WithTx runs fn inside a plain pgx transaction: BEGIN, fn's statements,
+// COMMIT, each in its own round trip. It commits when fn returns nil; a
+// panic in fn rolls the transaction back and goes on panicking. This is
+// the transaction for everything that is not the idempotency pattern's own
+// path; that path uses the pipelined one (WithPipelinedTx, in
+// pipeline.go), which spends fewer round trips and asks more of its
+// caller.
 //
 // The rollback runs under context.WithoutCancel: a request whose context was
 // cancelled must still roll back, or the connection goes back to the pool
@@ -77,22 +83,18 @@ type Beginner interface {
 // WithTx does not retry. Serialization failures and deadlocks surface to the
 // caller as transient errors (see IsTransient); the one-transaction
 // idempotency path answers 503 and the client's retry runs it again.
-func WithTx(ctx context.Context, db Beginner, fn func(ctx context.Context, tx pgx.Tx) error) (err error) {
-	var tx pgx.Tx
-	switch db := db.(type) {
-	case *pgxpool.Pool:
-		// A transaction on the pool is pipelined (see Tx): its BEGIN goes
-		// out with its first statement.
-		tx, err = Begin(ctx, db)
-	case *pgxpool.Conn:
-		// Likewise on a connection the caller holds, and keeps.
-		tx = BeginOn(db)
-	default:
-		tx, err = db.Begin(ctx)
-	}
+func WithTx(ctx context.Context, db Beginner, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	tx, err := db.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
+	return runTx(ctx, tx, fn)
+}
+
+// runTx runs fn in tx, which has begun, and commits when fn returns nil.
+// WithTx and WithPipelinedTx share it: they differ only in how the
+// transaction travels.
+func runTx(ctx context.Context, tx pgx.Tx, fn func(ctx context.Context, tx pgx.Tx) error) error {
 	// Always roll back, on every way out: after a commit it is a no-op, and
 	// after an error or a panic it ends the transaction, so the connection
 	// goes back to the pool clean and every row lock it held (an

@@ -26,6 +26,12 @@ import (
 // its rule: only call it when no result of the statement that follows can
 // change the decision to commit.
 //
+// A Tx is never the default: WithTx is a plain pgx transaction, and code
+// asks for this one by name (WithPipelinedTx, WithPipelinedTxOn) where its
+// round trips are the point, as on the idempotency paths (idem.Store's
+// Execute, Begin and Phase), whose cost per request is measured on the
+// wire (TestRoundTripsPerRequest in internal/http).
+//
 // A Tx implements pgx.Tx and is not safe for concurrent use, like any
 // transaction.
 type Tx struct {
@@ -68,6 +74,25 @@ func Begin(ctx context.Context, pool *pgxpool.Pool) (*Tx, error) {
 // connection throughout, instead of queueing for the pool three times.
 func BeginOn(conn *pgxpool.Conn) *Tx {
 	return &Tx{conn: conn, kept: true, pending: []queued{{sql: "BEGIN"}}}
+}
+
+// WithPipelinedTx is WithTx on a Tx: fn runs in a pipelined transaction
+// on a connection from pool, which goes back to the pool when it ends. In
+// fn, db.Deferred queues statements whose results nothing reads and
+// db.CommitAfterNext sends COMMIT with the last statement; the rollback
+// and commit rules are WithTx's.
+func WithPipelinedTx(ctx context.Context, pool *pgxpool.Pool, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	tx, err := Begin(ctx, pool)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	return runTx(ctx, tx, fn)
+}
+
+// WithPipelinedTxOn is WithPipelinedTx on conn, a connection the caller
+// holds and keeps: it is still checked out when the transaction ends.
+func WithPipelinedTxOn(ctx context.Context, conn *pgxpool.Conn, fn func(ctx context.Context, tx pgx.Tx) error) error {
+	return runTx(ctx, BeginOn(conn), fn)
 }
 
 // release gives the connection back to the pool, unless the caller keeps it.

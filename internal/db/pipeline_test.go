@@ -39,7 +39,7 @@ func setup(t *testing.T) *bundle {
 	t.Cleanup(pool.Close)
 	p := &bundle{pool: pool, direct: direct, wire: wire}
 	// Warm up: prepare every statement the tests send, then forget the row.
-	must(t, db.WithTx(t.Context(), pool, func(ctx context.Context, tx pgx.Tx) error {
+	must(t, db.WithPipelinedTx(t.Context(), pool, func(ctx context.Context, tx pgx.Tx) error {
 		if _, err := db.Deferred(tx).Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, "1000ms"); err != nil {
 			return err
 		}
@@ -54,7 +54,7 @@ func setup(t *testing.T) *bundle {
 	}))
 	// Savepoint names count from 1 in each transaction, so the RELEASE of
 	// the first one is prepared in a transaction of its own.
-	must(t, db.WithTx(t.Context(), pool, func(ctx context.Context, tx pgx.Tx) error {
+	must(t, db.WithPipelinedTx(t.Context(), pool, func(ctx context.Context, tx pgx.Tx) error {
 		sp, err := tx.Begin(ctx)
 		if err != nil {
 			return err
@@ -114,7 +114,7 @@ func (p *bundle) roundTrips(t *testing.T, fn func(ctx context.Context, tx pgx.Tx
 	t.Helper()
 	var txErr error
 	got, err := p.wire.Measure(t.Context(), func() error {
-		txErr = db.WithTx(t.Context(), p.pool, fn)
+		txErr = db.WithPipelinedTx(t.Context(), p.pool, fn)
 		return nil
 	})
 	must(t, err)
@@ -205,7 +205,7 @@ func TestPipelinedTransaction(t *testing.T) {
 			return insert(ctx, tx, 1, "duplicate") // unique violation
 		})
 		if err == nil {
-			t.Fatal("WithTx: nil error, want the unique violation")
+			t.Fatal("WithPipelinedTx: nil error, want the unique violation")
 		}
 		if got := p.notes(t); len(got) != 0 {
 			t.Errorf("rows = %q, want none: the COMMIT behind a failed statement must roll back", got)
@@ -224,7 +224,7 @@ func TestPipelinedTransaction(t *testing.T) {
 		defer conn.Release()
 		var before, after int
 		must(t, conn.QueryRow(t.Context(), `SELECT pg_backend_pid()`).Scan(&before))
-		err = db.WithTx(t.Context(), conn, func(ctx context.Context, tx pgx.Tx) error {
+		err = db.WithPipelinedTxOn(t.Context(), conn, func(ctx context.Context, tx pgx.Tx) error {
 			if err := insert(ctx, tx, 1, "one"); err != nil {
 				return err
 			}
@@ -232,7 +232,7 @@ func TestPipelinedTransaction(t *testing.T) {
 			return insert(ctx, tx, 1, "duplicate") // unique violation
 		})
 		if err == nil {
-			t.Fatal("WithTx: nil error, want the unique violation")
+			t.Fatal("WithPipelinedTx: nil error, want the unique violation")
 		}
 		if s := conn.Conn().PgConn().TxStatus(); s != 'I' {
 			t.Fatalf("held connection in transaction state %q after the failed COMMIT, want 'I'", s)
@@ -255,7 +255,7 @@ func TestPipelinedTransaction(t *testing.T) {
 			return insert(ctx, tx, 1, "one")
 		})
 		if err == nil {
-			t.Fatal("WithTx: nil error, want the queued statement's failure")
+			t.Fatal("WithPipelinedTx: nil error, want the queued statement's failure")
 		}
 		if got := p.notes(t); len(got) != 0 {
 			t.Errorf("rows = %q, want none", got)
@@ -304,7 +304,7 @@ func TestPipelinedTransaction(t *testing.T) {
 			return boom
 		})
 		if !errors.Is(err, boom) {
-			t.Fatalf("WithTx = %v, want boom", err)
+			t.Fatalf("WithPipelinedTx = %v, want boom", err)
 		}
 		if got := p.notes(t); len(got) != 0 {
 			t.Errorf("rows = %q, want none", got)
@@ -316,7 +316,7 @@ func TestPipelinedTransaction(t *testing.T) {
 		p := setup(t)
 		func() {
 			defer func() { _ = recover() }()
-			_ = db.WithTx(t.Context(), p.pool, func(ctx context.Context, tx pgx.Tx) error {
+			_ = db.WithPipelinedTx(t.Context(), p.pool, func(ctx context.Context, tx pgx.Tx) error {
 				if err := insert(ctx, tx, 1, "one"); err != nil {
 					return err
 				}

@@ -1,7 +1,11 @@
-// Package events defines the events this service publishes through the
-// outbox (M2) and its consumers read: their types, subjects, schema
-// version and payloads. Producer and consumers share these types, so a
-// change to an event is a change to this package and its schema version.
+// Package events defines what every event this service publishes through
+// the outbox (M2) travels in, and what its consumers read first: the
+// envelope, the broker subjects, the schema version and the source that
+// assigns event ids. The event types and their payloads belong to the
+// domain that publishes them (in the example, internal/payments/events.go),
+// so a fork replaces them with its domain and keeps this package; a change
+// to an event is a change to its payload there and, when old consumers
+// cannot read it, to SchemaVersion here.
 package events
 
 import (
@@ -19,19 +23,10 @@ import (
 // that an effect (internal/orders) needs nothing of the consumer.
 var ErrUnreadable = errors.New("unreadable event")
 
-// Event types.
-const (
-	// TypePaymentSucceeded: a payment's charge succeeded (data: Payment).
-	TypePaymentSucceeded = "payment.succeeded"
-	// TypePaymentFailed: a payment was declined or rejected (data: Payment).
-	TypePaymentFailed = "payment.failed"
-	// TypeRefundSucceeded: a refund was made (data: Refund).
-	TypeRefundSucceeded = "refund.succeeded"
-)
-
-// SchemaVersion is the version of every envelope and payload below. A
-// consumer rejects (dead-letters) a version it does not know instead of
-// guessing; a change that old consumers cannot read bumps it.
+// SchemaVersion is the version of every envelope and of the payload the
+// domain puts in it (Data). A consumer rejects (dead-letters) a version it
+// does not know instead of guessing; a change that old consumers cannot
+// read bumps it.
 const SchemaVersion = 1
 
 // SubjectPrefix prefixes the broker subject of every event; the rest is
@@ -54,23 +49,4 @@ type Envelope struct {
 	OccurredAt    time.Time       `json:"occurred_at"`
 	TenantID      uuid.UUID       `json:"tenant_id"`
 	Data          json.RawMessage `json:"data"`
-}
-
-// Payment is the data of payment.succeeded and payment.failed.
-type Payment struct {
-	PaymentID uuid.UUID `json:"payment_id"`
-	OrderID   uuid.UUID `json:"order_id"`
-	Amount    int64     `json:"amount"`
-	Currency  string    `json:"currency"`
-	Status    string    `json:"status"`
-	ChargeID  string    `json:"charge_id,omitempty"`
-}
-
-// Refund is the data of refund.succeeded.
-type Refund struct {
-	RefundID  uuid.UUID `json:"refund_id"`
-	PaymentID uuid.UUID `json:"payment_id"`
-	OrderID   uuid.UUID `json:"order_id"`
-	Amount    int64     `json:"amount"`
-	Currency  string    `json:"currency"`
 }

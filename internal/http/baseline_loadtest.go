@@ -25,9 +25,11 @@ func init() {
 
 // createOrderBaseline does what POST /v1/orders does, minus the key: the
 // same authentication and rate limit (the /v1 middleware), the same body
-// checks, the same validation and insert in one transaction (db.WithTx,
-// as a service without idempotency would write it: BEGIN, insert,
-// COMMIT), the same 201 body and Location. What it leaves out is exactly
+// checks, the same validation and insert in one transaction (BEGIN,
+// insert, COMMIT), the same 201 body and Location. The transaction is
+// pipelined (db.WithPipelinedTx) like the create's, so that P1 compares
+// the key's work and not two transports: BEGIN travels with the insert.
+// What it leaves out is exactly
 // the price of idempotency: no Idempotency-Key header, no fingerprint, no
 // claim, no savepoint, no recorded response. A retry of it creates a
 // second order, or meets the reference backstop (409).
@@ -39,7 +41,7 @@ func (a *api) createOrderBaseline(w http.ResponseWriter, r *http.Request) {
 	}
 	req.applyDefaults()
 	var out success
-	err := db.WithTx(r.Context(), a.pool, func(ctx context.Context, tx pgx.Tx) error {
+	err := db.WithPipelinedTx(r.Context(), a.pool, func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		out, err = createOrder(ctx, tx, tenantFrom(ctx), &req)
 		return err

@@ -90,7 +90,7 @@ func prepare[T any, PT interface {
 	*T
 	request
 }](w http.ResponseWriter, r *http.Request, e idem.Endpoint) (idem.Claim, *T, bool) {
-	// The key is scoped by the endpoint's name in idem.Endpoints, the route
+	// The key is scoped by the endpoint's name in Endpoints, the route
 	// template rather than the path (K2), so the key-status lookup and the
 	// completer find it under that name. The path parameters are part of
 	// the fingerprint (F2).

@@ -9,13 +9,14 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/idemref/payments/internal/idem"
+	"github.com/idemref/payments/internal/payments"
 )
 
 // idempotentEndpoints are the names of the endpoints whose keys the status
 // endpoint reports: every route that takes an Idempotency-Key, as
-// idem.Endpoints lists them, so a key is looked up under the name it was
-// claimed under.
-var idempotentEndpoints = endpointNames(idem.Endpoints)
+// Endpoints lists them, so a key is looked up under the name it was claimed
+// under.
+var idempotentEndpoints = endpointNames(Endpoints)
 
 // endpointNames indexes endpoints by the name their keys are scoped by.
 func endpointNames(endpoints []idem.Endpoint) map[string]bool {
@@ -132,7 +133,7 @@ func (a *api) getKeyStatus(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case st.ResourceLocation != "":
 		out.Resource = &st.ResourceLocation
-	case endpoint == idem.CreatePayment.String() && st.ResourceID != [16]byte{}:
+	case endpoint == payments.EndpointPay && st.ResourceID != [16]byte{}:
 		// A payment in progress has its row already; GET shows it as
 		// processing.
 		loc := "/v1/payments/" + st.ResourceID.String()

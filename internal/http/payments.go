@@ -153,7 +153,7 @@ func (a *api) createRefund(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, payments.ErrNotFound)
 		return
 	}
-	multiStep[createRefundRequest](idem.CreateRefund, func(ctx context.Context, c idem.Claim, req *createRefundRequest) (idem.Response, bool, error) {
+	multiStep[createRefundRequest](payments.CreateRefund, func(ctx context.Context, c idem.Claim, req *createRefundRequest) (idem.Response, bool, error) {
 		return a.payments.Refund(ctx, c, paymentID, req.Amount)
 	})(w, r)
 }

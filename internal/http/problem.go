@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -111,7 +112,23 @@ func newProblem(status int, code, title, detail string) Problem {
 
 // problemFor is the one place where errors become HTTP. Internal causes of
 // 5xx answers are logged by the caller, never serialised.
+//
+// A sentinel error with a fixed answer is answered from sentinelProblems.
+// The switch is for the errors whose answer carries what they hold: the
+// typed errors, and the sentinels that come wrapped in one (the 401's
+// challenge, the processor's delay); then any transient failure, then 500.
+// The table is asked first. No error in the switch wraps a sentinel of the
+// table (the ones that wrap anything wrap tenants.ErrUnauthenticated, a
+// body or signature failure, or payments.ErrProcessorUnavailable or
+// ErrOutcomeUnknown and a processor failure), so which is asked first
+// decides nothing; a typed error made to wrap one of them would be
+// answered as that sentinel.
 func problemFor(err error) Problem {
+	for _, s := range sentinelProblems {
+		if s.matches(err) {
+			return s.problem(err)
+		}
+	}
 	var (
 		invalid   *validation.Error
 		refExists *orders.ReferenceExistsError
@@ -146,11 +163,6 @@ func problemFor(err error) Problem {
 			"This API key sent more requests than its rate limit allows. Nothing was recorded: retry after the Retry-After delay, with the same Idempotency-Key.")
 		p.header = map[string]string{"Retry-After": strconv.FormatInt(limited.retryAfter, 10)}
 		return p
-	case errors.Is(err, idem.ErrKeyBudgetExceeded):
-		p := newProblem(http.StatusTooManyRequests, CodeKeyBudgetExceeded, "Idempotency key budget exceeded",
-			"This tenant holds as many live idempotency keys as its budget allows, so a request with a new key is refused. Nothing was recorded. Keys it holds still replay; the budget frees up as old keys pass their retention.")
-		p.header = map[string]string{"Retry-After": strconv.FormatInt(int64(keyBudgetRetryAfter/time.Second), 10)}
-		return p
 	case errors.As(err, &throttled):
 		p := newProblem(http.StatusTooManyRequests, CodeRateLimited, "Too many requests",
 			"This address sent too many API keys that are not known. Nothing was recorded: retry after the Retry-After delay, with a valid key.")
@@ -162,22 +174,8 @@ func problemFor(err error) Problem {
 	case errors.As(err, &hookErr):
 		return newProblem(http.StatusBadRequest, CodeWebhookSignatureInvalid, "Invalid webhook signature",
 			"The signature headers ("+webhook.Header+", or webhook-id, webhook-timestamp and webhook-signature under Standard Webhooks) are missing or malformed, or no v1 signature matches the body with a current secret. Nothing was recorded.")
-	case errors.Is(err, idem.ErrKeyMissing):
-		return newProblem(http.StatusBadRequest, CodeKeyMissing, "Idempotency-Key required", err.Error())
-	case errors.Is(err, idem.ErrKeyInvalid):
-		return newProblem(http.StatusBadRequest, CodeKeyInvalid, "Invalid Idempotency-Key", err.Error())
 	case errors.As(err, &bodyErr):
 		return newProblem(bodyErr.status, bodyErr.code, bodyErr.title, bodyErr.Error())
-	case errors.Is(err, idem.ErrKeyInUse), errors.Is(err, idem.ErrLeaseLost):
-		p := newProblem(http.StatusConflict, CodeKeyInUse, "Request in progress",
-			"A request with this Idempotency-Key is still being processed. Retry with the same key after the Retry-After delay.")
-		p.header = map[string]string{"Retry-After": retryAfterSeconds}
-		return p
-	case errors.Is(err, idem.ErrConflictingWrite):
-		p := newProblem(http.StatusConflict, CodeConflictingWrite, "Conflicting write in progress",
-			"Another request, under another Idempotency-Key, is writing what this request must write (such as an order with the same reference) and has not finished. Nothing was recorded: retry with the same key after the Retry-After delay.")
-		p.header = map[string]string{"Retry-After": retryAfterSeconds}
-		return p
 	case errors.As(err, &notYet):
 		// No record is final only once no request under the key can still
 		// commit: the window since its last request was sent.
@@ -194,9 +192,6 @@ func problemFor(err error) Problem {
 				expired.ExpiredAt.UTC().Format(time.RFC3339), expired.RetainedUntil.UTC().Format(time.RFC3339)))
 		p.Resource, p.OriginalStatus = expired.Location, expired.Status
 		return p
-	case errors.Is(err, idem.ErrKeyReused):
-		return newProblem(http.StatusUnprocessableEntity, CodeKeyReused, "Idempotency-Key reused",
-			"This Idempotency-Key was already used with a different request. Use a new key for a new request.")
 	case errors.As(err, &invalid):
 		p := newProblem(http.StatusBadRequest, CodeValidationFailed, "Validation failed",
 			"One or more fields are invalid; see errors.")
@@ -207,9 +202,6 @@ func problemFor(err error) Problem {
 			"An order with this reference already exists; see order_id.")
 		p.OrderID = &refExists.OrderID
 		return p
-	case errors.Is(err, payments.ErrOrderNotFound):
-		return newProblem(http.StatusUnprocessableEntity, CodeOrderNotFound, "Order not found",
-			"The order_id names no order of this tenant.")
 	case errors.As(err, &mismatch):
 		return newProblem(http.StatusUnprocessableEntity, CodeAmountMismatch, "Amount does not match the order",
 			fmt.Sprintf("The order still owes %d %s; amount and currency must match it.", mismatch.Owed, mismatch.Currency))
@@ -225,14 +217,14 @@ func problemFor(err error) Problem {
 		return p
 	case errors.As(err, &rejected):
 		return newProblem(http.StatusUnprocessableEntity, CodeProcessorRejected, "Rejected by the processor", rejected.Message)
-	case errors.Is(err, payments.ErrNotRefundable):
-		return newProblem(http.StatusConflict, CodeNotRefundable, "Payment not refundable", err.Error())
 	case errors.As(err, &refundDup):
 		return newProblem(http.StatusConflict, CodeRefundExists, "Refund exists",
 			fmt.Sprintf("This request made refund %s already, under an Idempotency-Key past its retention: GET /v1/payments/{id}/refunds/%s shows it.", refundDup.RefundID, refundDup.RefundID))
 	case errors.As(err, &exceeds):
 		return newProblem(http.StatusUnprocessableEntity, CodeRefundExceeds, "Refund exceeds the payment",
 			fmt.Sprintf("At most %d can still be refunded.", exceeds.Refundable))
+	// The two processor sentinels come as a *payments.RetryError, whose
+	// delay is their Retry-After.
 	case errors.Is(err, payments.ErrProcessorUnavailable):
 		// Shared by payments and refunds, so it names neither.
 		p := newProblem(http.StatusServiceUnavailable, CodeProcessorUnavailable, "Payment processor unavailable",
@@ -244,26 +236,6 @@ func problemFor(err error) Problem {
 			"The payment processor has not confirmed whether the request took effect, and it may still do so. Nothing was recorded as final and the payment shows status processing: retry with the same Idempotency-Key after the Retry-After delay. The request resumes where it stopped and never charges or refunds twice.")
 		p.header = map[string]string{"Retry-After": retryAfter(payments.RetryAfter(err))}
 		return p
-	case errors.Is(err, errPreconditionRequired):
-		return newProblem(http.StatusPreconditionRequired, CodePreconditionRequired, "If-Match required", err.Error())
-	case errors.Is(err, errWeakTag):
-		return newProblem(http.StatusPreconditionFailed, CodePreconditionFailed, "Precondition failed", err.Error())
-	case errors.Is(err, errPreconditionFailed):
-		return newProblem(http.StatusPreconditionFailed, CodePreconditionFailed, "Precondition failed",
-			"The order changed since the ETag in If-Match was read. GET it again, check that the change still makes sense, and send it with the new ETag.")
-	case errors.Is(err, orders.ErrNotFound), errors.Is(err, payments.ErrNotFound), errors.Is(err, payments.ErrRefundNotFound),
-		errors.Is(err, customers.ErrNotFound), errors.Is(err, errRouteNotFound):
-		return newProblem(http.StatusNotFound, CodeNotFound, "Not found", "")
-	case errors.Is(err, errMethodNotAllowed):
-		return newProblem(http.StatusMethodNotAllowed, CodeMethodNotAllowed, "Method not allowed", "")
-	case errors.Is(err, cursor.ErrInvalid), errors.Is(err, errInvalidLimit), errors.Is(err, errEndpointParam),
-		errors.Is(err, errInvalidOrderFilter), errors.Is(err, errMalformedQuery):
-		return newProblem(http.StatusBadRequest, CodeInvalidQuery, "Invalid query parameter", err.Error())
-	case errors.Is(err, errNotReady):
-		p := newProblem(http.StatusServiceUnavailable, CodeUnavailable, "Service unavailable",
-			"The database does not answer; this instance cannot take traffic.")
-		p.header = map[string]string{"Retry-After": retryAfterSeconds}
-		return p
 	case isUnavailable(err):
 		p := newProblem(http.StatusServiceUnavailable, CodeUnavailable, "Service unavailable",
 			"A temporary failure interrupted the request and nothing was recorded. Retry after the Retry-After delay; for a POST, with the same Idempotency-Key.")
@@ -272,6 +244,114 @@ func problemFor(err error) Problem {
 	}
 	return newProblem(http.StatusInternalServerError, CodeInternal, "Internal server error",
 		"The request was rolled back. Retrying with the same Idempotency-Key is safe.")
+}
+
+// sentinelProblem is the fixed answer to a sentinel error: any of errs,
+// matched with errors.Is.
+type sentinelProblem struct {
+	errs          []error
+	status        int
+	code, title   string
+	detail        string
+	detailFromErr bool   // the error's own text is the detail
+	retryAfter    string // the Retry-After header; "" sends none
+}
+
+func (s sentinelProblem) matches(err error) bool {
+	return slices.ContainsFunc(s.errs, func(target error) bool { return errors.Is(err, target) })
+}
+
+func (s sentinelProblem) problem(err error) Problem {
+	detail := s.detail
+	if s.detailFromErr {
+		detail = err.Error()
+	}
+	p := newProblem(s.status, s.code, s.title, detail)
+	if s.retryAfter != "" {
+		p.header = map[string]string{"Retry-After": s.retryAfter}
+	}
+	return p
+}
+
+// sentinelProblems answers the sentinel errors, first match wins.
+var sentinelProblems = []sentinelProblem{
+	{
+		errs:   []error{idem.ErrKeyBudgetExceeded},
+		status: http.StatusTooManyRequests, code: CodeKeyBudgetExceeded, title: "Idempotency key budget exceeded",
+		detail:     "This tenant holds as many live idempotency keys as its budget allows, so a request with a new key is refused. Nothing was recorded. Keys it holds still replay; the budget frees up as old keys pass their retention.",
+		retryAfter: strconv.FormatInt(int64(keyBudgetRetryAfter/time.Second), 10),
+	},
+	{
+		errs:   []error{idem.ErrKeyMissing},
+		status: http.StatusBadRequest, code: CodeKeyMissing, title: "Idempotency-Key required",
+		detailFromErr: true,
+	},
+	{
+		errs:   []error{idem.ErrKeyInvalid},
+		status: http.StatusBadRequest, code: CodeKeyInvalid, title: "Invalid Idempotency-Key",
+		detailFromErr: true,
+	},
+	{
+		errs:   []error{idem.ErrKeyInUse, idem.ErrLeaseLost},
+		status: http.StatusConflict, code: CodeKeyInUse, title: "Request in progress",
+		detail:     "A request with this Idempotency-Key is still being processed. Retry with the same key after the Retry-After delay.",
+		retryAfter: retryAfterSeconds,
+	},
+	{
+		errs:   []error{idem.ErrConflictingWrite},
+		status: http.StatusConflict, code: CodeConflictingWrite, title: "Conflicting write in progress",
+		detail:     "Another request, under another Idempotency-Key, is writing what this request must write (such as an order with the same reference) and has not finished. Nothing was recorded: retry with the same key after the Retry-After delay.",
+		retryAfter: retryAfterSeconds,
+	},
+	{
+		errs:   []error{idem.ErrKeyReused},
+		status: http.StatusUnprocessableEntity, code: CodeKeyReused, title: "Idempotency-Key reused",
+		detail: "This Idempotency-Key was already used with a different request. Use a new key for a new request.",
+	},
+	{
+		errs:   []error{payments.ErrOrderNotFound},
+		status: http.StatusUnprocessableEntity, code: CodeOrderNotFound, title: "Order not found",
+		detail: "The order_id names no order of this tenant.",
+	},
+	{
+		errs:   []error{payments.ErrNotRefundable},
+		status: http.StatusConflict, code: CodeNotRefundable, title: "Payment not refundable",
+		detailFromErr: true,
+	},
+	{
+		errs:   []error{errPreconditionRequired},
+		status: http.StatusPreconditionRequired, code: CodePreconditionRequired, title: "If-Match required",
+		detailFromErr: true,
+	},
+	{
+		errs:   []error{errWeakTag},
+		status: http.StatusPreconditionFailed, code: CodePreconditionFailed, title: "Precondition failed",
+		detailFromErr: true,
+	},
+	{
+		errs:   []error{errPreconditionFailed},
+		status: http.StatusPreconditionFailed, code: CodePreconditionFailed, title: "Precondition failed",
+		detail: "The order changed since the ETag in If-Match was read. GET it again, check that the change still makes sense, and send it with the new ETag.",
+	},
+	{
+		errs:   []error{orders.ErrNotFound, payments.ErrNotFound, payments.ErrRefundNotFound, customers.ErrNotFound, errRouteNotFound},
+		status: http.StatusNotFound, code: CodeNotFound, title: "Not found",
+	},
+	{
+		errs:   []error{errMethodNotAllowed},
+		status: http.StatusMethodNotAllowed, code: CodeMethodNotAllowed, title: "Method not allowed",
+	},
+	{
+		errs:   []error{cursor.ErrInvalid, errInvalidLimit, errEndpointParam, errInvalidOrderFilter, errMalformedQuery},
+		status: http.StatusBadRequest, code: CodeInvalidQuery, title: "Invalid query parameter",
+		detailFromErr: true,
+	},
+	{
+		errs:   []error{errNotReady},
+		status: http.StatusServiceUnavailable, code: CodeUnavailable, title: "Service unavailable",
+		detail:     "The database does not answer; this instance cannot take traffic.",
+		retryAfter: retryAfterSeconds,
+	},
 }
 
 var (

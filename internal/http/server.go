@@ -144,7 +144,7 @@ func NewHandler(cfg Config) http.Handler {
 		r.Group(func(r chi.Router) {
 			r.Use(a.authenticate, a.rateLimit)
 			r.Route("/orders", func(r chi.Router) {
-				r.Post("/", idempotent[createOrderRequest](a, idem.CreateOrder, createOrder))
+				r.Post("/", idempotent[createOrderRequest](a, createOrderEndpoint, createOrder))
 				r.Get("/", a.listOrders)
 				r.Get("/{id}", a.getOrder)
 				r.Patch("/{id}", a.updateOrder)
@@ -155,7 +155,7 @@ func NewHandler(cfg Config) http.Handler {
 			})
 			r.Get("/idempotency-keys/{key}", a.getKeyStatus)
 			r.Route("/payments", func(r chi.Router) {
-				r.Post("/", multiStep[createPaymentRequest](idem.CreatePayment, a.createPayment))
+				r.Post("/", multiStep[createPaymentRequest](payments.CreatePayment, a.createPayment))
 				r.Get("/", a.listPayments)
 				r.Get("/{id}", a.getPayment)
 				r.Post("/{id}/refunds", a.createRefund)

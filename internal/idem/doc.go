@@ -84,8 +84,9 @@
 // it concludes that nothing committed.
 //
 // What it costs (P2): three round trips to PostgreSQL for a create, one
-// for a replay. The transaction is a db.Tx, which pipelines: BEGIN, the
-// lock_timeout setting and the SAVEPOINT travel with exec's first
+// for a replay. The transaction is a db.Tx, asked for by name
+// (db.WithPipelinedTxOn; db.WithTx is plain pgx), which pipelines: BEGIN,
+// the lock_timeout setting and the SAVEPOINT travel with exec's first
 // statement; the RELEASE and the COMMIT with the claim. The steps above
 // are still statements run in order, each seeing the one before it;
 // pipelining only saves the waits between those whose results nothing

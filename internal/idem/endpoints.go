@@ -1,9 +1,13 @@
 package idem
 
-import "net/http"
-
 // Endpoint is a route that takes an Idempotency-Key. A key is scoped by its
 // endpoint (K2): one key sent to two endpoints is two keys.
+//
+// The pattern declares no endpoint. A domain package declares those whose
+// keys it runs outside HTTP (in the example, internal/payments the payment
+// and the refund, which its completer resumes), and the edge lists every
+// one in the table that the router and the key-status lookup read
+// (Endpoints in internal/http).
 type Endpoint struct {
 	Method string
 	// Route is the route template, path parameters in braces, not a path:
@@ -18,16 +22,3 @@ type Endpoint struct {
 // String is the name a key is scoped by and the metrics' endpoint label,
 // such as "POST /v1/orders".
 func (e Endpoint) String() string { return e.Method + " " + e.Route }
-
-// The example domain's idempotent endpoints. A fork lists its own here.
-var (
-	CreateOrder   = Endpoint{Method: http.MethodPost, Route: "/v1/orders"}
-	CreatePayment = Endpoint{Method: http.MethodPost, Route: "/v1/payments", MultiStep: true}
-	CreateRefund  = Endpoint{Method: http.MethodPost, Route: "/v1/payments/{id}/refunds", MultiStep: true}
-)
-
-// Endpoints is every idempotent endpoint, the one table that the router,
-// the key-status lookup, the completer and the client's tests read, so
-// that an endpoint renamed or added in one place cannot leave keys scoped
-// by a name the others do not know.
-var Endpoints = []Endpoint{CreateOrder, CreatePayment, CreateRefund}

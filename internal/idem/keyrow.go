@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -15,9 +14,12 @@ import (
 	"github.com/idemref/payments/internal/db/dbsqlc"
 )
 
-// The key row, shared by both paths (Execute in store.go, Begin and Phase
-// in lease.go): claiming it, deciding what an existing one means, and the
-// response in the form its columns store.
+// What both paths share (Execute in store.go, Begin and Phase in
+// lease.go): the bounded lock wait and the savepoint of a claim's
+// transaction, the horizons a claim stamps on the key row, what an
+// existing row means, the response in the form its columns store, and the
+// marking of transient failures. What one path alone uses sits in that
+// path's file.
 
 // stampExpiry puts the recorded expiry on the response being answered:
 // the row's expires_at, the same instant every replay reads (E4).
@@ -39,73 +41,45 @@ func stampExpiry(res *Response, expiresAt time.Time) {
 // prints GMT but not the conversion to it: a local time would be hours off).
 func HTTPDate(t time.Time) string { return t.UTC().Format(http.TimeFormat) }
 
-// existing reads a key that a claim found taken: replay, 409 or 422.
-// createdAt is the record's creation time, for the replay age metric.
-func existing(ctx context.Context, q *dbsqlc.Queries, c Claim) (res Response, createdAt time.Time, err error) {
-	row, err := q.IdemKeyGet(ctx, dbsqlc.IdemKeyGetParams{TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key})
-	if errors.Is(err, pgx.ErrNoRows) {
-		// The row vanished between the claim and this read: it was
-		// forgotten and deleted. Rare; the retry will claim it afresh.
-		return Response{}, time.Time{}, ErrKeyInUse
-	}
+// boundLockWaits sets lock_timeout for the rest of the transaction. A
+// duplicate of a request whose transaction is still open blocks on that
+// transaction's uncommitted row in the primary key index. Never wait
+// unbounded (L5): after lock_timeout the statement fails with 55P03 and the
+// duplicate gets 409. The setting is deferred (db.Deferred): it travels to
+// the server with the claim, in the same round trip, ahead of it.
+func (s *Store) boundLockWaits(ctx context.Context, tx pgx.Tx) error {
+	return dbsqlc.New(db.Deferred(tx)).IdemSetLockTimeout(ctx, fmt.Sprintf("%dms", s.cfg.LockTimeout.Milliseconds()))
+}
+
+// executeInSavepoint runs exec inside a savepoint and rolls the savepoint
+// back when exec reports a deterministic failure, so the failure is
+// recorded (by the caller) without any business write that preceded it.
+func executeInSavepoint(ctx context.Context, tx pgx.Tx, exec func(context.Context, pgx.Tx) (Response, error)) (Response, error) {
+	sp, err := tx.Begin(ctx)
 	if err != nil {
-		return Response{}, time.Time{}, err
+		return Response{}, err
 	}
-	if row.Forgotten {
-		// Taken a moment ago by a row already past its retention: the
-		// retry deletes it and runs.
-		return Response{}, time.Time{}, ErrKeyInUse
-	}
-	return replay(row, c)
-}
-
-// replay answers a request from its key's row: the recorded response, or
-// the error that says why there is none to give.
-func replay(row dbsqlc.IdemKeyGetRow, c Claim) (Response, time.Time, error) {
-	stored, err := settled(row.IdempotencyKey, row.ResultExpired, c)
+	res, err := exec(ctx, sp)
 	if err != nil {
-		return Response{}, time.Time{}, err
+		return Response{}, err
 	}
-	if stored == nil {
-		return Response{}, time.Time{}, ErrKeyInUse
+	if res.Status >= 400 {
+		// Also clears an aborted transaction state: after a failed
+		// statement PostgreSQL rejects everything until this rollback.
+		if err := sp.Rollback(ctx); err != nil {
+			return Response{}, err
+		}
+		return res, nil
 	}
-	return *stored, row.IdempotencyKey.CreatedAt, nil
+	return res, sp.Commit(ctx)
 }
 
-// claimCompleted is the one-transaction claim and record: the key row
-// inserted already completed with rec (IdemKeyClaimCompleted). A taken key
-// fails it on keyPrimaryKey.
-func (s *Store) claimCompleted(ctx context.Context, q *dbsqlc.Queries, c Claim, rec record) (expiresAt time.Time, err error) {
-	expires, retain := s.horizons()
-	return q.IdemKeyClaimCompleted(ctx, dbsqlc.IdemKeyClaimCompletedParams{
-		TenantID:           c.TenantID,
-		Endpoint:           c.Endpoint,
-		IdemKey:            c.Key,
-		Fingerprint:        c.Fingerprint,
-		FingerprintVersion: FingerprintVersion,
-		ResponseStatus:     &rec.status,
-		ResponseHeaders:    rec.headers,
-		ResponseBody:       rec.body,
-		ResourceLocation:   rec.location,
-		ExpiresAt:          expires,
-		RetainUntil:        retain,
-	})
-}
-
-// claim inserts a multi-step key row (L1, S3), holding a lease of the
-// configured length. pgx.ErrNoRows means the key exists already.
-func (s *Store) claim(ctx context.Context, q *dbsqlc.Queries, c Claim) (generation int64, err error) {
-	expires, retain := s.horizons()
-	return q.IdemKeyClaim(ctx, dbsqlc.IdemKeyClaimParams{
-		TenantID:           c.TenantID,
-		Endpoint:           c.Endpoint,
-		IdemKey:            c.Key,
-		Fingerprint:        c.Fingerprint,
-		FingerprintVersion: FingerprintVersion,
-		ExpiresAt:          expires,
-		RetainUntil:        retain,
-		LeaseSeconds:       s.cfg.Lease.Seconds(),
-	})
+// wrap marks transient failures as ErrUnavailable.
+func (s *Store) wrap(err error) error {
+	if db.IsTransient(err) {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return err
 }
 
 // horizons are a key's expires_at and retain_until, counted from its claim.

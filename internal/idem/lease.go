@@ -125,7 +125,9 @@ func (s *Store) Begin(ctx context.Context, c Claim, first func(ctx context.Conte
 	}
 	var b Begun
 	claimed := false
-	err = db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
+	// Pipelined, like Execute's: the lock timeout travels with the claim,
+	// COMMIT with apply's statement (P2).
+	err = db.WithPipelinedTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
 		q := dbsqlc.New(tx)
 		if err := s.boundLockWaits(ctx, tx); err != nil {
 			return err
@@ -178,6 +180,22 @@ type Begun struct {
 	Replayed bool
 }
 
+// claim inserts a multi-step key row (L1, S3), holding a lease of the
+// configured length. pgx.ErrNoRows means the key exists already.
+func (s *Store) claim(ctx context.Context, q *dbsqlc.Queries, c Claim) (generation int64, err error) {
+	expires, retain := s.horizons()
+	return q.IdemKeyClaim(ctx, dbsqlc.IdemKeyClaimParams{
+		TenantID:           c.TenantID,
+		Endpoint:           c.Endpoint,
+		IdemKey:            c.Key,
+		Fingerprint:        c.Fingerprint,
+		FingerprintVersion: FingerprintVersion,
+		ExpiresAt:          expires,
+		RetainUntil:        retain,
+		LeaseSeconds:       s.cfg.Lease.Seconds(),
+	})
+}
+
 // takeOver handles a claim that found the key already there. createdAt is
 // the key's creation time.
 func (s *Store) takeOver(ctx context.Context, q *dbsqlc.Queries, c Claim) (_ Begun, createdAt time.Time, err error) {
@@ -219,7 +237,8 @@ func (s *Store) takeOver(ctx context.Context, q *dbsqlc.Queries, c Claim) (_ Beg
 // the response is then returned.
 func (s *Store) Phase(ctx context.Context, l *Lease, fn func(ctx context.Context, tx pgx.Tx) (Step, error)) (*Response, error) {
 	var step Step
-	err := db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
+	// Pipelined, as in Begin.
+	err := db.WithPipelinedTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
 		q := dbsqlc.New(tx)
 		if err := s.boundLockWaits(ctx, tx); err != nil {
 			return err
@@ -322,6 +341,8 @@ func (s *Store) Release(ctx context.Context, l Lease, hold time.Duration) error 
 // any number of processes can run completers.
 func (s *Store) TakeOverExpired(ctx context.Context, endpoints []string, max int) ([]Lease, error) {
 	var leases []Lease
+	// A plain transaction: the completer runs off any request's path, and
+	// every statement here is read before the next.
 	err := db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
 		q := dbsqlc.New(tx)
 		rows, err := q.IdemKeyListExpiredLeases(ctx, dbsqlc.IdemKeyListExpiredLeasesParams{Endpoints: endpoints, MaxRows: db.Int32(max)})
@@ -360,12 +381,4 @@ func leaseFrom(c Claim, gen int64, point *string, resource *uuid.UUID) Lease {
 		l.ResourceID = *resource
 	}
 	return l
-}
-
-// wrap marks transient failures as ErrUnavailable.
-func (s *Store) wrap(err error) error {
-	if db.IsTransient(err) {
-		return fmt.Errorf("%w: %w", ErrUnavailable, err)
-	}
-	return err
 }

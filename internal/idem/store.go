@@ -3,7 +3,6 @@ package idem
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"time"
 
@@ -14,7 +13,7 @@ import (
 
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/db/dbsqlc"
-	"github.com/idemref/payments/internal/tooling/failpoint"
+	"github.com/idemref/payments/internal/failpoint"
 )
 
 var (
@@ -277,7 +276,9 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec UndoableWork) (res Re
 		return Response{}, false, s.wrap(err)
 	}
 
-	err = db.WithTx(ctx, conn, func(ctx context.Context, tx pgx.Tx) error {
+	// Pipelined (db.Tx): BEGIN, the lock timeout and the savepoint travel
+	// with exec's first statement, RELEASE and COMMIT with the claim (P2).
+	err = db.WithPipelinedTxOn(ctx, conn, func(ctx context.Context, tx pgx.Tx) error {
 		if err := s.boundLockWaits(ctx, tx); err != nil {
 			return err
 		}
@@ -341,35 +342,55 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec UndoableWork) (res Re
 // keyPrimaryKey is the constraint a claim of a taken key fails on.
 const keyPrimaryKey = "idempotency_keys_pkey"
 
-// boundLockWaits sets lock_timeout for the rest of the transaction. A
-// duplicate of a request whose transaction is still open blocks on that
-// transaction's uncommitted row in the primary key index. Never wait
-// unbounded (L5): after lock_timeout the statement fails with 55P03 and the
-// duplicate gets 409. The setting is deferred (db.Deferred): it travels to
-// the server with the claim, in the same round trip, ahead of it.
-func (s *Store) boundLockWaits(ctx context.Context, tx pgx.Tx) error {
-	return dbsqlc.New(db.Deferred(tx)).IdemSetLockTimeout(ctx, fmt.Sprintf("%dms", s.cfg.LockTimeout.Milliseconds()))
+// claimCompleted is the one-transaction claim and record: the key row
+// inserted already completed with rec (IdemKeyClaimCompleted). A taken key
+// fails it on keyPrimaryKey.
+func (s *Store) claimCompleted(ctx context.Context, q *dbsqlc.Queries, c Claim, rec record) (expiresAt time.Time, err error) {
+	expires, retain := s.horizons()
+	return q.IdemKeyClaimCompleted(ctx, dbsqlc.IdemKeyClaimCompletedParams{
+		TenantID:           c.TenantID,
+		Endpoint:           c.Endpoint,
+		IdemKey:            c.Key,
+		Fingerprint:        c.Fingerprint,
+		FingerprintVersion: FingerprintVersion,
+		ResponseStatus:     &rec.status,
+		ResponseHeaders:    rec.headers,
+		ResponseBody:       rec.body,
+		ResourceLocation:   rec.location,
+		ExpiresAt:          expires,
+		RetainUntil:        retain,
+	})
 }
 
-// executeInSavepoint runs exec inside a savepoint and rolls the savepoint
-// back when exec reports a deterministic failure, so the failure is
-// recorded (by the caller) without any business write that preceded it.
-func executeInSavepoint(ctx context.Context, tx pgx.Tx, exec func(context.Context, pgx.Tx) (Response, error)) (Response, error) {
-	sp, err := tx.Begin(ctx)
+// existing reads a key that a claim found taken: replay, 409 or 422.
+// createdAt is the record's creation time, for the replay age metric.
+func existing(ctx context.Context, q *dbsqlc.Queries, c Claim) (res Response, createdAt time.Time, err error) {
+	row, err := q.IdemKeyGet(ctx, dbsqlc.IdemKeyGetParams{TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key})
+	if errors.Is(err, pgx.ErrNoRows) {
+		// The row vanished between the claim and this read: it was
+		// forgotten and deleted. Rare; the retry will claim it afresh.
+		return Response{}, time.Time{}, ErrKeyInUse
+	}
 	if err != nil {
-		return Response{}, err
+		return Response{}, time.Time{}, err
 	}
-	res, err := exec(ctx, sp)
+	if row.Forgotten {
+		// Taken a moment ago by a row already past its retention: the
+		// retry deletes it and runs.
+		return Response{}, time.Time{}, ErrKeyInUse
+	}
+	return replay(row, c)
+}
+
+// replay answers a request from its key's row: the recorded response, or
+// the error that says why there is none to give.
+func replay(row dbsqlc.IdemKeyGetRow, c Claim) (Response, time.Time, error) {
+	stored, err := settled(row.IdempotencyKey, row.ResultExpired, c)
 	if err != nil {
-		return Response{}, err
+		return Response{}, time.Time{}, err
 	}
-	if res.Status >= 400 {
-		// Also clears an aborted transaction state: after a failed
-		// statement PostgreSQL rejects everything until this rollback.
-		if err := sp.Rollback(ctx); err != nil {
-			return Response{}, err
-		}
-		return res, nil
+	if stored == nil {
+		return Response{}, time.Time{}, ErrKeyInUse
 	}
-	return res, sp.Commit(ctx)
+	return *stored, row.IdempotencyKey.CreatedAt, nil
 }

@@ -212,7 +212,14 @@ func TestHorizonOfADatabaseAlreadyInUse(t *testing.T) {
 	if _, _, err := tenants.Create(ctx, pool, "in-use"); err != nil {
 		t.Fatal(err)
 	}
-	if err := dbmigrate.DownSteps(ctx, url, 1); err != nil {
+	// Back to just before the migration that made the horizon (000015),
+	// whatever came after it, then up again.
+	const horizonMigration = 15
+	version, _, err := dbmigrate.Version(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dbmigrate.DownSteps(ctx, url, int(version)-horizonMigration+1); err != nil {
 		t.Fatal(err)
 	}
 	before := time.Now()

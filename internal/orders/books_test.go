@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemref/payments/internal/events"
 	"github.com/idemref/payments/internal/orders"
+	"github.com/idemref/payments/internal/payments"
 )
 
 // R7: an order's books cannot say more than it owes. A payment counted
@@ -27,7 +28,7 @@ func TestAnOrderIsNeverCreditedPastItsAmount(t *testing.T) {
 		t.Fatal(err)
 	}
 	paid := func() error {
-		data, err := json.Marshal(events.Payment{PaymentID: uuid.New(), OrderID: o.ID, Amount: 1500, Currency: "EUR", Status: "succeeded"})
+		data, err := json.Marshal(payments.PaymentEvent{PaymentID: uuid.New(), OrderID: o.ID, Amount: 1500, Currency: "EUR", Status: "succeeded"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -35,7 +36,7 @@ func TestAnOrderIsNeverCreditedPastItsAmount(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		err = orders.ApplyEvent(t.Context(), sp, events.Envelope{ID: uuid.New(), Type: events.TypePaymentSucceeded, SchemaVersion: 1, TenantID: b.tenantID, Data: data})
+		err = orders.ApplyEvent(t.Context(), sp, events.Envelope{ID: uuid.New(), Type: payments.TypePaymentSucceeded, SchemaVersion: 1, TenantID: b.tenantID, Data: data})
 		if err != nil {
 			_ = sp.Rollback(t.Context())
 			return err

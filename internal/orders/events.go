@@ -9,13 +9,15 @@ import (
 
 	"github.com/idemref/payments/internal/db/dbsqlc"
 	"github.com/idemref/payments/internal/events"
+	"github.com/idemref/payments/internal/payments"
 )
 
 // ConsumerName is the orders consumer's durable name and inbox name.
 const ConsumerName = "orders"
 
-// Subjects are the events the orders consumer applies.
-var Subjects = []string{events.Subject(events.TypePaymentSucceeded), events.Subject(events.TypeRefundSucceeded)}
+// Subjects are the events the orders consumer applies: those internal/payments
+// publishes when money moved.
+var Subjects = []string{events.Subject(payments.TypePaymentSucceeded), events.Subject(payments.TypeRefundSucceeded)}
 
 // ApplyEvent is the orders consumer's effect: the order follows its
 // payments and refunds. It runs in the transaction that holds the event's
@@ -30,15 +32,15 @@ var Subjects = []string{events.Subject(events.TypePaymentSucceeded), events.Subj
 func ApplyEvent(ctx context.Context, tx pgx.Tx, ev events.Envelope) error {
 	q := dbsqlc.New(tx)
 	switch ev.Type {
-	case events.TypePaymentSucceeded:
-		var p events.Payment
+	case payments.TypePaymentSucceeded:
+		var p payments.PaymentEvent
 		if err := json.Unmarshal(ev.Data, &p); err != nil {
 			return fmt.Errorf("%w: %w", events.ErrUnreadable, err)
 		}
 		_, err := q.OrderAddPaid(ctx, dbsqlc.OrderAddPaidParams{TenantID: ev.TenantID, ID: p.OrderID, Amount: p.Amount})
 		return err
-	case events.TypeRefundSucceeded:
-		var r events.Refund
+	case payments.TypeRefundSucceeded:
+		var r payments.RefundEvent
 		if err := json.Unmarshal(ev.Data, &r); err != nil {
 			return fmt.Errorf("%w: %w", events.ErrUnreadable, err)
 		}

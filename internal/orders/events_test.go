@@ -13,6 +13,7 @@ import (
 	"github.com/idemref/payments/internal/consumer"
 	"github.com/idemref/payments/internal/events"
 	"github.com/idemref/payments/internal/orders"
+	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/tooling/testdb"
 	"github.com/idemref/payments/internal/tooling/testkit"
@@ -67,8 +68,8 @@ func TestOrdersConsumerAppliesEachEventOnce(t *testing.T) {
 	}
 	// Amounts whose doubles the order's checks still allow, so that a
 	// second application shows in the sums instead of failing.
-	twice(events.TypePaymentSucceeded, events.Payment{OrderID: order, Amount: 400, Currency: "EUR", Status: "succeeded"})
-	twice(events.TypeRefundSucceeded, events.Refund{RefundID: uuid.New(), OrderID: order, Amount: 100, Currency: "EUR"})
+	twice(payments.TypePaymentSucceeded, payments.PaymentEvent{OrderID: order, Amount: 400, Currency: "EUR", Status: "succeeded"})
+	twice(payments.TypeRefundSucceeded, payments.RefundEvent{RefundID: uuid.New(), OrderID: order, Amount: 100, Currency: "EUR"})
 
 	cons, err := js.Consumer(ctx, broker.StreamEvents, orders.ConsumerName)
 	if err != nil {

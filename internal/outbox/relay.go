@@ -15,7 +15,7 @@ import (
 
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/db/dbsqlc"
-	"github.com/idemref/payments/internal/tooling/failpoint"
+	"github.com/idemref/payments/internal/failpoint"
 )
 
 // Defaults for RelayConfig.

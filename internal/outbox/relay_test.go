@@ -67,6 +67,16 @@ func (f *bundle) streamIDs(t *testing.T) []string {
 	return ids
 }
 
+// testEvent is an event of no domain: the outbox and its relay carry any
+// type and payload (the stream takes every subject under
+// events.SubjectPrefix).
+const testEvent = "test.written"
+
+// testPayload is testEvent's data.
+type testPayload struct {
+	N int `json:"n"`
+}
+
 // write commits one event in its own transaction and returns its id.
 func (f *bundle) write(t *testing.T) uuid.UUID {
 	t.Helper()
@@ -75,7 +85,7 @@ func (f *bundle) write(t *testing.T) uuid.UUID {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(context.WithoutCancel(t.Context()))
-	id, err := outbox.Write(t.Context(), tx, f.tenant, events.TypePaymentSucceeded, events.Payment{Amount: 1})
+	id, err := outbox.Write(t.Context(), tx, f.tenant, testEvent, testPayload{N: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +111,7 @@ func TestRelayWaitsForTransactionsInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer slow.Rollback(context.WithoutCancel(t.Context()))
-	first, err := outbox.Write(t.Context(), slow, f.tenant, events.TypePaymentSucceeded, events.Payment{Amount: 1})
+	first, err := outbox.Write(t.Context(), slow, f.tenant, testEvent, testPayload{N: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemref/payments/internal/db/dbsqlc"
-	"github.com/idemref/payments/internal/events"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/outbox"
 	"github.com/idemref/payments/internal/processor"
@@ -19,10 +18,6 @@ import (
 // Recovery points of a payment (S1), between idem.RecoveryStarted and
 // idem.RecoveryFinished.
 const (
-	// recoveryPaymentCreated: transaction 1 committed the payment row,
-	// unmarked. Only payments created before the mark moved into
-	// transaction 1 stop here; they resume through their own mark.
-	recoveryPaymentCreated = "payment_created"
 	// recoveryChargeSent: a charge call may have reached the processor
 	// (transaction 1 commits a payment here). A resumed attempt looks it up
 	// before charging again.
@@ -293,11 +288,11 @@ func (s *Service) recordSettled(ctx context.Context, q *dbsqlc.Queries, cur dbsq
 // writePaymentEvent adds the payment's final event to the outbox, in the
 // transaction that finished it (M2).
 func writePaymentEvent(ctx context.Context, tx pgx.Tx, p dbsqlc.Payment) error {
-	typ := events.TypePaymentFailed
+	typ := TypePaymentFailed
 	if p.Status == StatusSucceeded {
-		typ = events.TypePaymentSucceeded
+		typ = TypePaymentSucceeded
 	}
-	data := events.Payment{PaymentID: p.ID, OrderID: p.OrderID, Amount: p.Amount, Currency: p.Currency, Status: p.Status}
+	data := PaymentEvent{PaymentID: p.ID, OrderID: p.OrderID, Amount: p.Amount, Currency: p.Currency, Status: p.Status}
 	if p.ChargeID != nil {
 		data.ChargeID = *p.ChargeID
 	}

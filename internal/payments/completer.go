@@ -26,9 +26,9 @@ type Completer struct {
 }
 
 // resumable names the endpoints whose expired keys the completer takes
-// over: the multi-step ones of idem.Endpoints, since only those leave a key
-// at a recovery point short of finished.
-var resumable = multiStepNames(idem.Endpoints)
+// over: the multi-step ones of Endpoints, since only those leave a key at a
+// recovery point short of finished.
+var resumable = multiStepNames(Endpoints)
 
 // multiStepNames returns the names of the multi-step endpoints among
 // endpoints.

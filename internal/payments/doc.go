@@ -5,9 +5,6 @@
 //
 //	started ─(tx 1: claim + payment row, marked charge_sent)─▶ charge_sent ─(charge call, derived key)─▶ (tx 2: outcome + response) ─▶ finished
 //
-// (payment_created ─(tx: charge_sent, call marked)─▶ charge_sent remains for
-// payments an older version created unmarked.)
-//
 // Every step commits with the key's recovery point, under the lease's
 // fencing token (S3). Only a final processor answer completes the key
 // (S6). Any other answer releases it at charge_sent (503 to the client);
@@ -20,7 +17,7 @@
 // (S4).
 //
 // Files: payments.go holds what payments and refunds share (the endpoints,
-// the errors, the Service); payment.go the payment, its stored states and
+// the errors, the Service); events.go the events they publish; payment.go the payment, its stored states and
 // its reads; refund.go the refund, its stored states, its reads and its
 // steps; charge.go the payment's steps; flow.go drives the state machine;
 // create.go is its first transaction; unsettled.go the settle-window rule

@@ -378,7 +378,7 @@ func (r *run) check() {
 		r.fail("%s %s moved %s -> %s, which state_transitions does not allow (moved backwards)", m.Machine, m.RowID, m.From, m.To)
 	}
 	for _, p := range s.pays {
-		if p.Status == payments.StatusCreated || p.Status == payments.StatusChargeSent {
+		if p.Status == payments.StatusChargeSent {
 			r.fail("payment %s is still %s after the drain", p.ID, p.Status)
 		}
 	}
@@ -502,15 +502,15 @@ func (r *run) checkOrder(s scheduleState) {
 		switch p.Status {
 		case payments.StatusSucceeded:
 			paid += p.Amount
-			want[events.TypePaymentSucceeded+" "+p.ID.String()] = 1
+			want[payments.TypePaymentSucceeded+" "+p.ID.String()] = 1
 		case payments.StatusDeclined, payments.StatusFailed:
-			want[events.TypePaymentFailed+" "+p.ID.String()] = 1
+			want[payments.TypePaymentFailed+" "+p.ID.String()] = 1
 		}
 	}
 	for _, rf := range s.refunds {
 		if rf.Status == payments.RefundStatusSucceeded {
 			refunded += rf.Amount
-			want[events.TypeRefundSucceeded+" "+rf.ID.String()] = 1
+			want[payments.TypeRefundSucceeded+" "+rf.ID.String()] = 1
 		}
 	}
 	if s.amountPaid != paid-refunded || s.amountRefunded != refunded {

@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemref/payments/internal/db/dbsqlc"
+	"github.com/idemref/payments/internal/failpoint"
 	"github.com/idemref/payments/internal/idem"
-	"github.com/idemref/payments/internal/tooling/failpoint"
 )
 
 // Pay runs POST /v1/payments under claim c (S1):
@@ -26,9 +26,7 @@ import (
 // (P7): one transaction fewer per payment. Its price: a crash between
 // transaction 1's commit and the charge call leaves a mark with no call
 // behind it, and the attempt that resumes cannot tell that from a call in
-// flight, so it waits out the settle window before it charges. Payments
-// created at recovery point payment_created (before this rule) still
-// resume through their own mark.
+// flight, so it waits out the settle window before it charges.
 //
 // A retry of an unfinished payment takes the lease over and resumes from
 // the recovery point (resume); so does the completer.
@@ -104,15 +102,6 @@ func (s *Service) resume(ctx context.Context, l *idem.Lease, marked *dbsqlc.Paym
 	fresh := false
 	for {
 		switch l.RecoveryPoint {
-		case recoveryPaymentCreated:
-			if _, err := s.store.Phase(ctx, l, func(ctx context.Context, tx pgx.Tx) (idem.Step, error) {
-				p, err := markChargeSent(ctx, tx, l)
-				marked = &p
-				return idem.Step{RecoveryPoint: recoveryChargeSent}, err
-			}); err != nil {
-				return idem.Response{}, err
-			}
-
 		case recoveryChargeSent:
 			outcome, err := s.charge(ctx, l, marked)
 			if err != nil {

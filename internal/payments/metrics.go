@@ -24,7 +24,7 @@ var (
 	// (nothing done), counted so the races are visible.
 	staleWritesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "payments_stale_writes_total",
-		Help: "Guarded state changes that found the record already moved on by another writer and did nothing, by write (mark_charge_sent, unmark_charge_sent, compensation_succeeded, webhook_unmarked_payment).",
+		Help: "Guarded state changes that found the record already moved on by another writer and did nothing, by write (mark_charge_sent, unmark_charge_sent, compensation_succeeded).",
 	}, []string{"write"})
 	duplicateRefundsTotal = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "payments_duplicate_refunds_total",
@@ -57,7 +57,7 @@ func init() {
 	for _, reason := range []string{ReasonDuplicateCharge, ReasonChargeAfterFailure} {
 		compensationsTotal.WithLabelValues(reason)
 	}
-	for _, write := range []string{"mark_charge_sent", "unmark_charge_sent", "compensation_succeeded", "webhook_unmarked_payment"} {
+	for _, write := range []string{"mark_charge_sent", "unmark_charge_sent", "compensation_succeeded"} {
 		staleWritesTotal.WithLabelValues(write)
 	}
 }

@@ -16,10 +16,9 @@ import (
 	"github.com/idemref/payments/internal/validation"
 )
 
-// Payment statuses, as stored. created and charge_sent are unsettled: the
-// charge's outcome is not known yet (see Payment.Settled).
+// Payment statuses, as stored. A payment is inserted at charge_sent, which
+// is unsettled: the charge's outcome is not known yet (see Payment.Settled).
 const (
-	StatusCreated    = "created"
 	StatusChargeSent = "charge_sent"
 	StatusSucceeded  = "succeeded"
 	StatusDeclined   = "declined"
@@ -58,7 +57,7 @@ type Payment struct {
 // payment may still be charged (its charge call may land late), so it is
 // shown as processing, never as failed.
 func (p Payment) Settled() bool {
-	return p.Status != StatusCreated && p.Status != StatusChargeSent
+	return p.Status != StatusChargeSent
 }
 
 // Compensation is the refund of an extra charge found at the processor.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"time"
 
 	"github.com/google/uuid"
@@ -13,12 +14,24 @@ import (
 	"github.com/idemref/payments/internal/processor"
 )
 
-// Names of the endpoints whose keys this package runs, for claims made
-// outside the HTTP layer; they come from idem.Endpoints, where the HTTP
-// layer takes them too.
+// The idempotent endpoints whose keys this package runs. Both call the
+// processor, so both run on leases (MultiStep) and the completer resumes
+// their keys when the client goes away. The edge routes them: internal/http
+// lists them in its table of endpoints.
 var (
-	EndpointPay    = idem.CreatePayment.String()
-	EndpointRefund = idem.CreateRefund.String()
+	CreatePayment = idem.Endpoint{Method: http.MethodPost, Route: "/v1/payments", MultiStep: true}
+	CreateRefund  = idem.Endpoint{Method: http.MethodPost, Route: "/v1/payments/{id}/refunds", MultiStep: true}
+)
+
+// Endpoints are the endpoints of this package, whose expired keys the
+// completer takes over.
+var Endpoints = []idem.Endpoint{CreatePayment, CreateRefund}
+
+// Names of the endpoints, as their keys are scoped, for claims made outside
+// the HTTP layer.
+var (
+	EndpointPay    = CreatePayment.String()
+	EndpointRefund = CreateRefund.String()
 )
 
 // Deterministic failures. Each is recorded under the request's key and

@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemref/payments/internal/db/dbsqlc"
-	"github.com/idemref/payments/internal/events"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/outbox"
 	"github.com/idemref/payments/internal/processor"
@@ -218,7 +217,7 @@ func (s *Service) recordRefund(ctx context.Context, tx pgx.Tx, l *idem.Lease, o 
 		return idem.Step{}, err
 	}
 	// The refund's event, in the transaction that made it (M2).
-	if _, err := outbox.Write(ctx, tx, l.TenantID, events.TypeRefundSucceeded, events.Refund{
+	if _, err := outbox.Write(ctx, tx, l.TenantID, TypeRefundSucceeded, RefundEvent{
 		RefundID: r.ID, PaymentID: p.ID, OrderID: p.OrderID, Amount: r.Amount, Currency: p.Currency,
 	}); err != nil {
 		return idem.Step{}, err

@@ -6,7 +6,7 @@ import (
 )
 
 // The completer takes over the keys of the multi-step endpoints of
-// idem.Endpoints, and resumes them with this package's flows: the two must
+// Endpoints, and resumes them with this package's flows: the two must
 // be the same endpoints, or a key would be taken over that nothing here can
 // finish, or left expired that only the completer would finish.
 func TestCompleterResumesThisPackagesEndpoints(t *testing.T) {

@@ -13,7 +13,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -37,7 +36,7 @@ func (tr transition) String() string { return tr.Machine + " " + tr.From + " -> 
 // machineStates are every state of each machine, as the CHECK constraints
 // allow them.
 var machineStates = map[string][]string{
-	"payment":      {"created", "charge_sent", "succeeded", "declined", "failed"},
+	"payment":      {"charge_sent", "succeeded", "declined", "failed"},
 	"refund":       {"created", "refund_sent", "succeeded", "failed"},
 	"compensation": {"pending", "succeeded", "refused"},
 	"key":          {"in_progress", "completed", "expired"},
@@ -198,29 +197,6 @@ func TestEveryAllowedTransitionHappens(t *testing.T) {
 			t.Fatalf("Pay %s: %v", key, err)
 		}
 	}
-	// payment created -> charge_sent: a payment is inserted marked now, so
-	// only one that an older version left at payment_created (inserted
-	// unmarked, its mark a transaction of its own) takes this step. One is
-	// made here as that version left it, its lease run out, and its retry
-	// resumes it through the mark.
-	legacy := w.newPayment(t, "pay-legacy", 1000)
-	legacyStore := idem.NewStore(w.pool, idem.Config{Lease: w.lease})
-	if _, err := legacyStore.Begin(bound, legacy.claim, func(ctx context.Context, tx pgx.Tx, l idem.Lease) (idem.Step, error) {
-		id := uuid.New()
-		_, err := tx.Exec(ctx, `INSERT INTO payments (tenant_id, id, order_id, amount, currency, payment_method, charge_key)
-			VALUES ($1, $2, $3, $4, $5, $6, $7)`, w.tenant, id, legacy.in.OrderID, legacy.in.Amount, legacy.in.Currency,
-			legacy.in.PaymentMethod, idem.DeriveKey(legacy.claim, "charge"))
-		return idem.Step{RecoveryPoint: "payment_created", ResourceID: id}, err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := w.pool.Exec(bound, `UPDATE idempotency_keys SET locked_until = now() WHERE tenant_id = $1 AND idem_key = 'pay-legacy'`, w.tenant); err != nil {
-		t.Fatal(err)
-	}
-	if res, _, err := w.svc.Pay(bound, legacy.claim, legacy.in); err != nil || res.Status != http.StatusCreated {
-		t.Fatalf("Pay resuming a payment at payment_created = %d %s, %v", res.Status, res.Body, err)
-	}
-
 	// refund created -> refund_sent -> succeeded, and -> failed
 	pay := w.onePayment(t, paid)
 	refund := func(key string, amount int64) {

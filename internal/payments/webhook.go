@@ -109,14 +109,6 @@ func (s *Service) chargeSucceeded(ctx context.Context, tx pgx.Tx, ch processor.C
 		return "", err
 	}
 	switch {
-	case cur.Status == StatusCreated:
-		// No charge call was marked yet, so this charge cannot be the
-		// payment's (the mark commits before every call). Nothing to do:
-		// the payment's own call, or its lookup, settles it.
-		staleWritesTotal.WithLabelValues("webhook_unmarked_payment").Inc()
-		s.log.WarnContext(ctx, "webhook: a charge for a payment whose call was never marked",
-			slog.String("payment_id", cur.ID.String()), slog.String("charge_id", ch.ID))
-		return WebhookRecorded, nil
 	case cur.Status == StatusChargeSent:
 		p, err := q.PaymentFinish(ctx, dbsqlc.PaymentFinishParams{
 			TenantID: cur.TenantID, ID: cur.ID, Status: StatusSucceeded, ChargeID: &ch.ID,

@@ -240,15 +240,15 @@ func (o observed) stuck() []string {
 			s = append(s, fmt.Sprintf("event %s (%s) is not relayed", e.ID, e.Type))
 		}
 		switch {
-		case e.Applied && e.Type == events.TypePaymentSucceeded:
+		case e.Applied && e.Type == payments.TypePaymentSucceeded:
 			applied[e.PaymentID] = true
-		case e.Applied && e.Type == events.TypeRefundSucceeded:
+		case e.Applied && e.Type == payments.TypeRefundSucceeded:
 			applied[e.RefundID] = true
 		}
 	}
 	for _, p := range o.payments {
 		switch {
-		case p.Status == payments.StatusCreated || p.Status == payments.StatusChargeSent:
+		case p.Status == payments.StatusChargeSent:
 			s = append(s, fmt.Sprintf("payment %s is %s", p.ID, p.Status))
 		case p.Status == payments.StatusSucceeded && !applied[p.ID]:
 			s = append(s, fmt.Sprintf("payment %s succeeded, and order %s is not credited with it (its event is not applied)", p.ID, p.OrderID))
@@ -629,7 +629,7 @@ func (f *findings) books(ord orderRow, r *recordIndex) {
 	}
 	applied := 0
 	for _, e := range r.eventsByOrder[ord.ID] {
-		if e.Type == events.TypePaymentSucceeded && e.Applied {
+		if e.Type == payments.TypePaymentSucceeded && e.Applied {
 			applied++
 		}
 	}

@@ -16,7 +16,6 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/idemref/payments/internal/events"
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/tooling/processorsim"
 )
@@ -64,10 +63,10 @@ func (w *world) pay(i int, method string) {
 		PaymentMethod: method, Attempts: 1, Statuses: []int{201}, Final: 201, ID: p.ID,
 		PaymentStatus: payments.StatusSucceeded, ChargeID: p.ChargeID,
 	}
-	event := eventRow{ID: "ev-" + p.ID, Type: events.TypePaymentSucceeded, OrderID: ord.ID, PaymentID: p.ID, Published: true, Applied: true}
+	event := eventRow{ID: "ev-" + p.ID, Type: payments.TypePaymentSucceeded, OrderID: ord.ID, PaymentID: p.ID, Published: true, Applied: true}
 	if method == processorsim.PaymentMethodDeclined {
 		p.Status, op.Statuses, op.Final, op.PaymentStatus, op.ChargeID = payments.StatusDeclined, []int{402}, 402, payments.StatusDeclined, ""
-		event.Type, event.Applied = events.TypePaymentFailed, false
+		event.Type, event.Applied = payments.TypePaymentFailed, false
 	} else {
 		ord.AmountPaid = ord.Amount
 	}
@@ -213,7 +212,7 @@ func TestCheckFindsEachViolation(t *testing.T) {
 			p.Status, p.ChargeID = payments.StatusFailed, ""
 			w.ops[3].Final, w.ops[3].Code, w.ops[3].ID = 422, "processor_rejected", ""
 			w.obs.orders[1].AmountPaid = 0
-			w.obs.events[1].Type, w.obs.events[1].Applied = events.TypePaymentFailed, false
+			w.obs.events[1].Type, w.obs.events[1].Applied = payments.TypePaymentFailed, false
 			w.compensate(1, "ch_r2", true)
 		},
 		want: counts{Acked: 6, Unexpected: 1},

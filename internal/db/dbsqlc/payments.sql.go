@@ -608,8 +608,8 @@ func (q *Queries) PaymentList(ctx context.Context, arg PaymentListParams) ([]Pay
 
 const paymentMarkChargeSent = `-- name: PaymentMarkChargeSent :one
 UPDATE payments
-SET status = 'charge_sent', charge_sent_at = now(), charge_calls = charge_calls + 1, updated_at = now()
-WHERE tenant_id = $1 AND id = $2 AND status IN ('created', 'charge_sent')
+SET charge_sent_at = now(), charge_calls = charge_calls + 1, updated_at = now()
+WHERE tenant_id = $1 AND id = $2 AND status = 'charge_sent'
 RETURNING tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at
 `
 
@@ -618,10 +618,11 @@ type PaymentMarkChargeSentParams struct {
 	ID       uuid.UUID
 }
 
-// Committed before every charge call: from here a call may be in flight,
-// and a crash cannot hide it from the attempt that resumes. Guarded: only
-// an unsettled payment is marked. No row back: a webhook settled it
-// meanwhile, and nothing may be sent (a mark would move it backwards).
+// Committed before every charge call after the first (PaymentCreate marks
+// the first): from here a call may be in flight, and a crash cannot hide
+// it from the attempt that resumes. Guarded: only an unsettled payment is
+// marked. No row back: a webhook settled it meanwhile, and nothing may be
+// sent (a mark would move it backwards).
 func (q *Queries) PaymentMarkChargeSent(ctx context.Context, arg PaymentMarkChargeSentParams) (Payment, error) {
 	row := q.db.QueryRow(ctx, paymentMarkChargeSent, arg.TenantID, arg.ID)
 	var i Payment

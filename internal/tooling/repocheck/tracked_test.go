@@ -1,4 +1,4 @@
-package apispec
+package repocheck
 
 import (
 	"bytes"

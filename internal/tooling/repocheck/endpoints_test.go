@@ -1,15 +1,15 @@
-package apispec
+package repocheck
 
 import (
 	"slices"
 	"testing"
 
-	"github.com/idemref/payments/internal/idem"
+	httpapi "github.com/idemref/payments/internal/http"
 )
 
 // The contract's list of idempotent endpoints (the key-status endpoint's
 // `endpoint` parameter, from which the client's enum is generated) is the
-// route table's: a fork that adds an endpoint to idem.Endpoints and not to
+// route table's: a fork that adds an endpoint to httpapi.Endpoints and not to
 // openapi.yaml, or the other way round, fails here.
 func TestContractListsTheIdempotentEndpoints(t *testing.T) {
 	doc := loadOpenAPI(t)
@@ -23,12 +23,12 @@ func TestContractListsTheIdempotentEndpoints(t *testing.T) {
 		contract = append(contract, v.(string))
 	}
 	var table []string
-	for _, e := range idem.Endpoints {
+	for _, e := range httpapi.Endpoints {
 		table = append(table, e.String())
 	}
 	slices.Sort(contract)
 	slices.Sort(table)
 	if !slices.Equal(contract, table) {
-		t.Errorf("openapi.yaml's endpoint enum = %q, idem.Endpoints = %q", contract, table)
+		t.Errorf("openapi.yaml's endpoint enum = %q, httpapi.Endpoints = %q", contract, table)
 	}
 }

@@ -1,4 +1,4 @@
-package apispec
+package repocheck
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/getkin/kin-openapi/openapi3"
+
+	apispec "github.com/idemref/payments"
 )
 
 const (
@@ -66,10 +68,10 @@ var postV1Responses = []string{"400", "401", "409", "413", "415", "422", "503"}
 
 func loadOpenAPI(t *testing.T) *openapi3.T {
 	t.Helper()
-	if len(OpenAPI) == 0 {
+	if len(apispec.OpenAPI) == 0 {
 		t.Fatal("embedded openapi.yaml is empty")
 	}
-	doc, err := openapi3.NewLoader().LoadFromData(OpenAPI)
+	doc, err := openapi3.NewLoader().LoadFromData(apispec.OpenAPI)
 	if err != nil {
 		t.Fatalf("load openapi.yaml: %v", err)
 	}
