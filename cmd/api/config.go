@@ -38,9 +38,14 @@ type config struct {
 	ReadTimeout       time.Duration
 	WriteTimeout      time.Duration
 	IdleTimeout       time.Duration
-	ShutdownTimeout   time.Duration
-	LockTimeout       time.Duration
-	IdempotencyTTL    time.Duration
+	// ShutdownGrace is how long a SIGTERM keeps the listener serving
+	// after /readyz turned 503, for the load balancer to notice.
+	ShutdownGrace time.Duration
+	// ShutdownTimeout bounds the wait for the requests in flight once the
+	// listener closed, and then again the workers' stop.
+	ShutdownTimeout time.Duration
+	LockTimeout     time.Duration
+	IdempotencyTTL  time.Duration
 	// KeyRetention is how long a key's tombstone is kept (E3); at least
 	// IdempotencyTTL.
 	KeyRetention time.Duration
@@ -191,7 +196,11 @@ var settings = []setting{
 		positive(func(c *config) *time.Duration { return &c.WriteTimeout })},
 	{"IDLE_TIMEOUT", "120s", "", "`http.Server.IdleTimeout`",
 		positive(func(c *config) *time.Duration { return &c.IdleTimeout })},
-	{"SHUTDOWN_TIMEOUT", "15s", "", "how long SIGINT/SIGTERM waits for in-flight requests",
+	{"SHUTDOWN_GRACE", "5s", "`make run`: `0`",
+		"on SIGTERM (or SIGINT), how long the listener keeps serving after `/readyz` turned 503, so that the load balancer stops sending first: as long as it takes to stop (Kubernetes: a few seconds for a terminating pod to leave its Service; a balancer that learns from health checks: their interval times the failures it needs); `0` closes the listener at once (see `docs/deployment.md`)",
+		orOff(func(c *config) *time.Duration { return &c.ShutdownGrace })},
+	{"SHUTDOWN_TIMEOUT", "15s", "",
+		"after the grace, how long the requests in flight may take to finish (what still runs then is cut, and its retry recovers it), and then again the longest the outbox relay, the consumer, the completer and the reaper may take to stop at a safe point",
 		positive(func(c *config) *time.Duration { return &c.ShutdownTimeout })},
 	{"RATE_LIMIT_RPS", strconv.FormatFloat(httpapi.DefaultRateLimit, 'f', -1, 64), "",
 		"requests per second per tenant and process; `0` turns the limit off",

@@ -22,6 +22,10 @@
 //	                           under its message id, unless the consumers'
 //	                           inbox says it was applied or cannot vouch
 //	                           for it (NATS_URL and DATABASE_URL required)
+//	api version                print the module version, the VCS revision,
+//	                           its time and whether the tree was modified,
+//	                           and the Go version (also payments_build_info
+//	                           on /metrics)
 //
 // Configuration comes from the environment: api help lists every variable
 // with its default and meaning (docs/configuration.md has the same table).
@@ -50,6 +54,7 @@ const usage = `usage:
   api migrate down N        roll back the last N migrations
   api migrate down --all    roll back every migration: drops every table and row
   api help                  this text (also -h, --help, and -h after any command)
+  api version               print the module version, VCS revision and time, modified flag and Go version
   api tenant create NAME    create a tenant and print its API key
   api deadletters list      list the events consumers gave up on (NATS_URL)
   api deadletters redrive   publish them again to their subjects, under their message ids, once their cause is fixed; one the inbox says was applied is removed, one it can no longer vouch for is refused (NATS_URL, DATABASE_URL)
@@ -83,7 +88,7 @@ func commandLineError(args []string) error {
 	}
 	cmd, rest := args[0], args[1:]
 	switch cmd {
-	case "serve", "dev", "completer":
+	case "serve", "dev", "completer", "version":
 		return fmt.Errorf("%w: %s takes no arguments, got %q", errUsage, cmd, strings.Join(rest, " "))
 	case "reap":
 		return fmt.Errorf("%w: reap takes --loop or nothing, got %q", errUsage, strings.Join(rest, " "))
@@ -122,6 +127,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprint(stdout, usage, "\n", configurationHelp())
 		return nil
 	}
+	// Nor does the version: it is the binary's, whatever the environment.
+	if args[0] == "version" {
+		if len(args) > 1 {
+			return commandLineError(args)
+		}
+		printVersion(stdout, readBuildVersion())
+		return nil
+	}
 	cfg, err := loadConfig(getenv)
 	if err != nil {
 		return err
@@ -153,6 +166,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 		return runReaper(ctx, cfg, logger, len(rest) == 1, stdout)
 	case cmd == "dev" && len(rest) == 0:
+		if getenv("SHUTDOWN_GRACE") == "" {
+			cfg.ShutdownGrace = 0 // no load balancer to wait for: Ctrl-C stops at once
+		}
 		return dev(ctx, cfg, logger, stdout)
 	case cmd == "migrate" && len(rest) == 1 && rest[0] == "up":
 		if cfg.DatabaseURL == "" {

@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -37,16 +39,45 @@ const (
 	netHTTPHeaderSlack = 4096
 )
 
-// serve runs the HTTP server until ctx is cancelled, then shuts down
-// gracefully: stop accepting, let in-flight requests finish (bounded by
-// SHUTDOWN_TIMEOUT), close the pool. ready, when set, is called with the
-// bound address once the listener is open.
+// serve runs the HTTP server until ctx is cancelled (SIGTERM, SIGINT),
+// then drains (G4), in this order:
+//
+//  1. /readyz answers 503, so that the load balancer takes the process out
+//     of its pool, and every answer from now on says Connection: close, so
+//     that clients on keep-alive connections come back through the
+//     balancer;
+//  2. for SHUTDOWN_GRACE the listener still accepts and serves whatever
+//     comes: the balancer may send until it has taken the process out;
+//  3. the listener closes and the requests in flight finish, for at most
+//     SHUTDOWN_TIMEOUT (http.Server.Shutdown); what still runs then is cut
+//     as a crash would cut it, and its retry recovers it the same way;
+//  4. the workers beside the server (the completer, the reaper, the outbox
+//     relay, the consumer) stop at a safe point, for at most
+//     SHUTDOWN_TIMEOUT again: the relay hands its claimed batch back, the
+//     consumer finishes the message in hand or hands back one it held
+//     through a database outage, the completer releases its key at its
+//     recovery point, the reaper rolls back its batch;
+//  5. the pool closes, unless something was cut in step 3 or 4: Close
+//     would wait for the connections still held, and the process exits
+//     instead, as a crash would.
+//
+// The workers run until step 4, not only until the signal: the requests
+// of the grace write events that the relay publishes.
+//
+// ready, when set, is called with the bound address once the listener is
+// open.
 func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr string)) error {
 	pool, err := db.Open(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	// Closed last (step 5).
+	closePool := true
+	defer func() {
+		if closePool {
+			pool.Close()
+		}
+	}()
 	// Pool statistics and the key gauges, served at /metrics (X1).
 	if err := db.RegisterPoolMetrics(pool); err != nil {
 		return fmt.Errorf("register pool metrics: %w", err)
@@ -64,6 +95,8 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 		eventsState = messaging.NewState()
 		events = eventsState.Status
 	}
+	// Closed when the drain begins: /readyz answers 503 from then on.
+	draining := make(chan struct{})
 	handler := httpapi.NewHandler(httpapi.Config{
 		Pool:             pool,
 		Idem:             store,
@@ -78,6 +111,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 		WebhookTolerance: cfg.WebhookTolerance,
 		WebhookScheme:    cfg.WebhookScheme,
 		Events:           events,
+		Draining:         draining,
 	})
 	srv := &http.Server{
 		Handler:           handler,
@@ -113,29 +147,33 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 		ready(ln.Addr().String())
 	}
 
-	// The relay and the consumers run beside the server and stop with it,
-	// unless EVENT_WORKERS leaves them to other processes. They connect to
-	// the broker in the background: the server does not wait for it.
+	// The workers run beside the server until the drain stops them (step
+	// 4), under a context of their own: the signal does not reach them.
+	var workers workers
+	defer workers.stop(0) // on an early return; after a drain, a no-op
+	workersCtx := context.WithoutCancel(ctx)
+
+	// The relay and the consumers run beside the server, unless
+	// EVENT_WORKERS leaves them to other processes. They connect to the
+	// broker in the background: the server does not wait for it.
 	if cfg.EventWorkers {
 		listenPool, closeListenPool, err := directPool(ctx, pool, cfg)
 		if err != nil {
 			return err
 		}
-		defer closeListenPool()
-		defer messaging.Start(ctx, messaging.Config{
+		workers.add(messaging.Start(workersCtx, messaging.Config{
 			Pool: pool, ListenPool: listenPool, NatsURL: cfg.NatsURL, Broker: cfg.Broker, OutboxClaimHold: cfg.OutboxClaimHold,
 			Consumer: messaging.Consumer{Name: orders.ConsumerName, Subjects: orders.Subjects, Apply: orders.ApplyEvent},
 			Logger:   logger, State: eventsState,
-		})()
+		}), closeListenPool)
 	}
-
-	// The completer runs beside the server and stops with it.
+	// So does the completer.
 	if cfg.CompleterInterval > 0 {
-		defer beside(ctx, payments.NewCompleter(paymentsSvc, cfg.CompleterInterval).Run)()
+		workers.add(beside(workersCtx, payments.NewCompleter(paymentsSvc, cfg.CompleterInterval).Run), nil)
 	}
-	// So does the reaper (E1, E3), when enabled.
+	// And the reaper (E1, E3), when enabled.
 	if cfg.ReaperInterval > 0 {
-		defer beside(ctx, newReaper(pool, cfg, logger).Run)()
+		workers.add(beside(workersCtx, newReaper(pool, cfg, logger).Run), nil)
 	}
 
 	served := make(chan error, 1)
@@ -145,17 +183,93 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 		return err
 	case <-ctx.Done():
 	}
-	logger.Info("shutting down", slog.Duration("timeout", cfg.ShutdownTimeout))
+
+	// Steps 1 and 2: not ready, and still serving.
+	start := time.Now()
+	logger.Info("draining: /readyz answers 503; still serving until the grace ends",
+		slog.Duration("grace", cfg.ShutdownGrace), slog.Duration("timeout", cfg.ShutdownTimeout))
+	srv.SetKeepAlivesEnabled(false) // before the first 503: every answer after it says Connection: close
+	close(draining)
+	if cfg.ShutdownGrace > 0 {
+		select {
+		case <-time.After(cfg.ShutdownGrace):
+		case err := <-served:
+			return err
+		}
+	}
+
+	// Step 3: the listener closes; the requests in flight finish.
+	logger.Info("shutting down: the listener is closed; waiting for the requests in flight", slog.Duration("timeout", cfg.ShutdownTimeout))
 	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
 	defer cancel()
+	var shutdownErr error
 	if err := srv.Shutdown(shutdownCtx); err != nil {
-		return fmt.Errorf("shutdown: %w", err)
+		// Their connections are closed unanswered: a client sees a
+		// connection closed before the answer, and its retry with the same
+		// key replays what committed or runs what did not.
+		shutdownErr = fmt.Errorf("shutdown: requests still running after SHUTDOWN_TIMEOUT (%s) were cut: %w", cfg.ShutdownTimeout, err)
+		_ = srv.Close()
 	}
 	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
-	logger.Info("stopped")
+
+	// Step 4: the workers stop at a safe point.
+	logger.Info("stopping the workers", slog.Duration("timeout", cfg.ShutdownTimeout))
+	if !workers.stop(cfg.ShutdownTimeout) {
+		shutdownErr = errors.Join(shutdownErr, fmt.Errorf("shutdown: the workers did not stop within SHUTDOWN_TIMEOUT (%s); what they held is recovered as after a crash", cfg.ShutdownTimeout))
+	}
+	if shutdownErr != nil {
+		closePool = false
+		return shutdownErr
+	}
+	logger.Info("stopped", slog.Duration("took", time.Since(start)))
 	return nil
+}
+
+// workers are the stop functions of what runs beside the server, each with
+// what to release once it stopped.
+type workers struct {
+	stops []func()
+}
+
+// add records stop, and release (nil: nothing) to call after it.
+func (w *workers) add(stop, release func()) {
+	w.stops = append(w.stops, func() {
+		stop()
+		if release != nil {
+			release()
+		}
+	})
+}
+
+// stop stops every worker at once and waits for all of them, for at most
+// timeout (0: without a bound). It reports whether they all stopped; a
+// second call has nothing left to stop.
+func (w *workers) stop(timeout time.Duration) bool {
+	stops := w.stops
+	w.stops = nil
+	var wg sync.WaitGroup
+	for _, stop := range stops {
+		wg.Go(stop)
+	}
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	if timeout <= 0 {
+		<-done
+		return true
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 // beside runs run in a goroutine until ctx is done or stop is called;

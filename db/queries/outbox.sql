@@ -28,7 +28,7 @@ FROM (
     FOR UPDATE SKIP LOCKED
 ) c
 WHERE o.id = c.id
-RETURNING o.id, o.seq, o.subject, o.event_type, o.payload, o.created_at;
+RETURNING o.id, o.seq, o.subject, o.event_type, o.payload, o.created_at, o.claimed_until;
 
 -- name: OutboxMarkPublished :execrows
 -- After the broker acknowledged each publish.
@@ -36,9 +36,14 @@ UPDATE outbox SET published_at = now(), claimed_until = NULL
 WHERE id = ANY(@ids::uuid[]) AND published_at IS NULL;
 
 -- name: OutboxRelease :exec
--- A publish failed: the rows may be claimed again at once.
+-- A publish failed, or the relay is stopping: the rows it did not publish
+-- may be claimed again at once, not only once the claim runs out. Guarded:
+-- only rows still unpublished and still under this relay's own claim
+-- (claimed_until is the claim's fencing token: a later claim, by another
+-- relay once this one lapsed, has a later one). Releasing another relay's
+-- claim would let a third claim its rows while it still publishes them.
 UPDATE outbox SET claimed_until = NULL
-WHERE id = ANY(@ids::uuid[]) AND published_at IS NULL;
+WHERE id = ANY(@ids::uuid[]) AND published_at IS NULL AND claimed_until = @claimed_until;
 
 -- name: OutboxLag :one
 -- Unpublished rows and the age of the oldest, for the relay's lag metric.

@@ -29,7 +29,8 @@
 // then costs no delivery, and the message is applied when the database is
 // back. Only a transient failure while the database answers (a deadlock
 // or a timeout every time) is handed back after a few retries in hand, so
-// that one message cannot hold the consumer up for ever.
+// that one message cannot hold the consumer up for ever; and so is one in
+// hand when the process stops (G4), at once, for another process to take.
 package consumer
 
 import (
@@ -120,12 +121,23 @@ func Start(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, cfg 
 	return c, nil
 }
 
-// Stop stops taking messages and waits for the one in hand; one held
-// through a database outage is handed back for redelivery.
+// Stop stops taking messages and waits for the one in hand (G4): it is
+// finished, or, when held through a database outage, handed back for
+// redelivery at once.
 func (c *Consumer) Stop() {
 	close(c.stopping)
 	c.cc.Drain()
 	<-c.cc.Closed()
+}
+
+// isStopping reports whether Stop was called.
+func (c *Consumer) isStopping() bool {
+	select {
+	case <-c.stopping:
+		return true
+	default:
+		return false
+	}
 }
 
 func (c *Consumer) process(ctx context.Context, msg jetstream.Msg) {
@@ -170,6 +182,14 @@ func (c *Consumer) process(ctx context.Context, msg jetstream.Msg) {
 	case errors.Is(err, events.ErrUnreadable):
 		log.ErrorContext(ctx, "unreadable event; terminating it for the dead-letter stream", slog.Any("error", err))
 		_ = msg.TermWithReason("unreadable")
+		return
+	case err != nil && c.isStopping() && db.IsTransient(err):
+		// Held through a database outage when Stop came: handed back with
+		// a nak without delay, so that another process takes it at once,
+		// neither after the ack wait nor after the backoff. It is no
+		// failure of the message: not counted as one.
+		log.InfoContext(ctx, "stopping: the event held in hand is handed back for redelivery", slog.Any("error", err))
+		_ = msg.Nak()
 		return
 	case err != nil:
 		// Nothing committed: the redelivery applies it. Nak (not waiting

@@ -255,3 +255,44 @@ func TestStopHandsBackAHeldEvent(t *testing.T) {
 			info.NumPending, info.NumAckPending, f.deadLetters(t))
 	}
 }
+
+// G4: an event held in hand through a database outage when the process
+// stops is handed back at once: a consumer of another process, which
+// reaches the database, applies it now, neither after the ack wait nor
+// after the backoff (a minute each here). Before, Stop handed it back with
+// the backoff's delay, and the event waited out that minute.
+func TestStopHandsBackAHeldEventAtOnce(t *testing.T) {
+	t.Parallel()
+	const name = "orders-handed-back"
+	slow := broker.Config{AckWait: time.Minute, MaxDeliver: 3}
+	f := setupOutage(t)
+	start := func(pool *pgxpool.Pool) *consumer.Consumer {
+		c, err := consumer.Start(t.Context(), pool, f.js, consumer.Config{
+			Name: name, Subjects: orders.Subjects, Broker: slow, Logger: testkit.Logger(t),
+		}, orders.ApplyEvent)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	stopping := start(f.proxied)
+	order := f.order(t, 1000)
+	f.proxy.Cut()
+	f.paid(t, order, 1000)
+	testkit.WaitFor(t, 10*time.Second, func() bool { return heldRetries(t, name) >= 1 })
+
+	// The other process's consumer shares the durable consumer; the server
+	// sends it nothing while the first one holds the event.
+	other := start(f.pool)
+	t.Cleanup(other.Stop)
+	stopping.Stop()
+	testkit.WaitFor(t, 15*time.Second, func() bool { return f.amountPaid(t, order) == 1000 })
+	testkit.WaitFor(t, 10*time.Second, func() bool { return f.consumerInfo(t, name).NumAckPending == 0 })
+	info := f.consumerInfo(t, name)
+	if info.Delivered.Consumer != 2 {
+		t.Errorf("deliveries = %d, want 2: the held one and the one after the hand-back", info.Delivered.Consumer)
+	}
+	if n := f.deadLetters(t); n != 0 {
+		t.Errorf("dead letters = %d, want 0", n)
+	}
+}

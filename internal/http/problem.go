@@ -352,6 +352,12 @@ var sentinelProblems = []sentinelProblem{
 		detail:     "The database does not answer; this instance cannot take traffic.",
 		retryAfter: retryAfterSeconds,
 	},
+	{
+		errs:   []error{errDraining},
+		status: http.StatusServiceUnavailable, code: CodeUnavailable, title: "Service unavailable",
+		detail:     "This instance is shutting down: it still serves what it is sent for a short while, but takes no new traffic. Send requests to another instance.",
+		retryAfter: retryAfterSeconds,
+	},
 }
 
 var (
@@ -365,6 +371,8 @@ var (
 	errInvalidOrderFilter = errors.New("order_id must be an order id (a lowercase UUID)")
 	// errNotReady: /readyz found the database down.
 	errNotReady = errors.New("not ready")
+	// errDraining: /readyz of a process that is shutting down.
+	errDraining = errors.New("shutting down")
 )
 
 // encode renders the problem as the exact response bytes to send or record.

@@ -3,6 +3,7 @@ package httpapi
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"net/http"
 
@@ -69,7 +70,9 @@ func logProblem(ctx context.Context, p Problem, err error) {
 	if n, ok := ctx.Value(ctxProblemCode).(*string); ok {
 		*n = p.Code
 	}
-	if p.Status >= 500 {
+	// A draining process's 503 on /readyz is what it is meant to answer,
+	// not a failure: the request line says it.
+	if p.Status >= 500 && !errors.Is(err, errDraining) {
 		loggerFrom(ctx).ErrorContext(ctx, "request failed", slog.String("code", p.Code), slog.Any("error", err))
 	}
 }

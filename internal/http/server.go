@@ -64,6 +64,10 @@ type Config struct {
 	// broker reached, the outbox relayed, events consumed) and, when they
 	// do not, why; /readyz shows it.
 	Events func() (flowing bool, detail string)
+	// Draining, when closed, says the process is shutting down (G4):
+	// /readyz answers 503 from then on, so that the load balancer stops
+	// sending, while every other route is still served. Nil: never.
+	Draining <-chan struct{}
 }
 
 type api struct {
@@ -80,6 +84,7 @@ type api struct {
 	webhookTolerance time.Duration
 	webhookScheme    webhook.Scheme
 	events           func() (flowing bool, detail string)
+	draining         <-chan struct{}
 }
 
 // buildRoutes adds routes that only some builds have, under /v1 and its
@@ -90,7 +95,8 @@ var buildRoutes []func(a *api, r chi.Router)
 // NewHandler returns the service's HTTP handler.
 func NewHandler(cfg Config) http.Handler {
 	a := &api{pool: cfg.Pool, idem: cfg.Idem, payments: cfg.Payments, auth: tenants.NewCache(cfg.Pool, cfg.AuthCacheTTL),
-		webhookSecrets: cfg.WebhookSecrets, webhookTolerance: cfg.WebhookTolerance, webhookScheme: cfg.WebhookScheme, events: cfg.Events}
+		webhookSecrets: cfg.WebhookSecrets, webhookTolerance: cfg.WebhookTolerance, webhookScheme: cfg.WebhookScheme, events: cfg.Events,
+		draining: cfg.Draining}
 	if a.webhookTolerance <= 0 {
 		a.webhookTolerance = webhook.DefaultTolerance
 	}
@@ -178,8 +184,15 @@ func NewHandler(cfg Config) http.Handler {
 // the relay reaches the broker again), and a probe that failed with it
 // would take every process out of the load balancer for a broker outage.
 // The answer says whether events flow instead, for a person to read; the
-// payments_events_broker_connected gauge is what to alert on.
+// payments_events_broker_connected gauge is what to alert on. A process
+// that is shutting down answers 503 too, first of all (G4).
 func (a *api) ready(w http.ResponseWriter, r *http.Request) {
+	select {
+	case <-a.draining:
+		writeError(w, r, errDraining)
+		return
+	default:
+	}
 	if err := a.pool.Ping(r.Context()); err != nil {
 		writeError(w, r, errors.Join(errNotReady, err))
 		return

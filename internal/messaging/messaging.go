@@ -117,9 +117,13 @@ type Consumer struct {
 // creates or updates the streams and the consumer, and only then starts
 // the three, retrying each step with a backoff and reporting in State why
 // events do not flow yet. Once connected, the client reconnects by itself,
-// and State follows it. stop ends what runs, in order (the relay, the
-// consumer finishing the message in hand, the connection), or the attempts
-// to connect, and returns once they have ended.
+// and State follows it. stop ends what runs, in order, each at a safe
+// point (G4): the relay, which marks what the broker acknowledged and
+// hands the rest of its claimed batch back for any relay to publish at
+// once; the consumer, which finishes the message in hand, or hands one
+// held through a database outage back for redelivery at once; the
+// connection. Or it ends the attempts to connect. It returns once all of
+// them have ended.
 func Start(ctx context.Context, cfg Config) (stop func()) {
 	if window, needed := cfg.Broker.DuplicateWindow, cfg.OutboxClaimHold+outbox.DefaultPublishTimeout; window < needed {
 		cfg.Logger.Warn("EVENTS_DUPLICATE_WINDOW is shorter than OUTBOX_CLAIM_HOLD plus the publish timeout: a row republished after a relay crash reaches the consumers, whose inboxes drop it",

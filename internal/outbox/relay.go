@@ -177,12 +177,27 @@ func (r *Relay) drain(ctx context.Context) (pending bool) {
 // acknowledged, and releases the rest for the next claim, which takes them
 // in seq order. With fast publishes a batch ends long before; with slow
 // ones (up to PublishTimeout each) it is cut.
+//
+// When ctx ends (the relay is stopping, G4) the batch stops publishing
+// there too: what the broker acknowledged is marked, and the rest is
+// handed back at once, so another relay publishes it without waiting for
+// the claim to run out.
 func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
 	q := dbsqlc.New(r.pool)
 	// Taken before the claim is sent, so the batch's deadline falls no
 	// later than the claim's: the claim's clock starts later.
 	deadline := time.Now().Add(r.cfg.ClaimHold - r.cfg.ClaimHold/5)
-	rows, err := q.OutboxClaim(ctx, dbsqlc.OutboxClaimParams{HoldSeconds: r.cfg.ClaimHold.Seconds(), MaxRows: db.Int32(r.cfg.Batch)})
+	// A stop does not cancel the claim half-way: a claim that committed
+	// while its answer was lost would keep its rows from every relay for
+	// ClaimHold. The stop is seen before the first publish instead, and
+	// the batch handed back. (A database that does not answer still ends
+	// the claim, after the fifth of ClaimHold a batch keeps for its marks.)
+	claimCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ClaimHold/5)
+	rows, err := q.OutboxClaim(claimCtx, dbsqlc.OutboxClaimParams{HoldSeconds: r.cfg.ClaimHold.Seconds(), MaxRows: db.Int32(r.cfg.Batch)})
+	cancel()
 	if err != nil || len(rows) == 0 {
 		return 0, err
 	}
@@ -191,7 +206,7 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 	acked := make([]uuid.UUID, 0, len(rows))
 	var pubErr error
 	for _, row := range rows {
-		if !time.Now().Before(deadline) {
+		if ctx.Err() != nil || !time.Now().Before(deadline) {
 			break
 		}
 		if pubErr = r.publish(ctx, row, deadline); pubErr != nil {
@@ -199,6 +214,7 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 		}
 		acked = append(acked, row.ID)
 	}
+	stopping := ctx.Err()
 	// The broker has the messages; the rows do not say so yet. A crash
 	// here publishes them again after ClaimHold (test: relay killed after
 	// publish).
@@ -210,11 +226,16 @@ func (r *Relay) RelayOnce(ctx context.Context) (int, error) {
 		}
 	}
 	if len(acked) < len(rows) {
-		if err := q.OutboxRelease(ctx, ids(rows[len(acked):])); err != nil {
+		// One claim, one claimed_until for all its rows: the release's
+		// fencing token.
+		if err := q.OutboxRelease(ctx, dbsqlc.OutboxReleaseParams{Ids: ids(rows[len(acked):]), ClaimedUntil: rows[0].ClaimedUntil}); err != nil {
 			r.log.WarnContext(ctx, "relay: release unpublished rows", slog.Any("error", err))
 		}
 	}
-	if pubErr != nil {
+	switch {
+	case stopping != nil:
+		return len(acked), stopping
+	case pubErr != nil:
 		publishErrorsTotal.Inc()
 		return len(acked), pubErr
 	}

@@ -14,6 +14,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemref/payments/internal/broker"
+	"github.com/idemref/payments/internal/db"
+	"github.com/idemref/payments/internal/db/dbsqlc"
 	"github.com/idemref/payments/internal/events"
 	"github.com/idemref/payments/internal/outbox"
 	"github.com/idemref/payments/internal/tenants"
@@ -367,5 +369,109 @@ func TestRelayListensOnItsListenPool(t *testing.T) {
 	testkit.WaitFor(t, 10*time.Second, func() bool { return len(f.streamIDs(t)) == 2 })
 	if ids := f.streamIDs(t); ids[0] != first.String() || ids[1] != second.String() {
 		t.Errorf("stream = %v, want [%s %s]", ids, first, second)
+	}
+}
+
+// G4: a relay that is stopped mid-batch hands the rest of its batch back.
+// It claims three rows for an hour, publishes the first and is stopped
+// while the second's publish waits for the broker. The first is marked
+// published; the other two are released at once, so another relay, also
+// claiming for an hour, publishes them now. Without the release they
+// stayed claimed for the hour, and the other relay found nothing to claim.
+func TestRelayStoppedMidBatchHandsTheRestBack(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	first, second, third := f.write(t), f.write(t), f.write(t)
+	slow := &slowStream{JetStream: f.js, stall: second.String(), stalled: make(chan struct{}), release: make(chan struct{})}
+	const hold = time.Hour
+	stopping := outbox.NewRelay(f.pool, slow, outbox.RelayConfig{ClaimHold: hold, PublishTimeout: time.Hour})
+	other := outbox.NewRelay(f.pool, f.js, outbox.RelayConfig{ClaimHold: hold})
+	// As in TestRelayPublishesOnlyWhileItsClaimHolds: one claim takes all
+	// three once the snapshot guard admits them.
+	testkit.WaitFor(t, 10*time.Second, func() bool {
+		var n int
+		if err := f.pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox WHERE xid < pg_snapshot_xmin(pg_current_snapshot())`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 3
+	})
+
+	ctx, stop := context.WithCancel(t.Context())
+	type result struct {
+		n   int
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		n, err := stopping.RelayOnce(ctx)
+		done <- result{n, err}
+	}()
+	select {
+	case <-slow.stalled:
+	case res := <-done:
+		t.Fatalf("the relay returned (%d rows, %v) before it published the second row", res.n, res.err)
+	}
+	stop()
+	res := <-done
+	if res.n != 1 {
+		t.Errorf("the stopped relay published %d rows (%v), want 1: the one before the stop", res.n, res.err)
+	}
+
+	var published, claimed int
+	if err := f.pool.QueryRow(t.Context(), `SELECT count(*) FILTER (WHERE published_at IS NOT NULL),
+		count(*) FILTER (WHERE published_at IS NULL AND claimed_until IS NOT NULL) FROM outbox`).Scan(&published, &claimed); err != nil {
+		t.Fatal(err)
+	}
+	if published != 1 || claimed != 0 {
+		t.Errorf("after the stop: %d rows published, %d still claimed; want 1 and 0 (the rest handed back)", published, claimed)
+	}
+	n, err := other.RelayOnce(t.Context())
+	if err != nil || n != 2 {
+		t.Errorf("the other relay published %d rows (%v), want 2 at once: the rows the stopped relay handed back", n, err)
+	}
+	if got, want := f.streamIDs(t), []string{first.String(), second.String(), third.String()}; !slices.Equal(got, want) {
+		t.Errorf("stream = %v, want %v (seq order)", got, want)
+	}
+}
+
+// A release is fenced by its claim: a relay whose claim lapsed, and whose
+// rows another relay has claimed since, releases nothing. Without the
+// fence it cleared the other relay's claim while that one was still
+// publishing, and a third relay could claim the same rows.
+func TestRelayReleasesOnlyItsOwnClaim(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	id := f.write(t)
+	q := dbsqlc.New(f.pool)
+	// claim claims the row for hold, once the snapshot guard admits it.
+	claim := func(hold time.Duration) *time.Time {
+		var rows []dbsqlc.OutboxClaimRow
+		testkit.WaitFor(t, 10*time.Second, func() bool {
+			var err error
+			rows, err = q.OutboxClaim(t.Context(), dbsqlc.OutboxClaimParams{HoldSeconds: hold.Seconds(), MaxRows: db.Int32(10)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return len(rows) == 1
+		})
+		return rows[0].ClaimedUntil
+	}
+	lapsed := claim(time.Millisecond)
+	current := claim(time.Hour) // claimable again once the first claim lapsed
+	if err := q.OutboxRelease(t.Context(), dbsqlc.OutboxReleaseParams{Ids: []uuid.UUID{id}, ClaimedUntil: lapsed}); err != nil {
+		t.Fatal(err)
+	}
+	var claimedUntil *time.Time
+	if err := f.pool.QueryRow(t.Context(), `SELECT claimed_until FROM outbox WHERE id = $1`, id).Scan(&claimedUntil); err != nil {
+		t.Fatal(err)
+	}
+	if claimedUntil == nil || !claimedUntil.Equal(*current) {
+		t.Errorf("claimed_until = %v after the lapsed claim's release, want the current claim's %v", claimedUntil, *current)
+	}
+	if err := q.OutboxRelease(t.Context(), dbsqlc.OutboxReleaseParams{Ids: []uuid.UUID{id}, ClaimedUntil: current}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.pool.QueryRow(t.Context(), `SELECT claimed_until FROM outbox WHERE id = $1`, id).Scan(&claimedUntil); err != nil || claimedUntil != nil {
+		t.Errorf("claimed_until = %v (%v) after the current claim's release, want NULL", claimedUntil, err)
 	}
 }

@@ -66,6 +66,9 @@ var apiSettings = []string{
 	"EVENTS_DUPLICATE_WINDOW=2m",
 	"EVENTS_REPLICAS=3",
 	"LOG_LEVEL=info",
+	// No balancer to wait for: a teardown's SIGTERM closes the listener
+	// at once instead of serving for the grace.
+	"SHUTDOWN_GRACE=0",
 }
 
 // deployment is one scenario's running system.

@@ -133,7 +133,8 @@ func start(ctx context.Context, o options) (*environment, error) {
 	if o.execMode != "" {
 		apiURL += "&default_query_exec_mode=" + o.execMode
 	}
-	common := []string{"ADDR=127.0.0.1:0", "PROCESSOR_URL=" + env.processorURL, "RATE_LIMIT_RPS=0", "NATS_URL=" + env.nats.URL()}
+	// No balancer in front: SHUTDOWN_GRACE=0 stops the processes at once.
+	common := []string{"ADDR=127.0.0.1:0", "PROCESSOR_URL=" + env.processorURL, "RATE_LIMIT_RPS=0", "NATS_URL=" + env.nats.URL(), "SHUTDOWN_GRACE=0"}
 	env.loadAPI, addr, err = harness.StartProcess(ctx, work, "api-load", apiBin, []string{"serve"},
 		append(common, "DATABASE_URL="+apiURL), "listening")
 	if err != nil {

@@ -26,7 +26,7 @@ FROM (
     FOR UPDATE SKIP LOCKED
 ) c
 WHERE o.id = c.id
-RETURNING o.id, o.seq, o.subject, o.event_type, o.payload, o.created_at
+RETURNING o.id, o.seq, o.subject, o.event_type, o.payload, o.created_at, o.claimed_until
 `
 
 type OutboxClaimParams struct {
@@ -35,12 +35,13 @@ type OutboxClaimParams struct {
 }
 
 type OutboxClaimRow struct {
-	ID        uuid.UUID
-	Seq       *int64
-	Subject   string
-	EventType string
-	Payload   []byte
-	CreatedAt time.Time
+	ID           uuid.UUID
+	Seq          *int64
+	Subject      string
+	EventType    string
+	Payload      []byte
+	CreatedAt    time.Time
+	ClaimedUntil *time.Time
 }
 
 // A relay's claim: unpublished rows in seq order, skipping rows another
@@ -69,6 +70,7 @@ func (q *Queries) OutboxClaim(ctx context.Context, arg OutboxClaimParams) ([]Out
 			&i.EventType,
 			&i.Payload,
 			&i.CreatedAt,
+			&i.ClaimedUntil,
 		); err != nil {
 			return nil, err
 		}
@@ -169,11 +171,21 @@ func (q *Queries) OutboxMarkPublished(ctx context.Context, ids []uuid.UUID) (int
 
 const outboxRelease = `-- name: OutboxRelease :exec
 UPDATE outbox SET claimed_until = NULL
-WHERE id = ANY($1::uuid[]) AND published_at IS NULL
+WHERE id = ANY($1::uuid[]) AND published_at IS NULL AND claimed_until = $2
 `
 
-// A publish failed: the rows may be claimed again at once.
-func (q *Queries) OutboxRelease(ctx context.Context, ids []uuid.UUID) error {
-	_, err := q.db.Exec(ctx, outboxRelease, ids)
+type OutboxReleaseParams struct {
+	Ids          []uuid.UUID
+	ClaimedUntil *time.Time
+}
+
+// A publish failed, or the relay is stopping: the rows it did not publish
+// may be claimed again at once, not only once the claim runs out. Guarded:
+// only rows still unpublished and still under this relay's own claim
+// (claimed_until is the claim's fencing token: a later claim, by another
+// relay once this one lapsed, has a later one). Releasing another relay's
+// claim would let a third claim its rows while it still publishes them.
+func (q *Queries) OutboxRelease(ctx context.Context, arg OutboxReleaseParams) error {
+	_, err := q.db.Exec(ctx, outboxRelease, arg.Ids, arg.ClaimedUntil)
 	return err
 }

@@ -183,7 +183,7 @@ func TestDocsLinksResolve(t *testing.T) {
 
 // repoPath is a backticked path into one of the repository's folders, such
 // as `internal/idem/store.go` or `cmd/api`.
-var repoPath = regexp.MustCompile("`((?:internal|cmd|client|db|examples|docs)/[^`\\s]*)`")
+var repoPath = regexp.MustCompile("`((?:internal|cmd|client|db|examples|docs|deploy)/[^`\\s]*)`")
 
 // TestDocsNameExistingPaths: every file or folder the README and docs/
 // name in backticks exists, so moving a package or a file leaves no

@@ -1,0 +1,633 @@
+package deploy
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/idemref/payments/internal/broker"
+	"github.com/idemref/payments/internal/tooling/testdb"
+)
+
+// The image runs in a real container runtime: Podman with runc. Where
+// neither is installed the test skips, except on CI (CI set), where .ci/run
+// installs both and a missing one is a failure.
+func requirePodman(t *testing.T) {
+	t.Helper()
+	missing := ""
+	if _, err := exec.LookPath("podman"); err != nil {
+		missing = "podman"
+	} else if !haveRunc() {
+		missing = "runc"
+	}
+	if missing == "" {
+		return
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatalf("%s is not installed: on CI the image must be run (.ci/run installs podman and runc)", missing)
+	}
+	t.Skipf("%s is not installed: apt-get install podman runc to build and run the image", missing)
+}
+
+func haveRunc() bool {
+	if _, err := exec.LookPath("runc"); err == nil {
+		return true
+	}
+	for _, p := range []string{"/usr/sbin/runc", "/usr/bin/runc", "/usr/local/bin/runc", "/usr/local/sbin/runc"} {
+		if _, err := os.Stat(p); err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// podman runs podman with the two settings a sandboxed machine needs and
+// an ordinary one accepts: runc as the runtime (crun refuses cgroups in
+// hybrid mode), and a containers.conf without default ulimits (setting
+// them needs CAP_SYS_RESOURCE, which a sandbox may drop). The file is the
+// test's own; nothing of the machine's configuration changes.
+type podman struct {
+	env []string
+}
+
+func newPodman(t *testing.T) *podman {
+	t.Helper()
+	conf := filepath.Join(t.TempDir(), "containers.conf")
+	if err := os.WriteFile(conf, []byte("[containers]\ndefault_ulimits = []\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return &podman{env: append(os.Environ(), "CONTAINERS_CONF="+conf)}
+}
+
+func (p *podman) command(args ...string) *exec.Cmd {
+	cmd := exec.Command("podman", append([]string{"--runtime", "runc"}, args...)...)
+	cmd.Env = p.env
+	return cmd
+}
+
+// run runs podman and returns its standard output; a failure ends the
+// test with what podman printed.
+func (p *podman) run(t *testing.T, args ...string) string {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	cmd := p.command(args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("podman %s: %v\n%s%s", strings.Join(args, " "), err, stdout.String(), stderr.String())
+	}
+	return stdout.String()
+}
+
+// quiet runs podman for a cleanup, ignoring what it says.
+func (p *podman) quiet(args ...string) {
+	cmd := p.command(args...)
+	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+	_ = cmd.Run()
+}
+
+// hardened are the podman run options of a pod the manifests describe:
+// the host's network (the test's PostgreSQL and NATS listen on
+// 127.0.0.1), a read-only root file system without even a writable /tmp
+// (the binary writes no file), no capability, no privilege escalation.
+var hardened = []string{"--network=host", "--read-only", "--read-only-tmpfs=false", "--cap-drop=ALL", "--security-opt=no-new-privileges"}
+
+// image is what make image built.
+type image struct {
+	ref     string // name:version tag
+	version string // api version's version line
+}
+
+// buildImage runs make image, as a developer does, under a name of the
+// test's own and with the build context in a temporary folder, and removes
+// the image when the test ends.
+func buildImage(t *testing.T, p *podman) image {
+	t.Helper()
+	name := "localhost/payments-api-test-" + randomHex(t)
+	bin := t.TempDir()
+	cmd := exec.Command("make", "-C", "..", "--no-print-directory", "image", "IMAGE="+name, "BIN="+bin, "CONTAINER=podman --runtime runc")
+	cmd.Env = p.env
+	start := time.Now()
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("make image: %v\n%s", err, out)
+	}
+	t.Logf("make image (%v): %s", time.Since(start).Round(time.Second), lastLine(string(out)))
+
+	var inspected []struct {
+		ID       string `json:"Id"`
+		RepoTags []string
+		Config   struct {
+			User       string
+			Entrypoint []string
+			Cmd        []string
+			Labels     map[string]string
+		}
+	}
+	if err := json.Unmarshal([]byte(p.run(t, "image", "inspect", name+":latest")), &inspected); err != nil || len(inspected) != 1 {
+		t.Fatalf("podman image inspect %s:latest: %v (%d images)", name, err, len(inspected))
+	}
+	img := inspected[0]
+	// By name, not by id: the test's tags go, an image someone else
+	// tagged stays.
+	t.Cleanup(func() {
+		for _, tag := range img.RepoTags {
+			if strings.HasPrefix(tag, name+":") {
+				p.quiet("rmi", tag)
+			}
+		}
+	})
+	t.Logf("podman image ls:\n%s", p.run(t, "image", "ls", name))
+	st, err := os.Stat(filepath.Join(bin, "image", "api"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("ls -l: %d bytes %s", st.Size(), filepath.Join(bin, "image", "api"))
+
+	// What the image says about itself: api version, the OCI labels and
+	// the tags agree.
+	version := parseVersion(t, p.run(t, append(append([]string{"run", "--rm"}, hardened...), name+":latest", "version")...))
+	labels := img.Config.Labels
+	for label, want := range map[string]string{
+		"org.opencontainers.image.version":  version["version"],
+		"org.opencontainers.image.revision": version["revision"],
+	} {
+		if labels[label] != want {
+			t.Errorf("label %s = %q, want %q as api version prints it", label, labels[label], want)
+		}
+	}
+	if _, err := time.Parse(time.RFC3339, labels["org.opencontainers.image.created"]); err != nil {
+		t.Errorf("label org.opencontainers.image.created = %q: %v", labels["org.opencontainers.image.created"], err)
+	}
+	tag := regexp.MustCompile(`[^A-Za-z0-9_.-]`).ReplaceAllString(version["version"], "-")
+	if !regexp.MustCompile(`^[A-Za-z0-9_]`).MatchString(tag) {
+		tag = "dev"
+	}
+	ref := name + ":" + tag
+	if !slices.Contains(img.RepoTags, ref) || !slices.Contains(img.RepoTags, name+":latest") {
+		t.Errorf("the image is tagged %q, want %s and latest", img.RepoTags, ref)
+	}
+	if u, _, _ := strings.Cut(img.Config.User, ":"); u == "" || u == "0" || strings.Trim(u, "0123456789") != "" {
+		t.Errorf("the image's user is %q, want a numeric non-root id", img.Config.User)
+	}
+	if len(img.Config.Entrypoint) != 1 || filepath.Base(img.Config.Entrypoint[0]) != "api" || strings.Join(img.Config.Cmd, " ") != "serve" {
+		t.Errorf("entrypoint %q, command %q: want api and serve", img.Config.Entrypoint, img.Config.Cmd)
+	}
+	t.Logf("api version (from the image):\n%s", formatVersion(version))
+	return image{ref: ref, version: version["version"]}
+}
+
+// TestImage builds the image with make image and runs it in Podman: from
+// podman run (migrate up, tenant create, serve) and from podman kube play
+// (the migration Job's pod, then the Deployment with its ConfigMap and
+// Secret), each time creating an order and replaying it.
+func TestImage(t *testing.T) {
+	requirePodman(t)
+	p := newPodman(t)
+	img := buildImage(t, p)
+	t.Run("run", func(t *testing.T) { testPodmanRun(t, p, img) })
+	t.Run("kube play", func(t *testing.T) { testKubePlay(t, p, img) })
+}
+
+// testPodmanRun: api migrate up and api serve from the image, hardened as
+// the manifests run it, against an empty database and an embedded NATS.
+func testPodmanRun(t *testing.T, p *podman, img image) {
+	dbURL := testdb.CreateEmptyDatabase(t)
+	natsURL := startNATS(t)
+	mounts := socketMounts(t, dbURL)
+	podmanRun := func(env map[string]string, args ...string) string {
+		cmd := append(append([]string{"run", "--rm"}, hardened...), mounts...)
+		for k, v := range env {
+			cmd = append(cmd, "-e", k+"="+v)
+		}
+		return p.run(t, append(append(cmd, img.ref), args...)...)
+	}
+	podmanRun(map[string]string{"DATABASE_URL": dbURL}, "migrate", "up")
+	key := lastLine(podmanRun(map[string]string{"DATABASE_URL": dbURL}, "tenant", "create", "podman"))
+
+	port := freePort(t)
+	name := "payments-api-test-" + randomHex(t)
+	args := append(append([]string{"run", "-d", "--name", name}, hardened...), mounts...)
+	for k, v := range map[string]string{
+		"DATABASE_URL": dbURL, "NATS_URL": natsURL, "ADDR": fmt.Sprintf("127.0.0.1:%d", port),
+		"SHUTDOWN_GRACE": "1s",
+	} {
+		args = append(args, "-e", k+"="+v)
+	}
+	p.run(t, append(args, img.ref)...) // the image's command: serve
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _ := p.command("logs", name).CombinedOutput()
+			t.Logf("podman logs %s:\n%s", name, out)
+		}
+		p.quiet("rm", "-f", "-t", "0", name)
+	})
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	waitReady(t, base+"/readyz")
+	order := createAndReplay(t, base, key, dbURL, "podman-run")
+	t.Logf("podman run: order %s", order)
+
+	// /metrics says which build runs.
+	if m := get(t, base+"/metrics"); !strings.Contains(m, `version="`+img.version+`"`) {
+		t.Errorf("/metrics has no payments_build_info with version %q", img.version)
+	}
+	// SIGTERM reaches the binary as PID 1 and it exits cleanly.
+	p.run(t, "stop", "-t", "30", name)
+	if code := strings.TrimSpace(p.run(t, "inspect", "--format", "{{.State.ExitCode}}", name)); code != "0" {
+		t.Errorf("api serve exited %s on SIGTERM, want 0", code)
+	}
+}
+
+// testKubePlay runs the manifests as written, with only what a test must
+// change: the image, the pods on the host's network (where PostgreSQL and
+// NATS listen), the FILL-IN values (the test's database, broker and
+// addresses; one NATS server, so EVENTS_REPLICAS=1), one replica, and
+// names of the test's own. podman kube play (4.3) runs Pods and
+// Deployments with their ConfigMaps; it cannot run a Job, a Service or a
+// PodDisruptionBudget ("does not contain any supported kube kind"), so
+// the Job's pod template runs as a Pod, and those three are checked by the
+// strict decoding alone. It stores a played Secret but reads a referenced
+// one only as a podman secret holding a JSON map of the values, so the
+// test creates that from the Secret's values.
+func testKubePlay(t *testing.T, p *podman, img image) {
+	m := loadManifests(t)
+	dbURL := testdb.CreateEmptyDatabase(t)
+	natsURL := startNATS(t)
+	port := freePort(t)
+	suffix := "-test-" + randomHex(t)
+
+	secretName := m.Secret.Name + suffix
+	values := secretValues(m.Secret)
+	values["DATABASE_URL"] = dbURL
+	values["DATABASE_DIRECT_URL"] = dbURL
+	values["WEBHOOK_SECRETS"] = "whsec_kube_play_test"
+	data := map[string][]byte{}
+	for k, v := range values {
+		if strings.Contains(v, placeholder) {
+			t.Fatalf("the Secret's %s still holds a %s placeholder: fill it in here", k, placeholder)
+		}
+		data[k] = []byte(v)
+	}
+	secretFile := filepath.Join(t.TempDir(), "secret.json")
+	b, err := json.Marshal(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(secretFile, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p.run(t, "secret", "create", secretName, secretFile)
+	t.Cleanup(func() { p.quiet("secret", "rm", secretName) })
+
+	cm := m.ConfigMap.DeepCopy()
+	cm.Name += suffix
+	cm.Data["NATS_URL"] = natsURL
+	cm.Data["EVENTS_REPLICAS"] = "1"
+	cm.Data["PROCESSOR_URL"] = "http://127.0.0.1:9"
+	cm.Data["TRUSTED_PROXIES"] = "127.0.0.1/32"
+	cm.Data["ADDR"] = fmt.Sprintf("127.0.0.1:%d", port)
+	for k, v := range cm.Data {
+		if strings.Contains(v, placeholder) {
+			t.Fatalf("the ConfigMap's %s still holds a %s placeholder: fill it in here", k, placeholder)
+		}
+	}
+	// As the manifests run it, but on the host's network, from the test's
+	// image, naming the test's ConfigMap and Secret.
+	adapt := func(spec *corev1.PodSpec) {
+		spec.HostNetwork = true
+		if dir := socketDir(t, dbURL); dir != "" {
+			spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "pg-socket", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: dir}}})
+		}
+		for i := range spec.Containers {
+			c := &spec.Containers[i]
+			c.Image = img.ref
+			for j := range c.EnvFrom {
+				if r := c.EnvFrom[j].ConfigMapRef; r != nil {
+					r.Name = cm.Name
+				}
+			}
+			for j := range c.Env {
+				if vf := c.Env[j].ValueFrom; vf != nil && vf.SecretKeyRef != nil {
+					vf.SecretKeyRef.Name = secretName
+				}
+			}
+			// On the host's network a container port means nothing to
+			// Kubernetes; podman 4.3 refuses it ("PortMappings can only be
+			// used with Bridge or slirp4netns networking"). ADDR says where
+			// serve listens.
+			c.Ports = nil
+			if dir := socketDir(t, dbURL); dir != "" {
+				c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: "pg-socket", MountPath: dir})
+			}
+		}
+	}
+
+	// The migration Job's pod: migrate up over DATABASE_DIRECT_URL.
+	job := &corev1.Pod{Spec: *m.Job.Spec.Template.Spec.DeepCopy()}
+	job.APIVersion, job.Kind = "v1", "Pod"
+	job.Name = m.Job.Name + suffix
+	job.Labels = m.Job.Spec.Template.Labels
+	adapt(&job.Spec)
+	jobFile := writeYAML(t, job)
+	ids := kubePlay(t, p, jobFile)
+	if code := strings.TrimSpace(p.run(t, "wait", ids[0])); code != "0" {
+		out, _ := p.command("logs", ids[0]).CombinedOutput()
+		t.Fatalf("the migration Job's pod exited %s:\n%s", code, out)
+	}
+	t.Logf("kube play: the migration Job's pod %s ran migrate up and exited 0", job.Name)
+
+	// The Deployment, with its ConfigMap.
+	d := m.Deployment.DeepCopy()
+	d.Name += suffix
+	one := int32(1)
+	d.Spec.Replicas = &one
+	adapt(&d.Spec.Template.Spec)
+	deployFile := writeYAML(t, cm, d)
+	ids = kubePlay(t, p, deployFile)
+	var ctr struct {
+		Config     struct{ User string }
+		HostConfig struct{ ReadonlyRootfs bool }
+	}
+	for _, id := range ids {
+		var got []json.RawMessage
+		if err := json.Unmarshal([]byte(p.run(t, "inspect", id)), &got); err != nil || len(got) != 1 {
+			t.Fatalf("podman inspect %s: %v", id, err)
+		}
+		if err := json.Unmarshal(got[0], &ctr); err != nil {
+			t.Fatal(err)
+		}
+		if !ctr.HostConfig.ReadonlyRootfs || strings.HasPrefix(ctr.Config.User, "0") || ctr.Config.User == "" {
+			t.Errorf("container %s: user %q, read-only root %v; want the image's non-root user on a read-only root", id, ctr.Config.User, ctr.HostConfig.ReadonlyRootfs)
+		}
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, id := range ids {
+				out, _ := p.command("logs", id).CombinedOutput()
+				t.Logf("podman logs %s:\n%s", id, out)
+			}
+		}
+	})
+
+	c := d.Spec.Template.Spec.Containers[0]
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	waitReady(t, base+c.ReadinessProbe.HTTPGet.Path)
+	if body := get(t, base+c.LivenessProbe.HTTPGet.Path); body == "" {
+		t.Errorf("the liveness probe's %s answered nothing", c.LivenessProbe.HTTPGet.Path)
+	}
+	mounts := socketMounts(t, dbURL)
+	tenant := append(append(append([]string{"run", "--rm"}, hardened...), mounts...), "-e", "DATABASE_URL="+dbURL, img.ref, "tenant", "create", "kube-play")
+	key := lastLine(p.run(t, tenant...))
+	order := createAndReplay(t, base, key, dbURL, "kube-play")
+	t.Logf("kube play: the Deployment's pod %s created order %s", d.Name, order)
+}
+
+// kubePlay plays the file, tears it down when the test ends, and returns
+// the ids of the containers it started (the pod's infrastructure container
+// is not among them).
+func kubePlay(t *testing.T, p *podman, file string) []string {
+	t.Helper()
+	out := p.run(t, "kube", "play", file)
+	t.Cleanup(func() { p.quiet("kube", "down", file) })
+	var ids []string
+	inContainers := false
+	for line := range strings.Lines(out) {
+		line = strings.TrimSpace(line)
+		switch {
+		case strings.HasPrefix(line, "Container"):
+			inContainers = true
+		case strings.HasSuffix(line, ":") || line == "":
+			inContainers = false
+		case inContainers && regexp.MustCompile(`^[0-9a-f]{64}$`).MatchString(line):
+			ids = append(ids, line)
+		}
+	}
+	if len(ids) == 0 {
+		t.Fatalf("podman kube play %s started no container:\n%s", file, out)
+	}
+	return ids
+}
+
+// writeYAML writes objects as one multi-document YAML file.
+func writeYAML(t *testing.T, objects ...any) string {
+	t.Helper()
+	var docs [][]byte
+	for _, o := range objects {
+		b, err := yaml.Marshal(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		docs = append(docs, b)
+	}
+	file := filepath.Join(t.TempDir(), "play.yaml")
+	if err := os.WriteFile(file, bytes.Join(docs, []byte("---\n")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return file
+}
+
+// createAndReplay creates an order with an idempotency key, sends the
+// same request again, and checks the second answer is the first replayed
+// and the database holds the order once. It returns the order's JSON.
+func createAndReplay(t *testing.T, base, apiKey, dbURL, reference string) string {
+	t.Helper()
+	body := fmt.Sprintf(`{"reference":%q,"customer_id":"cus_1","amount":1250,"currency":"EUR"}`, reference)
+	idemKey := "order-" + reference
+	first := postOrder(t, base, apiKey, idemKey, body)
+	second := postOrder(t, base, apiKey, idemKey, body)
+	if first.status != http.StatusCreated || second.status != http.StatusCreated {
+		t.Fatalf("create and its retry: %d %s, then %d %s; want 201 twice", first.status, first.body, second.status, second.body)
+	}
+	if got := second.header.Get("Idempotent-Replayed"); got != "true" {
+		t.Errorf("the retry's Idempotent-Replayed = %q, want true", got)
+	}
+	if first.header.Get("Idempotent-Replayed") != "" {
+		t.Errorf("the first answer says it was replayed")
+	}
+	if !bytes.Equal(first.body, second.body) {
+		t.Errorf("the replay differs from the first answer:\n%s\n%s", first.body, second.body)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM orders WHERE reference = $1", reference).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Errorf("orders with reference %s: %d rows, want 1", reference, n)
+	}
+	return strings.TrimSpace(string(first.body))
+}
+
+type response struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+var client = &http.Client{Timeout: 30 * time.Second}
+
+func postOrder(t *testing.T, base, apiKey, idemKey, body string) response {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, base+"/v1/orders", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+apiKey)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", idemKey)
+	res, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("POST /v1/orders: %v", err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return response{res.StatusCode, res.Header, b}
+}
+
+func get(t *testing.T, url string) string {
+	t.Helper()
+	res, err := client.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %d %s", url, res.StatusCode, b)
+	}
+	return string(b)
+}
+
+// waitReady polls a readiness URL until it answers 200.
+func waitReady(t *testing.T, url string) {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	last := "no answer"
+	for time.Now().Before(deadline) {
+		res, err := client.Get(url)
+		if err == nil {
+			b, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			if res.StatusCode == http.StatusOK {
+				return
+			}
+			last = fmt.Sprintf("%d %s", res.StatusCode, b)
+		} else {
+			last = err.Error()
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("%s was not ready within 90s: %s", url, last)
+}
+
+// startNATS runs an embedded NATS server with JetStream on 127.0.0.1, as
+// the cmd/api tests do, for the test's length.
+func startNATS(t *testing.T) string {
+	t.Helper()
+	ns, err := broker.StartEmbedded(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(ns.Shutdown)
+	return ns.URL()
+}
+
+// socketDir is the Unix socket directory the database URL names (a
+// TEST_DATABASE_URL may), or "" for TCP.
+func socketDir(t *testing.T, dbURL string) string {
+	t.Helper()
+	cfg, err := pgconn.ParseConfig(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.HasPrefix(cfg.Host, "/") {
+		return cfg.Host
+	}
+	return ""
+}
+
+// socketMounts are the podman run options that let a container reach the
+// database's Unix socket, if it listens on one.
+func socketMounts(t *testing.T, dbURL string) []string {
+	if dir := socketDir(t, dbURL); dir != "" {
+		return []string{"-v", dir + ":" + dir}
+	}
+	return nil
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func randomHex(t *testing.T) string {
+	t.Helper()
+	b := make([]byte, 4)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.TrimSpace(lines[len(lines)-1])
+}
+
+// parseVersion reads what api version printed: name -> value.
+func parseVersion(t *testing.T, out string) map[string]string {
+	t.Helper()
+	fields := map[string]string{}
+	for line := range strings.Lines(out) {
+		name, value, ok := strings.Cut(strings.TrimSpace(line), " ")
+		if ok && !strings.HasPrefix(name, "(") {
+			fields[name] = strings.TrimSpace(value)
+		}
+	}
+	for _, name := range []string{"version", "revision", "time", "modified", "go"} {
+		if fields[name] == "" {
+			t.Fatalf("api version printed no %s line:\n%s", name, out)
+		}
+	}
+	return fields
+}
+
+func formatVersion(v map[string]string) string {
+	var b strings.Builder
+	for _, name := range []string{"version", "revision", "time", "modified", "go"} {
+		fmt.Fprintf(&b, "  %-9s %s\n", name, v[name])
+	}
+	return b.String()
+}
