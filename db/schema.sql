@@ -61,6 +61,17 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION public.processed_messages_move_horizon() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    UPDATE processed_messages_horizon
+    SET pruned_through = GREATEST(pruned_through, (SELECT max(processed_at) FROM deleted))
+    WHERE EXISTS (SELECT 1 FROM deleted);
+    RETURN NULL;
+END;
+$$;
+
 -- Table api_keys
 
 CREATE TABLE public.api_keys (
@@ -317,6 +328,8 @@ ALTER TABLE ONLY public.processed_messages
     ADD CONSTRAINT processed_messages_pkey PRIMARY KEY (consumer, source, message_id);
 
 CREATE INDEX processed_messages_processed_at_idx ON public.processed_messages USING btree (processed_at);
+
+CREATE TRIGGER processed_messages_move_horizon AFTER DELETE ON public.processed_messages REFERENCING OLD TABLE AS deleted FOR EACH STATEMENT EXECUTE FUNCTION public.processed_messages_move_horizon();
 
 -- Table processed_messages_horizon
 

@@ -19,26 +19,15 @@ SELECT
     h.pruned_through
 FROM processed_messages_horizon h;
 
--- name: ProcessedMessagesPrune :one
+-- name: ProcessedMessagesPrune :execrows
 -- The reaper (M3): ids older than the retention, which exceeds every
--- redelivery horizon, in bounded batches; returns how many it deleted. The
--- same statement moves the inbox's horizon past the newest id it deleted
--- (GREATEST skips NULL), so the deletes and the horizon commit together.
--- Reapers running at once queue on the horizon row for the rest of their
--- batch's transaction, which is short.
-WITH pruned AS (
-    DELETE FROM processed_messages m
-    WHERE (m.consumer, m.source, m.message_id) IN (
-        SELECT consumer, source, message_id FROM processed_messages
-        WHERE processed_at < now() - make_interval(secs => @retention_seconds::float8)
-        ORDER BY processed_at
-        LIMIT @batch_size
-        FOR UPDATE SKIP LOCKED
-    )
-    RETURNING m.processed_at
-), horizon AS (
-    UPDATE processed_messages_horizon h
-    SET pruned_through = GREATEST(h.pruned_through, (SELECT max(p.processed_at) FROM pruned p))
-    WHERE EXISTS (SELECT 1 FROM pruned)
-)
-SELECT count(*) FROM pruned;
+-- redelivery horizon, in bounded batches. The trigger of migration 000015
+-- moves the inbox's horizon past the newest id deleted, in this statement.
+DELETE FROM processed_messages m
+WHERE (m.consumer, m.source, m.message_id) IN (
+    SELECT consumer, source, message_id FROM processed_messages
+    WHERE processed_at < now() - make_interval(secs => @retention_seconds::float8)
+    ORDER BY processed_at
+    LIMIT @batch_size
+    FOR UPDATE SKIP LOCKED
+);

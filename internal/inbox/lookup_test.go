@@ -234,3 +234,29 @@ func TestHorizonOfADatabaseAlreadyInUse(t *testing.T) {
 		t.Errorf("a missing id of an event from before the migration = %v (%v), want unknown", v, err)
 	}
 }
+
+// During a rolling upgrade the previous version's reaper prunes the inbox
+// with a plain DELETE that knows nothing of the horizon, and an operator
+// may delete ids by hand: the horizon still moves past whatever is
+// deleted, so a lookup never answers "not applied" for a pruned id.
+func TestAnyDeleteMovesTheHorizon(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool, _ := testdb.NewPool(t)
+	old := time.Now().Add(-10 * 24 * time.Hour).Truncate(time.Microsecond)
+	if _, err := pool.Exec(ctx, `INSERT INTO processed_messages (consumer, source, message_id, processed_at)
+		VALUES ($1, $2, 'old-1', $3), ($1, $2, 'old-2', $3 + interval '1 hour')`, consumer, source, old); err != nil {
+		t.Fatal(err)
+	}
+	// The previous version's prune, as it was written before the horizon.
+	if _, err := pool.Exec(ctx, `DELETE FROM processed_messages WHERE processed_at < now() - interval '7 days'`); err != nil {
+		t.Fatal(err)
+	}
+	v, pruned, err := inbox.Lookup(ctx, pool, consumer, source, "old-2", old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v != inbox.Unknown || !pruned.Equal(old.Add(time.Hour)) {
+		t.Errorf("after a plain DELETE of two ids, the later one = %v (horizon %v), want unknown (horizon %v)", v, pruned, old.Add(time.Hour))
+	}
+}

@@ -104,8 +104,8 @@ type Config struct {
 	// published outbox rows are kept (M3). It must exceed the longest
 	// redelivery horizon of every producer: a redelivery that finds its id
 	// pruned would apply its effect a second time. Each prune also moves the
-	// inbox's horizon past the ids it deletes, in the same statement
-	// (ProcessedMessagesPrune): a dead letter's redrive reads it to tell
+	// inbox's horizon past the ids it deletes, in the same statement (a
+	// trigger, migration 000015): a dead letter's redrive reads it to tell
 	// whether the inbox still vouches for the event. Zero keeps them.
 	MessageRetention time.Duration
 	// Logger receives warnings and a line per pass that did work.

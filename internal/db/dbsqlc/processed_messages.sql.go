@@ -65,23 +65,15 @@ func (q *Queries) ProcessedMessageLookup(ctx context.Context, arg ProcessedMessa
 	return i, err
 }
 
-const processedMessagesPrune = `-- name: ProcessedMessagesPrune :one
-WITH pruned AS (
-    DELETE FROM processed_messages m
-    WHERE (m.consumer, m.source, m.message_id) IN (
-        SELECT consumer, source, message_id FROM processed_messages
-        WHERE processed_at < now() - make_interval(secs => $1::float8)
-        ORDER BY processed_at
-        LIMIT $2
-        FOR UPDATE SKIP LOCKED
-    )
-    RETURNING m.processed_at
-), horizon AS (
-    UPDATE processed_messages_horizon h
-    SET pruned_through = GREATEST(h.pruned_through, (SELECT max(p.processed_at) FROM pruned p))
-    WHERE EXISTS (SELECT 1 FROM pruned)
+const processedMessagesPrune = `-- name: ProcessedMessagesPrune :execrows
+DELETE FROM processed_messages m
+WHERE (m.consumer, m.source, m.message_id) IN (
+    SELECT consumer, source, message_id FROM processed_messages
+    WHERE processed_at < now() - make_interval(secs => $1::float8)
+    ORDER BY processed_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
 )
-SELECT count(*) FROM pruned
 `
 
 type ProcessedMessagesPruneParams struct {
@@ -90,14 +82,12 @@ type ProcessedMessagesPruneParams struct {
 }
 
 // The reaper (M3): ids older than the retention, which exceeds every
-// redelivery horizon, in bounded batches; returns how many it deleted. The
-// same statement moves the inbox's horizon past the newest id it deleted
-// (GREATEST skips NULL), so the deletes and the horizon commit together.
-// Reapers running at once queue on the horizon row for the rest of their
-// batch's transaction, which is short.
+// redelivery horizon, in bounded batches. The trigger of migration 000015
+// moves the inbox's horizon past the newest id deleted, in this statement.
 func (q *Queries) ProcessedMessagesPrune(ctx context.Context, arg ProcessedMessagesPruneParams) (int64, error) {
-	row := q.db.QueryRow(ctx, processedMessagesPrune, arg.RetentionSeconds, arg.BatchSize)
-	var count int64
-	err := row.Scan(&count)
-	return count, err
+	result, err := q.db.Exec(ctx, processedMessagesPrune, arg.RetentionSeconds, arg.BatchSize)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
