@@ -141,7 +141,9 @@ func (r *Resolver) hops(h http.Header) []netip.Addr {
 			if r.header == Forwarded {
 				a = forwardedFor(element)
 			} else {
-				a, _ = netip.ParseAddr(strings.TrimSpace(element))
+				// Some balancers append the port too (192.0.2.1:4711,
+				// [2001:db8::1]:4711).
+				a, _ = peerAddr(strings.TrimSpace(element))
 			}
 			hops = append(hops, a.Unmap())
 		}

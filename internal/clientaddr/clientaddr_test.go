@@ -34,6 +34,8 @@ func TestClient(t *testing.T) {
 		{"EveryHopTrustedIsTheLeftmost", xff, "10.1.2.3:4000", []string{"10.0.0.1, 10.0.0.2"}, "10.0.0.1"},
 		{"NoHeaderIsThePeer", xff, "10.1.2.3:4000", nil, "10.1.2.3"},
 		{"GarbageEndsTheWalk", xff, "10.1.2.3:4000", []string{"198.51.100.1, junk, 10.0.0.9"}, "10.0.0.9"},
+		{"XForwardedForWithPort", xff, "10.1.2.3:4000", []string{"1.2.3.4, 198.51.100.1:4711"}, "198.51.100.1"},
+		{"XForwardedForIPv6WithPort", xff, "10.1.2.3:4000", []string{"[2001:db8:1:2:3::9]:4711"}, "2001:db8:1:2:3::9"},
 		{"IPv6Client", xff, "[2001:db8:ffff::1]:4000", []string{"2001:db8:1:2:3::9"}, "2001:db8:1:2:3::9"},
 		{"MappedPeer", xff, "[::ffff:10.1.2.3]:4000", []string{"198.51.100.1"}, "198.51.100.1"},
 		{"Forwarded", fwd, "10.1.2.3:4000", []string{`for=1.2.3.4, for="[2001:db8::1]:4711";proto=https`}, "2001:db8::1"},
