@@ -79,6 +79,7 @@ CREATE TABLE public.api_keys (
     key_hash bytea NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     revoked_at timestamp with time zone,
+    last_used_at timestamp with time zone,
     CONSTRAINT api_keys_key_hash_check CHECK ((length(key_hash) = 32))
 );
 

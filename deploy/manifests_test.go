@@ -576,3 +576,37 @@ func TestPlaceholdersAreMarked(t *testing.T) {
 		}
 	}
 }
+
+// G6: the admin listener (ADMIN_ADDR) is a container port of its own that
+// the pod annotations tell Prometheus to scrape, and that the Service
+// does not publish.
+func TestAdminPortIsScrapedNotPublished(t *testing.T) {
+	m := loadManifests(t)
+	c := apiContainer(t, "the Deployment", &m.Deployment.Spec.Template.Spec)
+	_, adminPort, err := splitAddr(m.ConfigMap.Data["ADMIN_ADDR"])
+	if err != nil {
+		t.Fatalf("the ConfigMap's ADMIN_ADDR %q: %v: set it, or Prometheus has nothing to scrape", m.ConfigMap.Data["ADMIN_ADDR"], err)
+	}
+	_, addrPort, _ := splitAddr(m.ConfigMap.Data["ADDR"])
+	if adminPort == addrPort {
+		t.Errorf("ADMIN_ADDR and ADDR share port %d", adminPort)
+	}
+	var named string
+	for _, p := range c.Ports {
+		if p.ContainerPort == adminPort {
+			named = p.Name
+		}
+	}
+	if named == "" {
+		t.Errorf("no container port %d (ADMIN_ADDR) on the Deployment's container", adminPort)
+	}
+	ann := m.Deployment.Spec.Template.Annotations
+	if ann["prometheus.io/scrape"] != "true" || ann["prometheus.io/port"] != strconv.Itoa(int(adminPort)) || ann["prometheus.io/path"] != "/metrics" {
+		t.Errorf("pod annotations %v: want prometheus.io/scrape true, port %d (ADMIN_ADDR), path /metrics", ann, adminPort)
+	}
+	for _, sp := range m.Service.Spec.Ports {
+		if sp.TargetPort.String() == named || sp.TargetPort.IntValue() == int(adminPort) {
+			t.Errorf("the Service publishes the admin port (%s): /metrics and pprof would reach every client of the Service", sp.Name)
+		}
+	}
+}

@@ -24,7 +24,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/idemref/payments/internal/broker"
+	"github.com/idemref/payments/internal/tooling/natstmp"
 	"github.com/idemref/payments/internal/tooling/testdb"
 )
 
@@ -223,11 +223,12 @@ func testPodmanRun(t *testing.T, p *podman, img image) {
 	podmanRun(map[string]string{"DATABASE_URL": dbURL}, "migrate", "up")
 	key := lastLine(podmanRun(map[string]string{"DATABASE_URL": dbURL}, "tenant", "create", "podman"))
 
-	port := freePort(t)
+	port, adminPort := freePort(t), freePort(t)
 	name := "payments-api-test-" + randomHex(t)
 	args := append(append([]string{"run", "-d", "--name", name}, hardened...), mounts...)
 	for k, v := range map[string]string{
 		"DATABASE_URL": dbURL, "NATS_URL": natsURL, "ADDR": fmt.Sprintf("127.0.0.1:%d", port),
+		"ADMIN_ADDR":     fmt.Sprintf("127.0.0.1:%d", adminPort),
 		"SHUTDOWN_GRACE": "1s",
 	} {
 		args = append(args, "-e", k+"="+v)
@@ -245,10 +246,8 @@ func testPodmanRun(t *testing.T, p *podman, img image) {
 	order := createAndReplay(t, base, key, dbURL, "podman-run")
 	t.Logf("podman run: order %s", order)
 
-	// /metrics says which build runs.
-	if m := get(t, base+"/metrics"); !strings.Contains(m, `version="`+img.version+`"`) {
-		t.Errorf("/metrics has no payments_build_info with version %q", img.version)
-	}
+	// /metrics, on the admin listener only, says which build runs.
+	checkAdmin(t, base, fmt.Sprintf("http://127.0.0.1:%d", adminPort), img)
 	// SIGTERM reaches the binary as PID 1 and it exits cleanly.
 	p.run(t, "stop", "-t", "30", name)
 	if code := strings.TrimSpace(p.run(t, "inspect", "--format", "{{.State.ExitCode}}", name)); code != "0" {
@@ -304,6 +303,8 @@ func testKubePlay(t *testing.T, p *podman, img image) {
 	cm.Data["PROCESSOR_URL"] = "http://127.0.0.1:9"
 	cm.Data["TRUSTED_PROXIES"] = "127.0.0.1/32"
 	cm.Data["ADDR"] = fmt.Sprintf("127.0.0.1:%d", port)
+	adminPort := freePort(t)
+	cm.Data["ADMIN_ADDR"] = fmt.Sprintf("127.0.0.1:%d", adminPort)
 	for k, v := range cm.Data {
 		if strings.Contains(v, placeholder) {
 			t.Fatalf("the ConfigMap's %s still holds a %s placeholder: fill it in here", k, placeholder)
@@ -398,6 +399,29 @@ func testKubePlay(t *testing.T, p *podman, img image) {
 	key := lastLine(p.run(t, tenant...))
 	order := createAndReplay(t, base, key, dbURL, "kube-play")
 	t.Logf("kube play: the Deployment's pod %s created order %s", d.Name, order)
+	checkAdmin(t, base, fmt.Sprintf("http://127.0.0.1:%d", adminPort), img)
+}
+
+// checkAdmin: the admin listener serves /metrics, which names the image's
+// build, and the profiler; the public listener serves neither (G6).
+func checkAdmin(t *testing.T, base, admin string, img image) {
+	t.Helper()
+	if m := get(t, admin+"/metrics"); !strings.Contains(m, `version="`+img.version+`"`) {
+		t.Errorf("the admin listener's /metrics has no payments_build_info with version %q", img.version)
+	}
+	if p := get(t, admin+"/debug/pprof/goroutine?debug=1"); !strings.Contains(p, "goroutine profile") {
+		t.Errorf("the admin listener's /debug/pprof/goroutine answered %.200q", p)
+	}
+	for _, path := range []string{"/metrics", "/debug/pprof/"} {
+		res, err := client.Get(base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = res.Body.Close()
+		if res.StatusCode != http.StatusNotFound {
+			t.Errorf("the public listener's %s = %d, want 404", path, res.StatusCode)
+		}
+	}
 }
 
 // kubePlay plays the file, tears it down when the test ends, and returns
@@ -551,7 +575,7 @@ func waitReady(t *testing.T, url string) {
 // the cmd/api tests do, for the test's length.
 func startNATS(t *testing.T) string {
 	t.Helper()
-	ns, err := broker.StartEmbedded(t.TempDir())
+	ns, err := natstmp.Start(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,7 +21,7 @@ func TestAFreshProcessExportsEverySeriesTheAlertsName(t *testing.T) {
 	t.Parallel()
 	_, dbURL := testdb.NewPool(t)
 	srv := startServer(t, dbURL)
-	res, err := http.Get(srv.base + "/metrics")
+	res, err := http.Get(srv.admin + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

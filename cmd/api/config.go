@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -33,6 +34,9 @@ type config struct {
 	// through directURL, which falls back to DatabaseURL.
 	DatabaseDirectURL string
 	Addr              string
+	// AdminAddr is the admin listener's address (/metrics, pprof); ""
+	// serves neither (G6).
+	AdminAddr         string
 	RequestTimeout    time.Duration
 	ReadHeaderTimeout time.Duration
 	ReadTimeout       time.Duration
@@ -152,6 +156,9 @@ var settings = []setting{
 		text(func(c *config) *string { return &c.DatabaseDirectURL })},
 	{"ADDR", ":8080", "", "listen address",
 		text(func(c *config) *string { return &c.Addr })},
+	{"ADMIN_ADDR", "", "off: neither `/metrics` nor pprof is served; `make run` uses a port of 127.0.0.1",
+		"the admin listener: `/metrics` for Prometheus and `/debug/pprof/`, unauthenticated, so only on the operator's network, such as `127.0.0.1:9090` or a port only the scraper reaches (the public listener serves neither)",
+		hostPort(func(c *config) *string { return &c.AdminAddr })},
 	{"REQUEST_TIMEOUT", "20s", "",
 		"deadline of each request, database work and the processor call included (expired: rolled back or released, 503); must exceed `PROCESSOR_TIMEOUT`",
 		positive(func(c *config) *time.Duration { return &c.RequestTimeout })},
@@ -211,7 +218,7 @@ var settings = []setting{
 		"how many live idempotency keys one tenant may hold (R6); past it a request with a new key is `429 idempotency_key_budget_exceeded`; `0` turns the budget off",
 		parseKeyBudget},
 	{"AUTH_CACHE_TTL", "10s", "",
-		"how long an API key that authenticated is trusted without a lookup; `0` looks up every request",
+		"how long an API key that authenticated is trusted without a lookup, so also how long a revoked key keeps working in a process that cached it (see `docs/operations.md`); `0` looks up every request",
 		orOff(func(c *config) *time.Duration { return &c.AuthCacheTTL })},
 	{"MAX_CONNECTIONS", "1024", "", "open connections one process accepts at a time; one client address holds at most a quarter of them, a trusted proxy any number",
 		atLeastOne(func(c *config) *int { return &c.MaxConnections }, "a positive number, such as 1024")},
@@ -376,6 +383,9 @@ func (cfg config) check() error {
 	case err != nil:
 		return err
 	}
+	if cfg.AdminAddr != "" && cfg.AdminAddr == cfg.Addr && !strings.HasSuffix(cfg.Addr, ":0") { // :0 is two free ports
+		return fmt.Errorf("ADMIN_ADDR (%s) must differ from ADDR: the admin listener is a port of its own, off the public one", cfg.AdminAddr)
+	}
 	if err := inbox.CheckRetention(cfg.MessageRetention, cfg.Broker.RedeliveryHorizon(), cfg.WebhookRetrySpan); err != nil {
 		return fmt.Errorf("MESSAGE_RETENTION (%s) must be longer than the broker's redelivery horizon (%s: its backoff over EVENTS_MAX_DELIVER deliveries) and PROCESSOR_WEBHOOK_RETRY_SPAN (%s): %w",
 			cfg.MessageRetention, cfg.Broker.RedeliveryHorizon(), cfg.WebhookRetrySpan, err)
@@ -388,6 +398,18 @@ func (cfg config) check() error {
 
 func text(field func(*config) *string) func(*config, string) error {
 	return func(c *config, v string) error {
+		*field(c) = v
+		return nil
+	}
+}
+
+// hostPort reads a listen address such as 127.0.0.1:9090 or :9090, or
+// "" (off).
+func hostPort(field func(*config) *string) func(*config, string) error {
+	return func(c *config, v string) error {
+		if _, port, err := net.SplitHostPort(v); v != "" && (err != nil || port == "") {
+			return errors.New("want a listen address host:port, such as 127.0.0.1:9090 or :9090")
+		}
 		*field(c) = v
 		return nil
 	}

@@ -1,3 +1,5 @@
+//go:build !nodev
+
 package main
 
 import (
@@ -19,11 +21,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/idemref/payments/internal/broker"
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/dbmigrate"
 	"github.com/idemref/payments/internal/events"
 	"github.com/idemref/payments/internal/tenants"
+	"github.com/idemref/payments/internal/tooling/natstmp"
 	"github.com/idemref/payments/internal/tooling/pgtmp"
 	"github.com/idemref/payments/internal/tooling/processorsim"
 	"github.com/idemref/payments/internal/webhook"
@@ -94,7 +96,7 @@ func dev(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer)
 		if err != nil {
 			return err
 		}
-		ns, err := broker.StartEmbeddedOn(dir, portIfFree(ports.nats))
+		ns, err := natstmp.StartOn(dir, portIfFree(ports.nats))
 		if err != nil {
 			return err
 		}
@@ -152,12 +154,20 @@ func dev(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer)
 		// carry a password.
 		psql = cfg.DatabaseURL
 	}
-	return serve(ctx, cfg, logger, func(addr string) {
+	if cfg.AdminAddr == "" {
+		// Metrics and the profiler for the developer, on this machine only.
+		cfg.AdminAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(portIfFree(ports.admin)))
+	}
+	return serve(ctx, cfg, logger, func(addr, admin string) {
+		ports.admin = urlPort("http://" + admin)
+		if err := ports.write(); err != nil {
+			logger.Warn("keep the admin port in "+devPortsFile, slog.Any("error", err))
+		}
 		if sim != nil {
 			// The simulator's webhooks go to this API, signed with its secret.
 			sim.Simulator.SetWebhooks(processorsim.WebhookConfig{URL: "http://" + loopback(addr) + "/v1/webhooks/processor", Secrets: cfg.WebhookSecrets, Scheme: cfg.WebhookScheme})
 		}
-		fmt.Fprint(stdout, devBanner(addr, key, created, psql, cfg.ProcessorURL, cfg.NatsURL))
+		fmt.Fprint(stdout, devBanner(addr, admin, key, created, psql, cfg.ProcessorURL, cfg.NatsURL))
 	})
 }
 
@@ -194,9 +204,9 @@ func demoKey(ctx context.Context, pool *pgxpool.Pool) (key string, created bool,
 
 func tenantLine(created bool) string {
 	if created {
-		return "A demo tenant was created (its key is kept in " + devKeyFile + "; make reset starts over). Paste these two lines first:"
+		return "A demo tenant was created (its key is kept in " + devKeyFile + "; make reset starts over). Paste these lines first:"
 	}
-	return "The demo tenant of earlier runs (its key is kept in " + devKeyFile + "; make reset starts over). Paste these two lines first:"
+	return "The demo tenant of earlier runs (its key is kept in " + devKeyFile + "; make reset starts over). Paste these lines first:"
 }
 
 func psqlLine(url string) string {
@@ -230,8 +240,9 @@ func loopback(addr string) string {
 	return net.JoinHostPort(host, port)
 }
 
-func devBanner(addr, key string, created bool, psql, processorURL, natsURL string) string {
+func devBanner(addr, admin, key string, created bool, psql, processorURL, natsURL string) string {
 	base := "http://" + loopback(addr)
+	adminBase := "http://" + loopback(admin)
 	auth := `-H "Authorization: Bearer $API_KEY" -H 'Content-Type: application/json'`
 	post := func(path, key, body string) string {
 		return fmt.Sprintf("curl -i -X POST $API%s %s -H 'Idempotency-Key: %s' -d %s", path, auth, key, body)
@@ -254,6 +265,7 @@ func devBanner(addr, key string, created bool, psql, processorURL, natsURL strin
 		"",
 		"  export API=" + base,
 		"  export API_KEY=" + key,
+		"  export SIM=" + processorURL + "   # the processor (its faults and calls under /_sim)",
 		"",
 		psqlLine(psql),
 		"Create an order (201 Created):",
@@ -285,8 +297,8 @@ func devBanner(addr, key string, created bool, psql, processorURL, natsURL strin
 		"  nats --server " + natsURL + " sub 'payments.events.>'",
 		"The processor's signed webhooks arrive at $API/v1/webhooks/processor; the order as the consumer left it:",
 		`  curl -s $API/v1/orders/$ORDER_ID -H "Authorization: Bearer $API_KEY"`,
-		"Relay and consumer metrics:",
-		"  curl -s $API/metrics | grep -E '^(outbox|consumer)_'",
+		"Relay and consumer metrics, on the admin listener (ADMIN_ADDR; the profiler is there too, at /debug/pprof/):",
+		"  curl -s " + adminBase + "/metrics | grep -E '^(outbox|consumer)_'",
 		"",
 		"Press Ctrl-C to stop.",
 		"",
@@ -306,7 +318,7 @@ func addrFree(addr string) error {
 
 // devPorts are the ports of what dev started; 0 is one it did not start
 // (DATABASE_URL, NATS_URL or PROCESSOR_URL was set) or has not recorded.
-type devPorts struct{ postgres, nats, simulator int }
+type devPorts struct{ postgres, nats, simulator, admin int }
 
 // readDevPorts returns the ports kept in devPortsFile: name=port lines, so
 // that make psql can read them with sed. A missing or garbled file is no
@@ -317,7 +329,7 @@ func readDevPorts() devPorts {
 	if err != nil {
 		return p
 	}
-	fields := map[string]*int{"postgres": &p.postgres, "nats": &p.nats, "simulator": &p.simulator}
+	fields := map[string]*int{"postgres": &p.postgres, "nats": &p.nats, "simulator": &p.simulator, "admin": &p.admin}
 	for line := range strings.Lines(string(b)) {
 		name, value, _ := strings.Cut(strings.TrimSpace(line), "=")
 		if field, ok := fields[name]; ok {
@@ -333,7 +345,7 @@ func (p devPorts) write() error {
 	for _, f := range []struct {
 		name string
 		port int
-	}{{"postgres", p.postgres}, {"nats", p.nats}, {"simulator", p.simulator}} {
+	}{{"postgres", p.postgres}, {"nats", p.nats}, {"simulator", p.simulator}, {"admin", p.admin}} {
 		if f.port != 0 {
 			fmt.Fprintf(&b, "%s=%d\n", f.name, f.port)
 		}

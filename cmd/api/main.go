@@ -17,6 +17,19 @@
 //	api migrate down N|--all   roll back the last N migrations, or all of
 //	                           them (every table and row: never by default)
 //	api tenant create NAME     create a tenant; prints its API key last
+//	api tenant list            list the tenants: id, creation, live and all
+//	                           keys, name
+//	api key create TENANT      another key for the tenant (by name or id),
+//	                           printed last and only once; the other keys
+//	                           keep working (rotation with overlap)
+//	api key list TENANT        the tenant's keys by id (the first 8 hex
+//	                           digits of the key's SHA-256, never the key):
+//	                           created, last used, revoked
+//	api key revoke TENANT KEYID [--force]
+//	                           revoke a key; every API process refuses it
+//	                           within AUTH_CACHE_TTL. Revoking a revoked key
+//	                           says so and succeeds; the tenant's last live
+//	                           key needs --force
 //	api deadletters list       list the events consumers gave up on
 //	api deadletters redrive    publish each of them again to its subject,
 //	                           under its message id, unless the consumers'
@@ -56,6 +69,11 @@ const usage = `usage:
   api help                  this text (also -h, --help, and -h after any command)
   api version               print the module version, VCS revision and time, modified flag and Go version
   api tenant create NAME    create a tenant and print its API key
+  api tenant list           list the tenants with their key counts
+  api key create TENANT     create another API key for the tenant (name or id) and print it, once
+  api key list TENANT       list the tenant's keys by id (never the key): created, last used, revoked
+  api key revoke TENANT KEYID [--force]
+                            revoke a key: refused everywhere within AUTH_CACHE_TTL; the last live key needs --force
   api deadletters list      list the events consumers gave up on (NATS_URL)
   api deadletters redrive   publish them again to their subjects, under their message ids, once their cause is fixed; one the inbox says was applied is removed, one it can no longer vouch for is refused (NATS_URL, DATABASE_URL)
 `
@@ -98,11 +116,36 @@ func commandLineError(args []string) error {
 		if len(rest) == 1 && rest[0] == "create" {
 			return fmt.Errorf("%w: tenant create needs the tenant's name: api tenant create acme", errUsage)
 		}
-		return fmt.Errorf("%w: tenant needs create NAME, got %q", errUsage, strings.Join(rest, " "))
+		if len(rest) > 1 && rest[0] == "list" {
+			return fmt.Errorf("%w: tenant list takes no arguments, got %q", errUsage, strings.Join(rest[1:], " "))
+		}
+		return fmt.Errorf("%w: tenant needs create NAME or list, got %q", errUsage, strings.Join(rest, " "))
+	case "key":
+		if len(rest) >= 1 && (rest[0] == "create" || rest[0] == "list") {
+			return fmt.Errorf("%w: key %s needs the tenant's name or id (one argument): api key %s acme", errUsage, rest[0], rest[0])
+		}
+		if len(rest) >= 1 && rest[0] == "revoke" {
+			return fmt.Errorf("%w: key revoke needs the tenant's name or id and the key's id as api key list shows it, got %q: api key revoke acme 1a2b3c4d", errUsage, strings.Join(rest[1:], " "))
+		}
+		return fmt.Errorf("%w: key needs create TENANT, list TENANT or revoke TENANT KEYID, got %q", errUsage, strings.Join(rest, " "))
 	case "deadletters":
 		return fmt.Errorf("%w: deadletters needs list or redrive, got %q", errUsage, strings.Join(rest, " "))
 	}
 	return fmt.Errorf("%w: unknown command %q", errUsage, cmd)
+}
+
+// withoutFlag returns args without flag, and whether it was there.
+func withoutFlag(args []string, flag string) ([]string, bool) {
+	var out []string
+	found := false
+	for _, a := range args {
+		if a == flag {
+			found = true
+			continue
+		}
+		out = append(out, a)
+	}
+	return out, found
 }
 
 // wantsHelp: "api help", or -h / --help anywhere on the line.
@@ -198,6 +241,30 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return errNoDatabaseURL
 		}
 		return createTenant(ctx, cfg.DatabaseURL, rest[1], stdout)
+	case cmd == "tenant" && len(rest) == 1 && rest[0] == "list":
+		if cfg.DatabaseURL == "" {
+			return errNoDatabaseURL
+		}
+		return tenantList(ctx, cfg.DatabaseURL, stdout)
+	case cmd == "key" && len(rest) == 2 && rest[0] == "create":
+		if cfg.DatabaseURL == "" {
+			return errNoDatabaseURL
+		}
+		return keyCreate(ctx, cfg.DatabaseURL, rest[1], stdout)
+	case cmd == "key" && len(rest) == 2 && rest[0] == "list":
+		if cfg.DatabaseURL == "" {
+			return errNoDatabaseURL
+		}
+		return keyList(ctx, cfg.DatabaseURL, rest[1], stdout)
+	case cmd == "key" && len(rest) >= 1 && rest[0] == "revoke":
+		args, force := withoutFlag(rest[1:], "--force")
+		if len(args) != 2 {
+			break
+		}
+		if cfg.DatabaseURL == "" {
+			return errNoDatabaseURL
+		}
+		return keyRevoke(ctx, cfg.DatabaseURL, args[0], args[1], force, cfg.AuthCacheTTL, stdout)
 	case cmd == "deadletters" && len(rest) == 1 && (rest[0] == "list" || rest[0] == "redrive"):
 		if cfg.NatsURL == "" {
 			return errors.New("NATS_URL is not set: the dead letters are in NATS JetStream")

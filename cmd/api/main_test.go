@@ -18,7 +18,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemref/payments/internal/broker"
+	"github.com/idemref/payments/internal/tooling/natstmp"
 	"github.com/idemref/payments/internal/tooling/testdb"
 )
 
@@ -63,6 +63,7 @@ func (e *buildError) Error() string { return e.err.Error() + "\n" + e.out }
 type serverProcess struct {
 	cmd    *exec.Cmd
 	base   string // http://127.0.0.1:PORT
+	admin  string // the admin listener's http://127.0.0.1:PORT (/metrics, pprof)
 	exited chan struct{}
 	mu     sync.Mutex
 	logs   bytes.Buffer
@@ -73,7 +74,7 @@ type serverProcess struct {
 func startServer(t *testing.T, databaseURL string, extraEnv ...string) *serverProcess {
 	t.Helper()
 	cmd := exec.Command(apiBinary(t), "serve")
-	cmd.Env = append(os.Environ(), "DATABASE_URL="+databaseURL, "ADDR=127.0.0.1:0", "NATS_URL="+natsURLFor(t, databaseURL))
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+databaseURL, "ADDR=127.0.0.1:0", "ADMIN_ADDR=127.0.0.1:0", "NATS_URL="+natsURLFor(t, databaseURL))
 	cmd.Env = append(cmd.Env, extraEnv...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -93,8 +94,15 @@ func startServer(t *testing.T, databaseURL string, extraEnv ...string) *serverPr
 			p.logs.WriteByte('\n')
 			p.mu.Unlock()
 			var entry struct{ Msg, Addr string }
-			if json.Unmarshal(line, &entry) == nil && entry.Msg == "listening" {
-				listening <- entry.Addr
+			if json.Unmarshal(line, &entry) == nil {
+				switch {
+				case strings.HasPrefix(entry.Msg, "admin listening"):
+					// Logged before "listening", whose channel send
+					// publishes it to the test.
+					p.admin = "http://" + entry.Addr
+				case entry.Msg == "listening":
+					listening <- entry.Addr
+				}
 			}
 		}
 		_ = cmd.Wait()
@@ -126,7 +134,7 @@ func startServer(t *testing.T, databaseURL string, extraEnv ...string) *serverPr
 // real broker outlives the services it serves. No two tests share one.
 var (
 	natsMu      sync.Mutex
-	natsServers = map[string]*broker.Embedded{}
+	natsServers = map[string]*natstmp.Server{}
 )
 
 func natsURLFor(t *testing.T, databaseURL string) string {
@@ -136,7 +144,7 @@ func natsURLFor(t *testing.T, databaseURL string) string {
 	if ns, ok := natsServers[databaseURL]; ok {
 		return ns.URL()
 	}
-	ns, err := broker.StartEmbedded(t.TempDir())
+	ns, err := natstmp.Start(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}

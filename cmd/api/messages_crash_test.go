@@ -38,7 +38,7 @@ func streamMessages(t *testing.T, e *bundle) uint64 {
 // `consumer_duplicates_skipped_total{consumer="orders"}`; 0 when absent.
 func metric(t *testing.T, p *serverProcess, sample string) float64 {
 	t.Helper()
-	res, err := http.Get(p.base + "/metrics")
+	res, err := http.Get(p.admin + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

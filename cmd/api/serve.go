@@ -25,7 +25,6 @@ import (
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
 	"github.com/idemref/payments/internal/reaper"
-	"github.com/idemref/payments/internal/tenants"
 )
 
 // maxHeaderBytes bounds a request's header block (R3): the request line,
@@ -64,9 +63,12 @@ const (
 // The workers run until step 4, not only until the signal: the requests
 // of the grace write events that the relay publishes.
 //
-// ready, when set, is called with the bound address once the listener is
-// open.
-func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr string)) error {
+// The admin listener (ADMIN_ADDR: /metrics, pprof) serves through all of
+// it, so that the drain can be watched, and closes last.
+//
+// ready, when set, is called with the bound addresses once the listeners
+// are open (admin "" when ADMIN_ADDR is unset).
+func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr, admin string)) error {
 	pool, err := db.Open(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return err
@@ -78,6 +80,12 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 			pool.Close()
 		}
 	}()
+	// A binary whose migrations are not all applied would fail at its
+	// first query of a new column; it refuses to start instead, saying
+	// what to run (G8). A newer schema is fine: see dbmigrate.Up.
+	if err := dbmigrate.CheckApplied(ctx, pool); err != nil {
+		return err
+	}
 	// Pool statistics and the key gauges, served at /metrics (X1).
 	if err := db.RegisterPoolMetrics(pool); err != nil {
 		return fmt.Errorf("register pool metrics: %w", err)
@@ -140,11 +148,24 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 	conns := connlimit.New(ln, cfg.MaxConnections, connlimit.Options{Proxies: cfg.Clients})
 	srv.ConnState = conns.Track
 	ln = conns
+	adminAddr := ""
+	if cfg.AdminAddr != "" {
+		admin, err := listenAdmin(cfg.AdminAddr, logger)
+		if err != nil {
+			_ = ln.Close()
+			return err
+		}
+		defer func() { _ = admin.Close() }() // after the drain: /metrics shows it to the end
+		adminAddr = admin.addr
+		logger.Info("admin listening: /metrics and /debug/pprof/", slog.String("addr", adminAddr))
+	} else {
+		logger.Info("no admin listener: /metrics and pprof are not served (set ADMIN_ADDR)")
+	}
 	logger.Info("listening", slog.String("addr", ln.Addr().String()), slog.Int("max_connections", cfg.MaxConnections),
 		slog.String("database", databaseTarget(cfg.DatabaseURL)), slog.String("processor", cfg.ProcessorURL),
 		slog.String("nats", messaging.RedactURL(cfg.NatsURL)))
 	if ready != nil {
-		ready(ln.Addr().String())
+		ready(ln.Addr().String(), adminAddr)
 	}
 
 	// The workers run beside the server until the drain stops them (step
@@ -225,6 +246,31 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 	}
 	logger.Info("stopped", slog.Duration("took", time.Since(start)))
 	return nil
+}
+
+// adminServer is the admin listener's server.
+type adminServer struct {
+	*http.Server
+	addr string // as bound: ADMIN_ADDR with its port 0 resolved
+}
+
+// listenAdmin serves httpapi.NewAdminHandler on addr: synchronously
+// bound, so that a port in use is an error naming ADMIN_ADDR. No write
+// timeout: a CPU profile or trace streams for as long as it was asked to
+// (?seconds=30).
+func listenAdmin(addr string, logger *slog.Logger) (*adminServer, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("ADMIN_ADDR %s cannot be listened on (%w): stop what uses it, or set ADMIN_ADDR to another address, such as ADMIN_ADDR=127.0.0.1:9091", addr, err)
+	}
+	srv := &http.Server{
+		Handler:           httpapi.NewAdminHandler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+	go func() { _ = srv.Serve(ln) }()
+	return &adminServer{Server: srv, addr: ln.Addr().String()}, nil
 }
 
 // workers are the stop functions of what runs beside the server, each with
@@ -380,23 +426,12 @@ func migrate(ctx context.Context, databaseURL, direction string, steps int, logg
 	if err != nil {
 		return err
 	}
+	if latest, err := dbmigrate.Latest(); err == nil && direction == "up" && version > latest {
+		logger.Warn("the schema is newer than this binary: a later release migrated it, nothing was applied, and this binary runs on it (migrations only expand within a release)",
+			slog.Uint64("version", uint64(version)), slog.Uint64("binary_version", uint64(latest)))
+		return nil
+	}
 	logger.Info("migrated", slog.String("direction", direction), slog.Uint64("version", uint64(version)))
-	return nil
-}
-
-// createTenant prints the new tenant's API key alone on the last line, so
-// scripts can take it with `tail -n 1`.
-func createTenant(ctx context.Context, databaseURL, name string, stdout io.Writer) error {
-	pool, err := db.Open(ctx, databaseURL)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	id, key, err := tenants.Create(ctx, pool, name)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "tenant %s created (%s); its API key, shown only once:\n%s\n", name, id, key)
 	return nil
 }
 

@@ -134,7 +134,7 @@ func TestBuildInfoMetric(t *testing.T) {
 // name.
 func metricLines(t *testing.T, p *serverProcess, name string) string {
 	t.Helper()
-	res, err := client.Get(p.base + "/metrics")
+	res, err := client.Get(p.admin + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,18 +1,15 @@
 // Package broker owns the connection to NATS JetStream and the
 // configuration of its streams and consumers, as code: Ensure creates them
 // when missing and brings them to this configuration when they differ
-// (M2, M3). Without a NATS_URL, Embedded runs a JetStream server inside
-// the process for development and tests.
+// (M2, M3). The server that make run and the tests start inside the
+// process is internal/tooling/natstmp's.
 package broker
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -168,44 +165,4 @@ func Connect(url, name string, opts ...nats.Option) (*nats.Conn, jetstream.JetSt
 		return nil, nil, err
 	}
 	return nc, js, nil
-}
-
-// Embedded is a NATS server with JetStream running in this process.
-type Embedded struct{ srv *server.Server }
-
-// StartEmbedded starts a NATS server with JetStream storing in dir, on a
-// free loopback port.
-func StartEmbedded(dir string) (*Embedded, error) { return StartEmbeddedOn(dir, 0) }
-
-// StartEmbeddedOn is StartEmbedded on a given loopback port, so that a
-// development server keeps the URL its earlier runs printed; port 0 picks
-// a free one (NATS itself reads 0 as its default port, 4222).
-func StartEmbeddedOn(dir string, port int) (*Embedded, error) {
-	if port == 0 {
-		port = -1
-	}
-	srv, err := server.NewServer(&server.Options{
-		Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: dir, NoSigs: true, NoLog: true,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("broker: embedded NATS: %w", err)
-	}
-	srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		srv.Shutdown()
-		return nil, errors.New("broker: embedded NATS did not start within 10s")
-	}
-	return &Embedded{srv: srv}, nil
-}
-
-// Port is the TCP port the server listens on.
-func (e *Embedded) Port() int { return e.srv.Addr().(*net.TCPAddr).Port }
-
-// URL is the client URL, for NATS_URL or Connect.
-func (e *Embedded) URL() string { return e.srv.ClientURL() }
-
-// Shutdown stops the server and waits until it has stopped.
-func (e *Embedded) Shutdown() {
-	e.srv.Shutdown()
-	e.srv.WaitForShutdown()
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
 	"github.com/idemref/payments/internal/tenants"
+	"github.com/idemref/payments/internal/tooling/natstmp"
 	"github.com/idemref/payments/internal/tooling/processorsim"
 	"github.com/idemref/payments/internal/tooling/testdb"
 )
@@ -64,7 +65,7 @@ func TestTwoRelaysTwoConsumersApplyEveryEventOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ns, err := broker.StartEmbedded(t.TempDir())
+	ns, err := natstmp.Start(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}

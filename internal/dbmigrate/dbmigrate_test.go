@@ -2,6 +2,11 @@ package dbmigrate_test
 
 import (
 	"context"
+	"errors"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -73,5 +78,110 @@ func assertTables(t *testing.T, url string, tables []string, want bool) {
 		if exists != want {
 			t.Errorf("table %s exists = %v, want %v", table, exists, want)
 		}
+	}
+}
+
+// G8: the previous release's `api migrate up` (a rollback of the code, or
+// its migration Job rerun during a rolling upgrade) on a database a newer
+// release migrated is a no-op, not "no migration found for version N";
+// a dirty one still fails. Mutation: drop the version check in Up and the
+// first Up below fails.
+func TestUpLeavesANewerSchemaAlone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.CreateEmptyDatabase(t)
+	if err := dbmigrate.Up(ctx, url); err != nil {
+		t.Fatal(err)
+	}
+	latest, err := dbmigrate.Latest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _, _ := dbmigrate.Version(ctx, url); v != latest {
+		t.Fatalf("after up: version %d, Latest %d", v, latest)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	// What the next release's migration would leave: a newer version.
+	if _, err := conn.Exec(ctx, `UPDATE schema_migrations SET version = $1`, latest+1); err != nil {
+		t.Fatal(err)
+	}
+	if err := dbmigrate.Up(ctx, url); err != nil {
+		t.Fatalf("up on a newer schema: %v, want nothing to do", err)
+	}
+	if v, dirty, _ := dbmigrate.Version(ctx, url); v != latest+1 || dirty {
+		t.Fatalf("after up on a newer schema: version %d dirty %v, want %d untouched", v, dirty, latest+1)
+	}
+	if _, err := conn.Exec(ctx, `UPDATE schema_migrations SET dirty = true`); err != nil {
+		t.Fatal(err)
+	}
+	if err := dbmigrate.Up(ctx, url); err == nil {
+		t.Fatal("up on a dirty newer schema succeeded, want golang-migrate's error")
+	}
+}
+
+// Latest is the number of the last up file in db/migrations.
+func TestLatestIsTheLastMigrationFile(t *testing.T) {
+	t.Parallel()
+	files, err := filepath.Glob("../../db/migrations/*.up.sql")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("glob: %v, %d files", err, len(files))
+	}
+	slices.Sort(files)
+	want, err := strconv.ParseUint(strings.SplitN(filepath.Base(files[len(files)-1]), "_", 2)[0], 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := dbmigrate.Latest(); err != nil || uint64(got) != want {
+		t.Fatalf("Latest = %d (%v), want %d", got, err, want)
+	}
+}
+
+// G8: serve starts only on a schema with every migration of its binary
+// applied (or a newer one), and says what to run otherwise.
+func TestCheckApplied(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.CreateEmptyDatabase(t)
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	latest, err := dbmigrate.Latest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func(step string, wantBehind bool) {
+		t.Helper()
+		err := dbmigrate.CheckApplied(ctx, conn)
+		if behind := errors.Is(err, dbmigrate.ErrSchemaBehind); behind != wantBehind || (err != nil && !behind) {
+			t.Errorf("%s: CheckApplied = %v, want behind %v", step, err, wantBehind)
+		}
+		if err != nil && !strings.Contains(err.Error(), "migrat") {
+			t.Errorf("%s: %v does not say what to run", step, err)
+		}
+	}
+	check("empty database", true)
+	if err := dbmigrate.Up(ctx, url); err != nil {
+		t.Fatal(err)
+	}
+	check("migrated", false)
+	for _, tt := range []struct {
+		step       string
+		sql        string
+		wantBehind bool
+	}{
+		{"one migration behind", `UPDATE schema_migrations SET version = $1 - 1`, true},
+		{"a newer release's schema", `UPDATE schema_migrations SET version = $1 + 1`, false},
+		{"dirty", `UPDATE schema_migrations SET version = $1, dirty = true`, true},
+	} {
+		if _, err := conn.Exec(ctx, tt.sql, int64(latest)); err != nil {
+			t.Fatal(err)
+		}
+		check(tt.step, tt.wantBehind)
 	}
 }

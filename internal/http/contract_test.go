@@ -199,7 +199,6 @@ func TestContractResponsesMatchSpec(t *testing.T) {
 	get(t, "healthz", 200, "", "/healthz")
 	get(t, "readyz", 200, "", "/readyz")
 	get(t, "openapi", 200, "", "/openapi.yaml")
-	get(t, "metrics", 200, "", "/metrics")
 	get(t, "docs", 200, "", "/docs")
 	get(t, "docs bundle", 200, "", "/docs/redoc.standalone.js")
 

@@ -360,7 +360,8 @@ func TestHostileRequests(t *testing.T) {
 		{name: "System/Healthz", method: get, path: "/healthz", status: 200},
 		{name: "System/ReadyzWhenHealthy", method: get, path: "/readyz", status: 200},
 		{name: "System/OpenAPI", method: get, path: "/openapi.yaml", status: 200},
-		{name: "System/Metrics", method: get, path: "/metrics", status: 200},
+		{name: "System/MetricsOnlyOnTheAdminListener", method: get, path: "/metrics", status: 404, code: notFound},
+		{name: "System/ProfilerOnlyOnTheAdminListener", method: get, path: "/debug/pprof/", status: 404, code: notFound},
 		{name: "System/HealthzIgnoresBadAuthorization", method: get, path: "/healthz", auth: []string{"Basic garbage"}, status: 200},
 	}
 

@@ -246,7 +246,7 @@ func TestSystemEndpoints(t *testing.T) {
 	t.Run("HealthzIsOK", func(t *testing.T) {
 		res := e.get(t, "", "/healthz")
 		wantStatus(t, res, http.StatusOK)
-		if diff := cmp.Diff(`{"status":"ok"}`, string(res.body)); diff != "" {
+		if diff := cmp.Diff(`{"status":"ok"}`+"\n", string(res.body)); diff != "" {
 			t.Errorf("body (-want +got):\n%s", diff)
 		}
 	})
@@ -254,7 +254,7 @@ func TestSystemEndpoints(t *testing.T) {
 	t.Run("ReadyzIsOK", func(t *testing.T) {
 		res := e.get(t, "", "/readyz")
 		wantStatus(t, res, http.StatusOK)
-		if diff := cmp.Diff(`{"status":"ready"}`, string(res.body)); diff != "" {
+		if diff := cmp.Diff(`{"status":"ready"}`+"\n", string(res.body)); diff != "" {
 			t.Errorf("body (-want +got):\n%s", diff)
 		}
 	})

@@ -294,7 +294,6 @@ func TestPrismProxyFindsNoViolations(t *testing.T) {
 		exchange{name: "openapi.yaml", method: "GET", path: "/openapi.yaml", want: 200},
 		exchange{name: "docs", method: "GET", path: "/docs", want: 200},
 		exchange{name: "docs bundle", method: "GET", path: "/docs/redoc.standalone.js", want: 200},
-		exchange{name: "metrics", method: "GET", path: "/metrics", want: 200},
 	)
 
 	// Orders.

@@ -381,6 +381,7 @@ func (p Problem) encode() idem.Response {
 	if err != nil {
 		panic(err) // a Problem always encodes
 	}
+	body = append(body, '\n') // as every JSON body (respond.go)
 	h := http.Header{}
 	h.Set("Content-Type", "application/problem+json")
 	// Problem answers, recorded or not, must never be cached by an

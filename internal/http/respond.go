@@ -14,6 +14,11 @@ import (
 // the exact bytes that are sent and, under a key, recorded (encodeJSON);
 // a failure becomes its problem (writeError); a recorded response is
 // written as stored, marked when it is a replay (respond).
+//
+// Every JSON body ends with a newline, so that a terminal (curl -i) does
+// not glue what follows onto it. A record written before bodies had one
+// replays without it: a replay sends the stored bytes, the same as its
+// first answer, and the newline is whitespace to every JSON parser.
 
 // encodeJSON renders a success as the exact bytes to send and record.
 func encodeJSON(status int, v any, location string) (idem.Response, error) {
@@ -21,6 +26,7 @@ func encodeJSON(status int, v any, location string) (idem.Response, error) {
 	if err != nil {
 		return idem.Response{}, err
 	}
+	body = append(body, '\n')
 	h := http.Header{}
 	h.Set("Content-Type", "application/json")
 	if location != "" {

@@ -12,7 +12,6 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idemref/payments/internal/apidocs"
 	"github.com/idemref/payments/internal/clientaddr"
@@ -131,7 +130,8 @@ func NewHandler(cfg Config) http.Handler {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	r.Get("/readyz", a.ready)
-	r.Method(http.MethodGet, "/metrics", promhttp.Handler())
+	// /metrics and the profiler are on the admin listener only
+	// (NewAdminHandler): here they are 404 like any unknown path.
 	if cfg.OpenAPI != nil {
 		r.Get("/openapi.yaml", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "application/yaml")

@@ -260,7 +260,7 @@ func TestLateDuplicateChargeIsRefundedBySweep(t *testing.T) {
 	}
 
 	e.sweepUntil(t, "the late charge refunded", func() bool { return e.netCharged(o.Id.String()) == orderAmount })
-	if metrics := string(e.get(t, "", "/metrics").body); !regexp.MustCompile(`(?m)^payments_compensations_total\{reason="duplicate_charge"\} [1-9]`).MatchString(metrics) {
+	if metrics := string(metricsText(t)); !regexp.MustCompile(`(?m)^payments_compensations_total\{reason="duplicate_charge"\} [1-9]`).MatchString(metrics) {
 		t.Errorf("/metrics does not count the compensation:\n%s", grepLines(metrics, "payments_"))
 	}
 	refunds := e.sim.Refunds()
@@ -436,7 +436,7 @@ func TestDoubleRefundIsReported(t *testing.T) {
 	if got := duplicate(); got != 1000 {
 		t.Errorf("duplicate_amount = %d, want 1000", got)
 	}
-	if metrics := string(e.get(t, "", "/metrics").body); !regexp.MustCompile(`(?m)^payments_duplicate_refunds_total [1-9]`).MatchString(metrics) {
+	if metrics := string(metricsText(t)); !regexp.MustCompile(`(?m)^payments_duplicate_refunds_total [1-9]`).MatchString(metrics) {
 		t.Errorf("/metrics does not count the duplicate refund:\n%s", grepLines(metrics, "payments_"))
 	}
 	if n := len(e.sim.Refunds()); n != 2 {

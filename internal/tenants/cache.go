@@ -24,9 +24,13 @@ const maxCachedKeys = 10_000
 // a client repeating a wrong or revoked key (R5). A flood of ever new
 // made-up keys misses it every time: the lookup budgets in front of it
 // (internal/http) bound that. The price: a revoked key keeps working for
-// up to ttl in each process. A key is never refused because of the
-// negative entries: keys are random secrets, so no key is tried before it
-// exists.
+// up to ttl in each process, which is the revocation bound operators are
+// given (AUTH_CACHE_TTL, docs/operations.md): an entry expires ttl after
+// the lookup that made it, however often it is read since, so a key in
+// constant use is looked up again, and found revoked, within ttl (plus
+// the one lookup that may be in flight at the revocation). A key is never
+// refused because of the negative entries: keys are random secrets, so no
+// key is tried before it exists.
 //
 // Each list is an LRU (golang-lru) whose entries carry their own expiry,
 // checked when read: the library's expirable LRU would do the same with a

@@ -12,8 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemref/payments/internal/broker"
 	"github.com/idemref/payments/internal/tooling/harness"
+	"github.com/idemref/payments/internal/tooling/natstmp"
 	"github.com/idemref/payments/internal/tooling/pgtmp"
 	"github.com/idemref/payments/internal/tooling/pgwire"
 )
@@ -28,8 +28,8 @@ type environment struct {
 	loadAPI   *harness.Process // the API under load, straight to PostgreSQL
 	probeAPI  *harness.Process // the API measured at the wire, through the proxy
 	proxy     *pgwire.Proxy
-	db        *pgxpool.Pool    // straight to PostgreSQL, for the checks
-	nats      *broker.Embedded // the events broker both APIs publish to
+	db        *pgxpool.Pool   // straight to PostgreSQL, for the checks
+	nats      *natstmp.Server // the events broker both APIs publish to
 
 	processorURL      string
 	loadURL, probeURL string // the two APIs, http://host:port
@@ -114,7 +114,7 @@ func start(ctx context.Context, o options) (*environment, error) {
 		return env, err
 	}
 	env.dirs = append(env.dirs, natsDir)
-	if env.nats, err = broker.StartEmbedded(natsDir); err != nil {
+	if env.nats, err = natstmp.Start(natsDir); err != nil {
 		return env, err
 	}
 

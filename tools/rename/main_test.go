@@ -15,8 +15,8 @@ import (
 var forked = names{module: "example.com/acme/orders", name: "orders", domain: "orders.acme.example", keyPrefix: "ok_"}
 
 // TestForkRenamesAndBuilds (W2): a copy of the tracked files, renamed, has
-// none of the old names left, builds, passes go vet and runs a package's
-// tests; every rule found something to rename (a rule that matches nothing
+// none of the old names left, builds (the client's module too), passes go
+// vet and runs a package's tests; every rule found something to rename (a rule that matches nothing
 // is stale); and a second run, by the rewritten command, changes nothing.
 func TestForkRenamesAndBuilds(t *testing.T) {
 	if testing.Short() {
@@ -65,6 +65,18 @@ func TestForkRenamesAndBuilds(t *testing.T) {
 
 	goCmd(t, dir, "build", "./...")
 	goCmd(t, dir, "vet", "./...")
+	// The client is a module of its own (client/go.mod, G7): its path
+	// follows the module's, in its go.mod and in the server's require and
+	// replace lines, and it builds on its own.
+	client := forked.module + "/client"
+	if got := strings.TrimSpace(goCmd(t, filepath.Join(dir, "client"), "list", "-m")); got != client {
+		t.Errorf("client/go.mod names module %q after the rename, want %q", got, client)
+	}
+	if got := goCmd(t, dir, "list", "-m", "-f", "{{.Replace.Path}}", client); strings.TrimSpace(got) != "./client" {
+		t.Errorf("go.mod replaces %s with %q after the rename, want ./client", client, strings.TrimSpace(got))
+	}
+	goCmd(t, filepath.Join(dir, "client"), "build", "./...")
+	goCmd(t, filepath.Join(dir, "client"), "vet", "./...")
 	// The root package's tests check openapi.yaml's examples against its
 	// problem type pattern, which neither the build nor vet reads.
 	goCmd(t, dir, "test", "-count=1", "./internal/validation/", ".")

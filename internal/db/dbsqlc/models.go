@@ -13,10 +13,11 @@ import (
 )
 
 type ApiKey struct {
-	TenantID  uuid.UUID
-	KeyHash   []byte
-	CreatedAt time.Time
-	RevokedAt *time.Time
+	TenantID   uuid.UUID
+	KeyHash    []byte
+	CreatedAt  time.Time
+	RevokedAt  *time.Time
+	LastUsedAt *time.Time
 }
 
 type Customer struct {

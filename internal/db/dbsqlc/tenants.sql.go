@@ -7,13 +7,24 @@ package dbsqlc
 
 import (
 	"context"
+	"time"
 
 	"github.com/google/uuid"
 )
 
 const aPIKeyAuthenticate = `-- name: APIKeyAuthenticate :one
-SELECT tenant_id FROM api_keys
-WHERE tenant_id = $1 AND key_hash = $2 AND revoked_at IS NULL
+WITH live AS (
+    SELECT k.tenant_id FROM api_keys k
+    WHERE k.tenant_id = $1 AND k.key_hash = $2 AND k.revoked_at IS NULL
+), stamp AS (
+    UPDATE api_keys u SET last_used_at = now()
+    WHERE (u.tenant_id, u.key_hash) IN (
+        SELECT s.tenant_id, s.key_hash FROM api_keys s
+        WHERE s.tenant_id = $1 AND s.key_hash = $2 AND s.revoked_at IS NULL
+          AND (s.last_used_at IS NULL OR s.last_used_at < now() - interval '1 minute')
+        FOR NO KEY UPDATE SKIP LOCKED)
+)
+SELECT tenant_id FROM live
 `
 
 type APIKeyAuthenticateParams struct {
@@ -22,6 +33,13 @@ type APIKeyAuthenticateParams struct {
 }
 
 // The tenant id comes from the key's prefix; the hash proves the secret.
+// The same statement stamps last_used_at when it is older than a minute,
+// so knowing when a key was last used costs no round trip: the lookup runs
+// only on an authentication cache miss (once per key, process and
+// AUTH_CACHE_TTL), and writes at most once a minute per key whatever the
+// number of processes. SKIP LOCKED: the stamp never waits, not for another
+// process stamping the same key nor for a revocation in flight; a lookup
+// that would wait skips it, and the next one stamps.
 func (q *Queries) APIKeyAuthenticate(ctx context.Context, arg APIKeyAuthenticateParams) (uuid.UUID, error) {
 	row := q.db.QueryRow(ctx, aPIKeyAuthenticate, arg.TenantID, arg.KeyHash)
 	var tenant_id uuid.UUID
@@ -29,8 +47,9 @@ func (q *Queries) APIKeyAuthenticate(ctx context.Context, arg APIKeyAuthenticate
 	return tenant_id, err
 }
 
-const aPIKeyCreate = `-- name: APIKeyCreate :exec
+const aPIKeyCreate = `-- name: APIKeyCreate :one
 INSERT INTO api_keys (tenant_id, key_hash) VALUES ($1, $2)
+RETURNING created_at
 `
 
 type APIKeyCreateParams struct {
@@ -38,9 +57,69 @@ type APIKeyCreateParams struct {
 	KeyHash  []byte
 }
 
-func (q *Queries) APIKeyCreate(ctx context.Context, arg APIKeyCreateParams) error {
-	_, err := q.db.Exec(ctx, aPIKeyCreate, arg.TenantID, arg.KeyHash)
-	return err
+func (q *Queries) APIKeyCreate(ctx context.Context, arg APIKeyCreateParams) (time.Time, error) {
+	row := q.db.QueryRow(ctx, aPIKeyCreate, arg.TenantID, arg.KeyHash)
+	var created_at time.Time
+	err := row.Scan(&created_at)
+	return created_at, err
+}
+
+const aPIKeyList = `-- name: APIKeyList :many
+SELECT key_hash, created_at, last_used_at, revoked_at FROM api_keys
+WHERE tenant_id = $1
+ORDER BY created_at, key_hash
+`
+
+type APIKeyListRow struct {
+	KeyHash    []byte
+	CreatedAt  time.Time
+	LastUsedAt *time.Time
+	RevokedAt  *time.Time
+}
+
+func (q *Queries) APIKeyList(ctx context.Context, tenantID uuid.UUID) ([]APIKeyListRow, error) {
+	rows, err := q.db.Query(ctx, aPIKeyList, tenantID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []APIKeyListRow{}
+	for rows.Next() {
+		var i APIKeyListRow
+		if err := rows.Scan(
+			&i.KeyHash,
+			&i.CreatedAt,
+			&i.LastUsedAt,
+			&i.RevokedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const aPIKeyRevoke = `-- name: APIKeyRevoke :one
+UPDATE api_keys SET revoked_at = now()
+WHERE tenant_id = $1 AND key_hash = $2 AND revoked_at IS NULL
+RETURNING revoked_at
+`
+
+type APIKeyRevokeParams struct {
+	TenantID uuid.UUID
+	KeyHash  []byte
+}
+
+// Guarded: a key revoked already matches nothing (pgx.ErrNoRows), and its
+// first revocation time stays.
+func (q *Queries) APIKeyRevoke(ctx context.Context, arg APIKeyRevokeParams) (*time.Time, error) {
+	row := q.db.QueryRow(ctx, aPIKeyRevoke, arg.TenantID, arg.KeyHash)
+	var revoked_at *time.Time
+	err := row.Scan(&revoked_at)
+	return revoked_at, err
 }
 
 const tenantCreate = `-- name: TenantCreate :one
@@ -58,4 +137,88 @@ func (q *Queries) TenantCreate(ctx context.Context, arg TenantCreateParams) (Ten
 	var i Tenant
 	err := row.Scan(&i.ID, &i.Name, &i.CreatedAt)
 	return i, err
+}
+
+const tenantGet = `-- name: TenantGet :one
+SELECT id, name, created_at FROM tenants WHERE id = $1
+`
+
+func (q *Queries) TenantGet(ctx context.Context, id uuid.UUID) (Tenant, error) {
+	row := q.db.QueryRow(ctx, tenantGet, id)
+	var i Tenant
+	err := row.Scan(&i.ID, &i.Name, &i.CreatedAt)
+	return i, err
+}
+
+const tenantGetByName = `-- name: TenantGetByName :one
+SELECT id, name, created_at FROM tenants WHERE name = $1
+`
+
+func (q *Queries) TenantGetByName(ctx context.Context, name string) (Tenant, error) {
+	row := q.db.QueryRow(ctx, tenantGetByName, name)
+	var i Tenant
+	err := row.Scan(&i.ID, &i.Name, &i.CreatedAt)
+	return i, err
+}
+
+const tenantList = `-- name: TenantList :many
+SELECT t.id, t.name, t.created_at,
+       count(k.key_hash) FILTER (WHERE k.revoked_at IS NULL) AS live_keys,
+       count(k.key_hash) AS keys
+FROM tenants t
+LEFT JOIN api_keys k ON k.tenant_id = t.id
+GROUP BY t.id
+ORDER BY t.created_at, t.id
+`
+
+type TenantListRow struct {
+	ID        uuid.UUID
+	Name      string
+	CreatedAt time.Time
+	LiveKeys  int64
+	Keys      int64
+}
+
+// Every tenant with how many keys it has and how many of them still work,
+// oldest first: an operator's listing, not a request path.
+func (q *Queries) TenantList(ctx context.Context) ([]TenantListRow, error) {
+	rows, err := q.db.Query(ctx, tenantList)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []TenantListRow{}
+	for rows.Next() {
+		var i TenantListRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Name,
+			&i.CreatedAt,
+			&i.LiveKeys,
+			&i.Keys,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const tenantLockKeys = `-- name: TenantLockKeys :one
+SELECT id FROM tenants WHERE id = $1 FOR NO KEY UPDATE
+`
+
+// Taken by a revocation before it counts the tenant's live keys, so two
+// revocations of a tenant's last two keys cannot both see the other key
+// live and lock the tenant out together. FOR NO KEY UPDATE, not FOR
+// UPDATE: the foreign keys of orders, payments and idempotency keys take
+// FOR KEY SHARE on the tenant, which this does not block.
+func (q *Queries) TenantLockKeys(ctx context.Context, id uuid.UUID) (uuid.UUID, error) {
+	row := q.db.QueryRow(ctx, tenantLockKeys, id)
+	var id_2 uuid.UUID
+	err := row.Scan(&id_2)
+	return id_2, err
 }
