@@ -208,6 +208,7 @@ CREATE TABLE public.outbox (
     claimed_until timestamp with time zone,
     publish_attempts integer DEFAULT 0 NOT NULL,
     published_at timestamp with time zone,
+    trace_parent text,
     CONSTRAINT outbox_event_type_check CHECK ((event_type <> ''::text)),
     CONSTRAINT outbox_schema_version_check CHECK ((schema_version > 0)),
     CONSTRAINT outbox_subject_check CHECK ((subject <> ''::text))
@@ -281,6 +282,7 @@ CREATE TABLE public.payments (
     charge_sent_at timestamp with time zone,
     charge_calls integer DEFAULT 0 NOT NULL,
     sweep_at timestamp with time zone,
+    trace_parent text,
     CONSTRAINT payments_amount_check CHECK ((amount > 0)),
     CONSTRAINT payments_charge_calls_check CHECK ((charge_calls >= 0)),
     CONSTRAINT payments_check CHECK (((refunded_amount >= 0) AND (refunded_amount <= amount))),

@@ -2,14 +2,30 @@ package main
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
+	"path"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
+	"time"
+	"unicode"
+
+	"sigs.k8s.io/yaml"
 
 	"github.com/idemref/payments/internal/tooling/testdb"
+)
+
+// The docs with an alert table, and the files the alerts and the dashboard
+// ship as (X5).
+var alertDocs = []string{"../../docs/operations.md", "../../docs/messages.md"}
+
+const (
+	rulesFile     = "../../deploy/prometheus/alerts.yml"
+	dashboardFile = "../../deploy/grafana/payments.json"
 )
 
 // X2: every series an alert of the docs names is on a fresh process's
@@ -19,68 +35,178 @@ import (
 // compensation, the first fencing rejection.
 func TestAFreshProcessExportsEverySeriesTheAlertsName(t *testing.T) {
 	t.Parallel()
-	_, dbURL := testdb.NewPool(t)
-	srv := startServer(t, dbURL)
-	res, err := http.Get(srv.admin + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	body, err := io.ReadAll(res.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	scraped := parseExposition(string(body))
-
 	var selectors []selector
-	for _, doc := range []string{"../../docs/operations.md", "../../docs/messages.md"} {
-		selectors = append(selectors, alertSelectors(t, doc)...)
+	for _, doc := range alertDocs {
+		for _, row := range alertRows(t, doc) {
+			// Every code span of the row: the alert's PromQL, and a
+			// metric it names for comparison.
+			for _, q := range row.queries {
+				sels, err := promQLSelectors(q)
+				if err != nil {
+					t.Fatalf("%s:%d: the alert %q: %v", doc, row.line, row.alert, err)
+				}
+				for _, s := range sels {
+					s.source, s.where = doc, fmt.Sprintf("the alert %q", row.alert)
+					selectors = append(selectors, s)
+				}
+			}
+		}
 	}
 	if len(selectors) < 15 {
 		t.Fatalf("found %d metric selectors in the alert tables, want the docs' alerts (15 or more): is the table format changed?", len(selectors))
 	}
+	scraped := scrapeFreshProcess(t)
 	for _, sel := range selectors {
-		if !scraped.has(sel) {
-			t.Errorf("%s: the alert %q names %s, which a fresh process does not export", sel.doc, sel.alert, sel)
+		if why := scraped.missing(sel); why != "" {
+			t.Errorf("%s: %s reads %s, %s", sel.source, sel.where, sel, why)
 		}
 	}
 }
 
-// selector is one metric an alert's PromQL reads, with its label matchers.
-type selector struct {
-	doc, alert string
-	name       string
-	labels     map[string]string
+// X2, X5: the rules file holds exactly the alerts of the docs' tables. Each
+// row's PromQL is one rule's expr (whitespace aside), its "for 10m" the
+// rule's for, its "(page)" or "(ticket)" the rule's severity, the rest of
+// its alert cell the rule's summary, and its section the rule's runbook;
+// and every rule is a row. Neither can change without the other.
+func TestTheRulesFileIsTheDocsAlertTables(t *testing.T) {
+	t.Parallel()
+	rules := loadRules(t)
+	byExpr := map[string]alertRule{}
+	names := map[string]bool{}
+	for _, r := range rules {
+		if r.Alert == "" || r.Record != "" {
+			t.Errorf("%s: a rule that is not an alert (record %q, expr %q): the file holds the docs' alerts only", rulesFile, r.Record, r.Expr)
+			continue
+		}
+		if names[r.Alert] {
+			t.Errorf("%s: two rules named %s", rulesFile, r.Alert)
+		}
+		names[r.Alert] = true
+		if prev, ok := byExpr[oneLine(r.Expr)]; ok {
+			t.Errorf("%s: %s and %s have one expr", rulesFile, prev.Alert, r.Alert)
+		}
+		byExpr[oneLine(r.Expr)] = r
+		if s := r.Labels["severity"]; s != "page" && s != "ticket" {
+			t.Errorf("%s: %s has severity %q, want page or ticket", rulesFile, r.Alert, s)
+		}
+		if strings.TrimSpace(r.Annotations["description"]) == "" {
+			t.Errorf("%s: %s has no description", rulesFile, r.Alert)
+		}
+	}
+
+	inDocs := map[string]bool{}
+	rows := 0
+	for _, doc := range alertDocs {
+		for _, row := range alertRows(t, doc) {
+			rows++
+			where := fmt.Sprintf("%s:%d: the alert %q", doc, row.line, row.alert)
+			r, ok := byExpr[oneLine(row.expr)]
+			if !ok {
+				t.Errorf("%s: no rule of %s has its PromQL as expr:\n\t%s", where, rulesFile, row.expr)
+				continue
+			}
+			inDocs[r.Alert] = true
+			if r.For != row.forDuration {
+				t.Errorf("%s: the docs say for %q, %s in %s has for %q", where, row.forDuration, r.Alert, rulesFile, r.For)
+			}
+			if row.severity == "" {
+				t.Errorf("%s: the alert cell says neither (page) nor (ticket)", where)
+			} else if r.Labels["severity"] != row.severity {
+				t.Errorf("%s: the docs say %s, %s in %s has severity %q", where, row.severity, r.Alert, rulesFile, r.Labels["severity"])
+			}
+			if r.Annotations["summary"] != row.summary {
+				t.Errorf("%s: %s's summary is %q, want the docs' %q", where, r.Alert, r.Annotations["summary"], row.summary)
+			}
+			if want := "docs/" + path.Base(doc) + "#" + row.section; r.Annotations["runbook"] != want {
+				t.Errorf("%s: %s's runbook is %q, want %q (the section of its table)", where, r.Alert, r.Annotations["runbook"], want)
+			}
+		}
+	}
+	if rows < 15 {
+		t.Fatalf("found %d rows in the alert tables, want the docs' alerts (15 or more): is the table format changed?", rows)
+	}
+	for _, r := range rules {
+		if r.Alert != "" && !inDocs[r.Alert] {
+			t.Errorf("%s: %s (%s) is in no alert table of the docs: add its row, or remove the rule", rulesFile, r.Alert, oneLine(r.Expr))
+		}
+	}
 }
 
-func (s selector) String() string {
-	var b strings.Builder
-	b.WriteString(s.name)
-	for k, v := range s.labels {
-		b.WriteString("{" + k + "=" + v + "}")
+// alertRule is one rule of the rules file.
+type alertRule struct {
+	Alert       string            `json:"alert"`
+	Record      string            `json:"record"`
+	Expr        string            `json:"expr"`
+	For         string            `json:"for"`
+	Labels      map[string]string `json:"labels"`
+	Annotations map[string]string `json:"annotations"`
+}
+
+// loadRules reads the rules file strictly: a misspelt field fails.
+func loadRules(t *testing.T) []alertRule {
+	t.Helper()
+	data, err := os.ReadFile(rulesFile)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return b.String()
+	var f struct {
+		Groups []struct {
+			Name  string      `json:"name"`
+			Rules []alertRule `json:"rules"`
+		} `json:"groups"`
+	}
+	if err := yaml.UnmarshalStrict(data, &f); err != nil {
+		t.Fatalf("%s: %v", rulesFile, err)
+	}
+	var out []alertRule
+	for _, g := range f.Groups {
+		out = append(out, g.Rules...)
+	}
+	if len(out) == 0 {
+		t.Fatalf("%s has no rules", rulesFile)
+	}
+	return out
+}
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// alertRow is one row of a doc's "| alert | PromQL |" table.
+type alertRow struct {
+	line        int
+	alert       string   // the alert cell as written
+	summary     string   // the alert cell without its (page) or (ticket)
+	severity    string   // page or ticket
+	expr        string   // the PromQL cell's first code span
+	queries     []string // every code span of the PromQL cell
+	forDuration string   // "10m" from "for 10m", or ""
+	section     string   // the id of the heading the table is under
 }
 
 var (
-	promQLMetric  = regexp.MustCompile(`\b([a-z][a-z0-9_]*_(?:total|seconds|connected|conns|leases|size))\b(\{[^}]*\})?`)
-	promQLMatcher = regexp.MustCompile(`([a-z_]+)="([^"]*)"`)
+	codeSpan     = regexp.MustCompile("`([^`]+)`")
+	forClause    = regexp.MustCompile(`\bfor ([0-9]+[smhdw])\b`)
+	severityNote = regexp.MustCompile(`\s*\((page|ticket)\b[^)]*\)`)
 )
 
-// alertSelectors reads the "| alert | PromQL |" table of a doc.
-func alertSelectors(t *testing.T, doc string) []selector {
+// alertRows reads the "| alert | PromQL |" tables of a doc.
+func alertRows(t *testing.T, doc string) []alertRow {
 	t.Helper()
 	f, err := os.Open(doc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	var out []selector
-	in := false
+	var out []alertRow
+	in, fenced := false, false
+	section := ""
 	sc := bufio.NewScanner(f)
-	for sc.Scan() {
+	for n := 1; sc.Scan(); n++ {
 		line := sc.Text()
 		switch {
+		case strings.HasPrefix(line, "```"):
+			fenced = !fenced
+		case !fenced && strings.HasPrefix(line, "#"):
+			section = headingID(strings.TrimLeft(line, "#"))
 		case strings.HasPrefix(line, "| alert | PromQL |"):
 			in = true
 			continue
@@ -90,59 +216,437 @@ func alertSelectors(t *testing.T, doc string) []selector {
 		if !in || strings.HasPrefix(line, "|---") {
 			continue
 		}
-		cells := strings.Split(line, "|")
-		if len(cells) < 3 {
+		cells := tableCells(line)
+		if len(cells) != 2 {
+			t.Fatalf("%s:%d: an alert row has %d cells, want 2 (alert, PromQL)", doc, n, len(cells))
+		}
+		row := alertRow{line: n, alert: cells[0], section: section}
+		if m := severityNote.FindStringSubmatch(cells[0]); m != nil {
+			row.severity = m[1]
+		}
+		row.summary = oneLine(severityNote.ReplaceAllString(cells[0], ""))
+		for _, m := range codeSpan.FindAllStringSubmatch(cells[1], -1) {
+			row.queries = append(row.queries, m[1])
+		}
+		if len(row.queries) == 0 {
+			t.Fatalf("%s:%d: the alert %q has no PromQL in backquotes", doc, n, row.alert)
+		}
+		row.expr = row.queries[0]
+		if m := forClause.FindStringSubmatch(codeSpan.ReplaceAllString(cells[1], "")); m != nil {
+			row.forDuration = m[1]
+		}
+		out = append(out, row)
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// tableCells splits a markdown table row on the pipes outside code spans.
+func tableCells(line string) []string {
+	var cells []string
+	var b strings.Builder
+	code := false
+	for _, r := range strings.TrimSpace(line) {
+		switch {
+		case r == '`':
+			code = !code
+		case r == '|' && !code:
+			cells = append(cells, strings.TrimSpace(b.String()))
+			b.Reset()
 			continue
 		}
-		alert := strings.TrimSpace(cells[1])
-		for _, m := range promQLMetric.FindAllStringSubmatch(strings.Join(cells[2:], "|"), -1) {
-			sel := selector{doc: doc, alert: alert, name: m[1], labels: map[string]string{}}
-			for _, lm := range promQLMatcher.FindAllStringSubmatch(m[2], -1) {
-				sel.labels[lm[1]] = lm[2]
+		b.WriteRune(r)
+	}
+	// The pipes at both ends leave an empty first and last cell.
+	if len(cells) > 0 && cells[0] == "" {
+		cells = cells[1:]
+	}
+	return cells
+}
+
+// headingID is the id GitHub gives a heading (repocheck's slug).
+func headingID(heading string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(strings.TrimSpace(heading)) {
+		switch {
+		case r == ' ':
+			b.WriteRune('-')
+		case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// scrapeFreshProcess starts api serve on a database of its own and reads
+// its admin listener's /metrics before any request reaches it. It waits
+// for the workers to start ("messaging running"): the admin listener
+// serves before serve starts them, and the consumer's series are created
+// when they start (still before any delivery could count), so a scrape in
+// between would find them missing for a reason that loses no increment.
+func scrapeFreshProcess(t *testing.T) exposition {
+	t.Helper()
+	_, dbURL := testdb.NewPool(t)
+	srv := startServer(t, dbURL)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		srv.mu.Lock()
+		started := strings.Contains(srv.logs.String(), `"msg":"messaging running"`)
+		srv.mu.Unlock()
+		if started {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(`api serve did not log "messaging running" within 30s`)
+		}
+	}
+	res, err := http.Get(srv.admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.StatusCode != http.StatusOK {
+		t.Fatalf("GET /metrics: %s\n%s", res.Status, body)
+	}
+	scraped, err := parseExposition(string(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return scraped
+}
+
+// selector is one vector selector of a PromQL expression: the metric
+// name and its label matchers, with where it was read.
+type selector struct {
+	source, where string // the file, and the alert or panel
+	name          string
+	matchers      []matcher
+}
+
+type matcher struct{ label, op, value string }
+
+func (s selector) String() string {
+	if len(s.matchers) == 0 {
+		return s.name
+	}
+	var ms []string
+	for _, m := range s.matchers {
+		ms = append(ms, fmt.Sprintf("%s%s%q", m.label, m.op, m.value))
+	}
+	return s.name + "{" + strings.Join(ms, ",") + "}"
+}
+
+// matches reports whether a series' labels satisfy m. A value holding a
+// Grafana variable ($endpoint) matches anything.
+func (m matcher) matches(labels map[string]string) bool {
+	if strings.Contains(m.value, "$") {
+		return true
+	}
+	v := labels[m.label]
+	switch m.op {
+	case "=":
+		return v == m.value
+	case "!=":
+		return v != m.value
+	}
+	ok := regexp.MustCompile("^(?:" + m.value + ")$").MatchString(v)
+	return ok == (m.op == "=~")
+}
+
+// promQLToken is one token of a PromQL expression. kind is 'i' for an
+// identifier, 's' for a string (text unquoted), 'n' for a number, a
+// duration or a Grafana variable, 'p' for punctuation and operators.
+type promQLToken struct {
+	kind byte
+	text string
+}
+
+// promQLOperators, longest first.
+var promQLOperators = []string{"!=", "=~", "!~", "==", "<=", ">=", "{", "}", "(", ")", ",", "=", "<", ">", "+", "-", "*", "/", "%", "^", "@"}
+
+func isIdentByte(c byte, first bool) bool {
+	return c == '_' || c == ':' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || !first && '0' <= c && c <= '9'
+}
+
+func isDigit(c byte) bool { return '0' <= c && c <= '9' }
+
+// lexPromQL splits a PromQL expression (or a Grafana target, with its
+// $variables) into tokens. Ranges and subqueries ([5m], [1h:1m],
+// [$__rate_interval]) select nothing and are dropped, as are comments.
+func lexPromQL(expr string) ([]promQLToken, error) {
+	var toks []promQLToken
+	i := 0
+	for i < len(expr) {
+		c := expr[i]
+		switch {
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
+			i++
+		case c == '#':
+			for i < len(expr) && expr[i] != '\n' {
+				i++
+			}
+		case c == '"' || c == '\'':
+			var b strings.Builder
+			j := i + 1
+			for ; j < len(expr) && expr[j] != c; j++ {
+				if expr[j] == '\\' && j+1 < len(expr) {
+					j++
+				}
+				b.WriteByte(expr[j])
+			}
+			if j >= len(expr) {
+				return nil, fmt.Errorf("an unterminated string at offset %d", i)
+			}
+			toks = append(toks, promQLToken{'s', b.String()})
+			i = j + 1
+		case c == '`':
+			j := strings.IndexByte(expr[i+1:], '`')
+			if j < 0 {
+				return nil, fmt.Errorf("an unterminated raw string at offset %d", i)
+			}
+			toks = append(toks, promQLToken{'s', expr[i+1 : i+1+j]})
+			i += j + 2
+		case c == '[':
+			j := strings.IndexByte(expr[i:], ']')
+			if j < 0 {
+				return nil, fmt.Errorf("an unterminated range at offset %d", i)
+			}
+			i += j + 1
+		case isDigit(c) || c == '.' && i+1 < len(expr) && isDigit(expr[i+1]):
+			j := i + 1
+			for j < len(expr) && (isIdentByte(expr[j], false) || expr[j] == '.' ||
+				(expr[j] == '+' || expr[j] == '-') && (expr[j-1] == 'e' || expr[j-1] == 'E') && j+1 < len(expr) && isDigit(expr[j+1])) {
+				j++
+			}
+			toks = append(toks, promQLToken{'n', expr[i:j]})
+			i = j
+		case c == '$':
+			j := i + 1
+			if j < len(expr) && expr[j] == '{' {
+				k := strings.IndexByte(expr[j:], '}')
+				if k < 0 {
+					return nil, fmt.Errorf("an unterminated ${variable} at offset %d", i)
+				}
+				j += k + 1
+			} else {
+				for j < len(expr) && isIdentByte(expr[j], false) {
+					j++
+				}
+			}
+			toks = append(toks, promQLToken{'n', expr[i:j]})
+			i = j
+		case isIdentByte(c, true):
+			j := i + 1
+			for j < len(expr) && isIdentByte(expr[j], false) {
+				j++
+			}
+			toks = append(toks, promQLToken{'i', expr[i:j]})
+			i = j
+		default:
+			k := slices.IndexFunc(promQLOperators, func(op string) bool { return strings.HasPrefix(expr[i:], op) })
+			if k < 0 {
+				return nil, fmt.Errorf("unexpected %q at offset %d", c, i)
+			}
+			toks = append(toks, promQLToken{'p', promQLOperators[k]})
+			i += len(promQLOperators[k])
+		}
+	}
+	return toks, nil
+}
+
+var (
+	// promQLGrouping words are followed by a list of label names.
+	promQLGrouping = map[string]bool{"by": true, "without": true, "on": true, "ignoring": true, "group_left": true, "group_right": true}
+	// promQLKeywords are words that are neither metrics nor calls.
+	promQLKeywords = map[string]bool{"and": true, "or": true, "unless": true, "atan2": true, "offset": true, "bool": true, "inf": true, "nan": true}
+	// promQLAggregations may be followed by by or without before "(".
+	promQLAggregations = map[string]bool{"sum": true, "min": true, "max": true, "avg": true, "group": true, "stddev": true, "stdvar": true,
+		"count": true, "count_values": true, "bottomk": true, "topk": true, "quantile": true, "limitk": true, "limit_ratio": true}
+)
+
+// promQLSelectors returns the vector selectors of a PromQL expression: an
+// identifier that is no function, aggregation, keyword or label name is a
+// metric name, with the label matchers in the braces after it. The
+// github.com/prometheus/prometheus parser would do it too, but that module
+// is not a dependency and is far too large to become one for a test.
+func promQLSelectors(expr string) ([]selector, error) {
+	toks, err := lexPromQL(expr)
+	if err != nil {
+		return nil, err
+	}
+	is := func(i int, kind byte, text string) bool {
+		return i < len(toks) && toks[i].kind == kind && (text == "" || toks[i].text == text)
+	}
+	var out []selector
+	for i := 0; i < len(toks); i++ {
+		word := strings.ToLower(toks[i].text)
+		switch {
+		case is(i, 'p', "{"):
+			// A selector without a name before the braces: {__name__="x"}.
+			ms, n, err := promQLMatchers(toks[i:])
+			if err != nil {
+				return nil, err
+			}
+			sel := selector{}
+			for _, m := range ms {
+				if m.label == "__name__" && m.op == "=" {
+					sel.name = m.value
+				} else {
+					sel.matchers = append(sel.matchers, m)
+				}
+			}
+			if sel.name == "" {
+				return nil, fmt.Errorf("a selector without a metric name: {%v}", ms)
+			}
+			out = append(out, sel)
+			i += n - 1
+		case !is(i, 'i', ""), promQLKeywords[word]:
+		case promQLGrouping[word]:
+			if is(i+1, 'p', "(") {
+				for i < len(toks) && !is(i, 'p', ")") {
+					i++
+				}
+			}
+		case is(i+1, 'p', "("):
+			// A function or an aggregation: its arguments come next.
+		case promQLAggregations[word] && (is(i+1, 'i', "by") || is(i+1, 'i', "without")):
+		default:
+			sel := selector{name: toks[i].text}
+			if is(i+1, 'p', "{") {
+				ms, n, err := promQLMatchers(toks[i+1:])
+				if err != nil {
+					return nil, fmt.Errorf("%s: %w", sel.name, err)
+				}
+				sel.matchers = ms
+				i += n
 			}
 			out = append(out, sel)
 		}
 	}
-	return out
+	return out, nil
 }
 
-// exposition is a scrape: each metric name's label sets.
-type exposition map[string][]map[string]string
+// promQLMatchers parses the label matchers of toks, which start at "{",
+// and returns them with the number of tokens through "}".
+func promQLMatchers(toks []promQLToken) ([]matcher, int, error) {
+	var ms []matcher
+	for i := 1; i < len(toks); {
+		switch {
+		case toks[i].kind == 'p' && toks[i].text == "}":
+			return ms, i + 1, nil
+		case toks[i].kind == 'p' && toks[i].text == ",":
+			i++
+			continue
+		}
+		if i+2 >= len(toks) || toks[i].kind != 'i' || toks[i+1].kind != 'p' || toks[i+2].kind != 's' ||
+			!slices.Contains([]string{"=", "!=", "=~", "!~"}, toks[i+1].text) {
+			return nil, 0, fmt.Errorf("a malformed label matcher at %q", toks[i].text)
+		}
+		m := matcher{label: toks[i].text, op: toks[i+1].text, value: toks[i+2].text}
+		if strings.HasSuffix(m.op, "~") && !strings.Contains(m.value, "$") {
+			if _, err := regexp.Compile("^(?:" + m.value + ")$"); err != nil {
+				return nil, 0, fmt.Errorf("label %s: %w", m.label, err)
+			}
+		}
+		ms = append(ms, m)
+		i += 3
+	}
+	return nil, 0, fmt.Errorf("unterminated label matchers")
+}
 
-// parseExposition reads the text format, the sample lines only.
-func parseExposition(text string) exposition {
-	out := exposition{}
+// exposition is a scrape: each sample name's label sets, and each
+// family's type (counter, gauge, histogram, ...).
+type exposition struct {
+	samples map[string][]map[string]string
+	types   map[string]string
+}
+
+// parseExposition reads the Prometheus text format.
+func parseExposition(text string) (exposition, error) {
+	e := exposition{samples: map[string][]map[string]string{}, types: map[string]string{}}
 	for line := range strings.SplitSeq(text, "\n") {
+		if f := strings.Fields(line); len(f) == 4 && f[0] == "#" && f[1] == "TYPE" {
+			e.types[f[2]] = f[3]
+		}
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
-		// name{label="value",...} value: label values may hold spaces.
-		name, _, _ := strings.Cut(line, " ")
-		labels := map[string]string{}
-		if i := strings.IndexByte(line, '{'); i >= 0 && i < len(name) {
-			end := strings.LastIndexByte(line, '}')
-			for _, lm := range promQLMatcher.FindAllStringSubmatch(line[i:end+1], -1) {
-				labels[lm[1]] = lm[2]
-			}
-			name = line[:i]
+		name, labels, err := parseSample(line)
+		if err != nil {
+			return e, fmt.Errorf("/metrics: %w: %q", err, line)
 		}
-		out[name] = append(out[name], labels)
+		e.samples[name] = append(e.samples[name], labels)
 	}
-	return out
+	return e, nil
 }
 
-// has reports whether a series matches sel's name and label matchers.
-func (e exposition) has(sel selector) bool {
-	for _, labels := range e[sel.name] {
-		ok := true
-		for k, v := range sel.labels {
-			if labels[k] != v {
-				ok = false
+// parseSample reads name{label="value",...} of a sample line; a label
+// value may hold spaces, braces and escaped quotes.
+func parseSample(line string) (string, map[string]string, error) {
+	i := strings.IndexAny(line, "{ ")
+	if i <= 0 {
+		return "", nil, fmt.Errorf("no metric name")
+	}
+	name, labels := line[:i], map[string]string{}
+	if line[i] != '{' {
+		return name, labels, nil
+	}
+	rest := line[i+1:]
+	for {
+		rest = strings.TrimLeft(rest, " ,")
+		if strings.HasPrefix(rest, "}") {
+			return name, labels, nil
+		}
+		eq := strings.IndexByte(rest, '=')
+		if eq <= 0 || eq+1 >= len(rest) || rest[eq+1] != '"' {
+			return "", nil, fmt.Errorf("a malformed label")
+		}
+		label := strings.TrimSpace(rest[:eq])
+		rest = rest[eq+2:]
+		var b strings.Builder
+		j := 0
+		for ; j < len(rest) && rest[j] != '"'; j++ {
+			if rest[j] == '\\' && j+1 < len(rest) {
+				j++
+				if rest[j] == 'n' {
+					b.WriteByte('\n')
+					continue
+				}
+			}
+			b.WriteByte(rest[j])
+		}
+		if j >= len(rest) {
+			return "", nil, fmt.Errorf("an unterminated label value")
+		}
+		labels[label] = b.String()
+		rest = rest[j+1:]
+	}
+}
+
+// missing says why no series of the scrape matches sel, or "" when one
+// does. A histogram's series are its _bucket, _sum and _count samples.
+func (e exposition) missing(sel selector) string {
+	series, ok := e.samples[sel.name]
+	if !ok {
+		if typ := e.types[sel.name]; typ == "histogram" || typ == "summary" {
+			return fmt.Sprintf("the name of a %s family, which has no series of its own (query %s_bucket, _sum or _count)", typ, sel.name)
+		}
+		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+			if family, ok := strings.CutSuffix(sel.name, suffix); ok && e.types[family] != "" {
+				return fmt.Sprintf("which a fresh process does not export (%s is a %s)", family, e.types[family])
 			}
 		}
-		if ok {
-			return true
+		return "which a fresh process does not export"
+	}
+	for _, labels := range series {
+		if !slices.ContainsFunc(sel.matchers, func(m matcher) bool { return !m.matches(labels) }) {
+			return ""
 		}
 	}
-	return false
+	return fmt.Sprintf("but no series of the %d a fresh process exports under that name matches its labels", len(series))
 }

@@ -20,6 +20,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/dbmigrate"
@@ -28,6 +30,7 @@ import (
 	"github.com/idemref/payments/internal/tooling/natstmp"
 	"github.com/idemref/payments/internal/tooling/pgtmp"
 	"github.com/idemref/payments/internal/tooling/processorsim"
+	"github.com/idemref/payments/internal/tracing"
 	"github.com/idemref/payments/internal/webhook"
 )
 
@@ -106,11 +109,12 @@ func dev(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer)
 		logger.Info("embedded NATS running", slog.String("url", cfg.NatsURL), slog.String("store_dir", devNatsDir))
 	}
 	// Development mode also logs every event published, so a payment can
-	// be watched flowing to its order.
+	// be watched flowing to its order; the line carries the trace_id of
+	// the request that wrote the event (the message's traceparent).
 	if nc, err := nats.Connect(cfg.NatsURL); err == nil {
 		defer nc.Close()
 		_, _ = nc.Subscribe(events.SubjectPrefix+">", func(m *nats.Msg) {
-			logger.Info("event on the stream", slog.String("subject", m.Subject), slog.String("nats_msg_id", m.Header.Get("Nats-Msg-Id")), slog.String("data", string(m.Data)))
+			logger.InfoContext(tracing.ExtractNATS(ctx, m.Header), "event on the stream", slog.String("subject", m.Subject), slog.String("nats_msg_id", m.Header.Get("Nats-Msg-Id")), slog.String("data", string(m.Data)))
 		})
 	}
 	var sim *processorsim.Server
@@ -158,6 +162,21 @@ func dev(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer)
 		// Metrics and the profiler for the developer, on this machine only.
 		cfg.AdminAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(portIfFree(ports.admin)))
 	}
+	// Every request is traced in development mode, collector or not: run
+	// installed a provider when OpenTelemetry's variables name one
+	// (tracing.Setup); otherwise a provider without an exporter samples
+	// every span and sends it nowhere, which costs little and gives each
+	// request's log lines a trace_id (and the outbox row and the event its
+	// traceparent), so a payment can be followed through the log.
+	_, exported := otel.GetTracerProvider().(*sdktrace.TracerProvider)
+	if !exported {
+		prev, tp := otel.GetTracerProvider(), sdktrace.NewTracerProvider()
+		otel.SetTracerProvider(tp)
+		defer func() {
+			otel.SetTracerProvider(prev)
+			_ = tp.Shutdown(context.WithoutCancel(ctx))
+		}()
+	}
 	return serve(ctx, cfg, logger, func(addr, admin string) {
 		ports.admin = urlPort("http://" + admin)
 		if err := ports.write(); err != nil {
@@ -167,7 +186,7 @@ func dev(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer)
 			// The simulator's webhooks go to this API, signed with its secret.
 			sim.Simulator.SetWebhooks(processorsim.WebhookConfig{URL: "http://" + loopback(addr) + "/v1/webhooks/processor", Secrets: cfg.WebhookSecrets, Scheme: cfg.WebhookScheme})
 		}
-		fmt.Fprint(stdout, devBanner(addr, admin, key, created, psql, cfg.ProcessorURL, cfg.NatsURL))
+		fmt.Fprint(stdout, devBanner(addr, admin, key, created, psql, cfg.ProcessorURL, cfg.NatsURL, exported))
 	})
 }
 
@@ -200,6 +219,15 @@ func demoKey(ctx context.Context, pool *pgxpool.Pool) (key string, created bool,
 		return "", false, err
 	}
 	return key, true, nil
+}
+
+// tracesLine says where a request's trace is seen (docs/operations.md,
+// "Traces").
+func tracesLine(exported bool) string {
+	if exported {
+		return "Traces: every request is traced and exported over OTLP as the OTEL_EXPORTER_OTLP_* variables say; each request's log line carries its trace_id."
+	}
+	return "Traces: each request's log line carries its trace_id; with a trace viewer: OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 make run"
 }
 
 func tenantLine(created bool) string {
@@ -240,7 +268,7 @@ func loopback(addr string) string {
 	return net.JoinHostPort(host, port)
 }
 
-func devBanner(addr, admin, key string, created bool, psql, processorURL, natsURL string) string {
+func devBanner(addr, admin, key string, created bool, psql, processorURL, natsURL string, tracesExported bool) string {
 	base := "http://" + loopback(addr)
 	adminBase := "http://" + loopback(admin)
 	auth := `-H "Authorization: Bearer $API_KEY" -H 'Content-Type: application/json'`
@@ -299,6 +327,8 @@ func devBanner(addr, admin, key string, created bool, psql, processorURL, natsUR
 		`  curl -s $API/v1/orders/$ORDER_ID -H "Authorization: Bearer $API_KEY"`,
 		"Relay and consumer metrics, on the admin listener (ADMIN_ADDR; the profiler is there too, at /debug/pprof/):",
 		"  curl -s " + adminBase + "/metrics | grep -E '^(outbox|consumer)_'",
+		"",
+		tracesLine(tracesExported),
 		"",
 		"Press Ctrl-C to stop.",
 		"",

@@ -49,13 +49,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/idemref/payments/internal/logging"
+	"github.com/idemref/payments/internal/tracing"
 )
 
 const usage = `usage:
@@ -183,6 +186,19 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return err
 	}
 	logger := logging.New(stderr, cfg.LogLevel)
+	// Traces (X3), when OpenTelemetry's variables ask for them: flushed
+	// once the command returned, after the drain of serve.
+	shutdownTracing, err := tracing.Setup(ctx, getenv, readBuildVersion().Version)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		flushCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := shutdownTracing(flushCtx); err != nil {
+			logger.Warn("tracing: flush the last spans", slog.Any("error", err))
+		}
+	}()
 	switch cmd, rest := args[0], args[1:]; {
 	case cmd == "serve" && len(rest) == 0:
 		if cfg.DatabaseURL == "" {

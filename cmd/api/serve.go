@@ -148,25 +148,6 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 	conns := connlimit.New(ln, cfg.MaxConnections, connlimit.Options{Proxies: cfg.Clients})
 	srv.ConnState = conns.Track
 	ln = conns
-	adminAddr := ""
-	if cfg.AdminAddr != "" {
-		admin, err := listenAdmin(cfg.AdminAddr, logger)
-		if err != nil {
-			_ = ln.Close()
-			return err
-		}
-		defer func() { _ = admin.Close() }() // after the drain: /metrics shows it to the end
-		adminAddr = admin.addr
-		logger.Info("admin listening: /metrics and /debug/pprof/", slog.String("addr", adminAddr))
-	} else {
-		logger.Info("no admin listener: /metrics and pprof are not served (set ADMIN_ADDR)")
-	}
-	logger.Info("listening", slog.String("addr", ln.Addr().String()), slog.Int("max_connections", cfg.MaxConnections),
-		slog.String("database", databaseTarget(cfg.DatabaseURL)), slog.String("processor", cfg.ProcessorURL),
-		slog.String("nats", messaging.RedactURL(cfg.NatsURL)))
-	if ready != nil {
-		ready(ln.Addr().String(), adminAddr)
-	}
 
 	// The workers run beside the server until the drain stops them (step
 	// 4), under a context of their own: the signal does not reach them.
@@ -195,6 +176,29 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 	// And the reaper (E1, E3), when enabled.
 	if cfg.ReaperInterval > 0 {
 		workers.add(beside(workersCtx, newReaper(pool, cfg, logger).Run), nil)
+	}
+
+	// The admin listener opens once the workers have started, so that the
+	// first scrape finds every series the alerts name (the consumer's are
+	// made by messaging.Start); then the public listener is announced.
+	adminAddr := ""
+	if cfg.AdminAddr != "" {
+		admin, err := listenAdmin(cfg.AdminAddr, logger)
+		if err != nil {
+			_ = ln.Close()
+			return err
+		}
+		defer func() { _ = admin.Close() }() // after the drain: /metrics shows it to the end
+		adminAddr = admin.addr
+		logger.Info("admin listening: /metrics and /debug/pprof/", slog.String("addr", adminAddr))
+	} else {
+		logger.Info("no admin listener: /metrics and pprof are not served (set ADMIN_ADDR)")
+	}
+	logger.Info("listening", slog.String("addr", ln.Addr().String()), slog.Int("max_connections", cfg.MaxConnections),
+		slog.String("database", databaseTarget(cfg.DatabaseURL)), slog.String("processor", cfg.ProcessorURL),
+		slog.String("nats", messaging.RedactURL(cfg.NatsURL)))
+	if ready != nil {
+		ready(ln.Addr().String(), adminAddr)
 	}
 
 	served := make(chan error, 1)

@@ -1,8 +1,8 @@
 -- name: OutboxInsert :exec
 -- Written in the business change's own transaction (M2): the event exists
 -- if and only if the change committed.
-INSERT INTO outbox (id, tenant_id, subject, event_type, schema_version, payload)
-VALUES (@id, @tenant_id, @subject, @event_type, @schema_version, @payload);
+INSERT INTO outbox (id, tenant_id, subject, event_type, schema_version, payload, trace_parent)
+VALUES (@id, @tenant_id, @subject, @event_type, @schema_version, @payload, sqlc.narg(trace_parent));
 
 -- name: OutboxClaim :many
 -- A relay's claim: unpublished rows in seq order, skipping rows another
@@ -28,7 +28,7 @@ FROM (
     FOR UPDATE SKIP LOCKED
 ) c
 WHERE o.id = c.id
-RETURNING o.id, o.seq, o.subject, o.event_type, o.payload, o.created_at, o.claimed_until;
+RETURNING o.id, o.seq, o.subject, o.event_type, o.payload, o.created_at, o.claimed_until, o.trace_parent;
 
 -- name: OutboxMarkPublished :execrows
 -- After the broker acknowledged each publish.

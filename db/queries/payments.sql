@@ -7,9 +7,9 @@
 -- derived charge key (one execution of one request, whatever happened to
 -- its idempotency key).
 INSERT INTO payments (tenant_id, id, order_id, amount, currency, payment_method, charge_key,
-                      status, charge_sent_at, charge_calls)
+                      status, charge_sent_at, charge_calls, trace_parent)
 VALUES (@tenant_id, @id, @order_id, @amount, @currency, @payment_method, @charge_key,
-        'charge_sent', now(), 1)
+        'charge_sent', now(), 1, sqlc.narg(trace_parent))
 ON CONFLICT DO NOTHING
 RETURNING *;
 

@@ -34,11 +34,18 @@
 package consumer
 
 import (
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/idemref/payments/internal/tracing"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -160,6 +167,17 @@ func (c *Consumer) process(ctx context.Context, msg jetstream.Msg) {
 	}
 	log = log.With(slog.String("event_id", ev.ID.String()), slog.String("type", ev.Type))
 
+	// The event's work continues the trace of the request that wrote it,
+	// carried by the relay in the message's headers (X3): its inbox row,
+	// its change to the order, its log lines. A message without one (an
+	// untraced request, a redrive) starts a trace of its own.
+	ctx, span := tracing.Tracer().Start(tracing.ExtractNATS(ctx, msg.Headers()), "consume "+ev.Type,
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(semconv.MessagingSystemKey.String("nats"), semconv.MessagingDestinationName(msg.Subject()),
+			semconv.MessagingMessageID(ev.ID.String()), semconv.MessagingConsumerGroupName(c.cfg.Name),
+			attribute.Int64("messaging.nats.delivery", int64(min(md.NumDelivered, math.MaxInt64)))))
+	defer span.End()
+
 	stopProgress := c.keepInProgress(msg)
 	duplicate, err := c.apply(ctx, ev)
 	wait, answered := heldRetryMin, 0
@@ -178,6 +196,9 @@ func (c *Consumer) process(ctx context.Context, msg jetstream.Msg) {
 		duplicate, err = c.apply(ctx, ev)
 	}
 	stopProgress()
+	if err != nil {
+		span.SetStatus(codes.Error, "apply failed")
+	}
 	switch {
 	case errors.Is(err, events.ErrUnreadable):
 		log.ErrorContext(ctx, "unreadable event; terminating it for the dead-letter stream", slog.Any("error", err))
@@ -204,6 +225,7 @@ func (c *Consumer) process(ctx context.Context, msg jetstream.Msg) {
 	// redelivered and the inbox row skips it (test: consumer killed after
 	// commit, before ack).
 	failpoint.Inject("consumer-after-commit")
+	span.SetAttributes(attribute.Bool("messaging.duplicate", duplicate))
 	if duplicate {
 		duplicatesTotal.WithLabelValues(c.cfg.Name).Inc()
 		log.InfoContext(ctx, "duplicate event skipped")

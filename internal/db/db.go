@@ -24,8 +24,9 @@ import (
 // as pool_max_conns may be given as URL parameters. Open does not fail when
 // the database is down: the pool connects lazily, so the service starts and
 // answers 503 until the database is back (L6), and /readyz reports it. Every
-// connection it opens encodes uuid.UUID natively (Configure). Options
-// override what the URL says.
+// connection it opens encodes uuid.UUID natively (Configure), and its
+// statements are traced under the span of their request (tracing.go).
+// Options override what the URL says.
 func Open(ctx context.Context, databaseURL string, opts ...Option) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
@@ -35,6 +36,7 @@ func Open(ctx context.Context, databaseURL string, opts ...Option) (*pgxpool.Poo
 	for _, opt := range opts {
 		opt(cfg)
 	}
+	withTracer(cfg)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("create pool: %w", err)

@@ -95,8 +95,9 @@ func prepare[T any, PT interface {
 	// completer find it under that name. The path parameters are part of
 	// the fingerprint (F2).
 	endpoint := e.String()
+	var key string // "" until it parsed
 	reject := func(err error) (idem.Claim, *T, bool) {
-		idem.CountRejectedBeforeClaim(endpoint)
+		idem.CountRejectedBeforeClaim(r.Context(), endpoint, key)
 		writeError(w, r, err)
 		return idem.Claim{}, nil, false
 	}

@@ -99,6 +99,7 @@ func requestContext(base *slog.Logger, timeout time.Duration) func(http.Handler)
 					}
 				}
 				route := chi.RouteContext(r.Context()).RoutePattern()
+				nameSpan(ctx, r.Method, route)
 				elapsed := time.Since(start)
 				observeRequest(route, r.Method, rec.status, elapsed)
 				attrs := []slog.Attr{

@@ -175,7 +175,7 @@ func NewHandler(cfg Config) http.Handler {
 		})
 	})
 	allow = routeIndex(r)
-	return r
+	return traced(r)
 }
 
 // ready is /readyz: 503 while the database does not answer, since then

@@ -10,9 +10,11 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/db/dbsqlc"
+	"github.com/idemref/payments/internal/tracing"
 )
 
 // Multi-step keys (S1, S3).
@@ -108,11 +110,15 @@ func DeriveChildKey(parent, step string) string {
 // live, and otherwise takes the lease over and returns it with Resumed set:
 // the caller resumes from its RecoveryPoint.
 func (s *Store) Begin(ctx context.Context, c Claim, first func(ctx context.Context, tx pgx.Tx, l Lease) (Step, error)) (begun Begun, err error) {
+	caller := trace.SpanFromContext(ctx)
+	ctx, span := startSpan(ctx, spanBegin)
+	defer span.End()
 	// Counted once, when the outcome is decided: after the commit or the
-	// rollback.
+	// rollback; traced on this span and the caller's.
 	var createdAt time.Time // a replayed record's, for the replay age metric
 	defer func() {
-		countOutcome(c.Endpoint, err, begun.Replayed, begun.Lease.Resumed, createdAt)
+		outcome := countOutcome(c.Endpoint, err, begun.Replayed, begun.Lease.Resumed, createdAt)
+		traceOutcome(caller, span, c, outcome, begun.Replayed)
 		switch {
 		case err == nil && begun.Lease.Resumed:
 			leaseTakeoversTotal.WithLabelValues(c.Endpoint).Inc()
@@ -132,15 +138,19 @@ func (s *Store) Begin(ctx context.Context, c Claim, first func(ctx context.Conte
 		if err := s.boundLockWaits(ctx, tx); err != nil {
 			return err
 		}
+		claimCtx, claiming := startSpan(ctx, spanClaim)
 		start := time.Now()
-		gen, err := s.claim(ctx, q, c)
+		gen, err := s.claim(claimCtx, q, c)
 		observeLockWait(c.Endpoint, start)
+		if errors.Is(err, pgx.ErrNoRows) {
+			b, createdAt, err = s.takeOver(claimCtx, q, c)
+			claiming.End()
+			return err
+		}
+		claiming.End()
 		switch {
 		case db.IsLockTimeout(err):
 			return ErrKeyInUse
-		case errors.Is(err, pgx.ErrNoRows):
-			b, createdAt, err = s.takeOver(ctx, q, c)
-			return err
 		case err != nil:
 			return err
 		}
@@ -148,13 +158,16 @@ func (s *Store) Begin(ctx context.Context, c Claim, first func(ctx context.Conte
 
 		b.Lease = Lease{Claim: c, Generation: gen, RecoveryPoint: RecoveryStarted}
 		var step Step
-		if _, err := executeInSavepoint(ctx, tx, func(ctx context.Context, sp pgx.Tx) (Response, error) {
+		runCtx, run := startSpan(ctx, spanRun)
+		_, err = executeInSavepoint(runCtx, tx, func(ctx context.Context, sp pgx.Tx) (Response, error) {
 			var err error
 			if step, err = first(ctx, sp, b.Lease); err != nil || step.Response == nil {
 				return Response{}, err // advancing: the savepoint is released
 			}
 			return *step.Response, nil
-		}); err != nil {
+		})
+		run.End()
+		if err != nil {
 			return err
 		}
 		b.Response = step.Response
@@ -236,6 +249,12 @@ func (s *Store) takeOver(ctx context.Context, q *dbsqlc.Queries, c Claim) (_ Beg
 // lease), or with the recorded response when the step completes the key;
 // the response is then returned.
 func (s *Store) Phase(ctx context.Context, l *Lease, fn func(ctx context.Context, tx pgx.Tx) (Step, error)) (*Response, error) {
+	ctx, span := startSpan(ctx, spanPhase)
+	defer span.End()
+	if span.IsRecording() {
+		tracing.Idempotency(span, l.Endpoint, l.Key)
+		span.SetAttributes(attrRecoveryPoint.String(l.RecoveryPoint))
+	}
 	var step Step
 	// Pipelined, as in Begin.
 	err := db.WithPipelinedTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
@@ -271,6 +290,8 @@ func (s *Store) Phase(ctx context.Context, l *Lease, fn func(ctx context.Context
 // generation), so its result cannot change the decision to commit. An
 // error from it still aborts the transaction and the COMMIT rolls back.
 func (s *Store) apply(ctx context.Context, tx pgx.Tx, l *Lease, step Step) error {
+	ctx, span := startSpan(ctx, spanRecord)
+	defer span.End()
 	q := dbsqlc.New(tx)
 	var n int64
 	var err error

@@ -9,6 +9,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemref/payments/internal/tracing"
 )
 
 // Metrics of the idempotency layer (X1), served at /metrics. Labels are
@@ -59,15 +62,26 @@ const (
 	outcomeConflictingWrite  = "conflicting_write"
 )
 
-// countOutcome counts one Execute or Begin call; err is the error it
-// returns (already wrapped).
 // CountRejectedBeforeClaim counts a request refused before its key was
-// claimed (an invalid key or body, O3): nothing was recorded.
-func CountRejectedBeforeClaim(endpoint string) {
+// claimed (an invalid key or body, O3): nothing was recorded. The span of
+// ctx (the request's) gets the outcome, with the key's hash when the key
+// itself was valid (key "" when it was not).
+func CountRejectedBeforeClaim(ctx context.Context, endpoint, key string) {
 	requestsTotal.WithLabelValues(endpoint, outcomeRejected).Inc()
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		if key != "" {
+			tracing.Idempotency(span, endpoint, key)
+		} else {
+			span.SetAttributes(tracing.AttrEndpoint.String(endpoint))
+		}
+		tracing.Outcome(span, outcomeRejected, false)
+	}
 }
 
-func countOutcome(endpoint string, err error, replayed, takenOver bool, createdAt time.Time) {
+// countOutcome counts one Execute or Begin call; err is the error it
+// returns (already wrapped). It returns the outcome it counted, for the
+// spans (traceOutcome).
+func countOutcome(endpoint string, err error, replayed, takenOver bool, createdAt time.Time) string {
 	outcome := outcomeExecuted
 	switch {
 	case err == nil && replayed:
@@ -94,6 +108,7 @@ func countOutcome(endpoint string, err error, replayed, takenOver bool, createdA
 		outcome = outcomeFailed
 	}
 	requestsTotal.WithLabelValues(endpoint, outcome).Inc()
+	return outcome
 }
 
 // observeLockWait records how long a claim or row lock took.
@@ -220,5 +235,6 @@ func InitEndpointMetrics(endpoints ...string) {
 		}
 		leaseTakeoversTotal.WithLabelValues(e)
 		fencingRejectionsTotal.WithLabelValues(e)
+		lockWaitSeconds.WithLabelValues(e) // the dashboard's lock-wait panel reads its buckets from the start
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/db/dbsqlc"
@@ -241,10 +242,15 @@ type UndoableWork func(ctx context.Context, tx UndoableTx) (Response, error)
 // A lock wait past it in the claim is ErrKeyInUse: a duplicate holds the
 // key.
 func (s *Store) Execute(ctx context.Context, c Claim, exec UndoableWork) (res Response, replayed bool, err error) {
+	caller := trace.SpanFromContext(ctx)
+	ctx, span := startSpan(ctx, spanExecute)
+	defer span.End()
 	var createdAt time.Time
 	// Counted once, when the outcome is decided: after the commit or the
-	// rollback.
-	defer func() { countOutcome(c.Endpoint, err, replayed, false, createdAt) }()
+	// rollback; traced on this span and the caller's.
+	defer func() {
+		traceOutcome(caller, span, c, countOutcome(c.Endpoint, err, replayed, false, createdAt), replayed)
+	}()
 	if err := s.admit(ctx, c); err != nil {
 		return Response{}, false, s.wrap(err)
 	}
@@ -261,19 +267,13 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec UndoableWork) (res Re
 
 	// 1. Replay, looked up first. A plain read outside any transaction: one
 	// round trip, no row lock (P4).
-	row, err := q.IdemKeyGet(ctx, dbsqlc.IdemKeyGetParams{TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key})
+	row, found, err := lookUp(ctx, q, c)
 	switch {
-	case err == nil && row.Forgotten:
-		// Past its retention the key is unknown (E3). The claim below is a
-		// plain INSERT, so the old row goes first, as the reaper would take it.
-		if err := q.IdemKeyForget(ctx, dbsqlc.IdemKeyForgetParams{TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key}); err != nil {
-			return Response{}, false, s.wrap(err)
-		}
-	case err == nil:
+	case err != nil:
+		return Response{}, false, s.wrap(err)
+	case found:
 		res, createdAt, err = replay(row, c)
 		return res, err == nil, s.wrap(err)
-	case !errors.Is(err, pgx.ErrNoRows):
-		return Response{}, false, s.wrap(err)
 	}
 
 	// Pipelined (db.Tx): BEGIN, the lock timeout and the savepoint travel
@@ -285,9 +285,11 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec UndoableWork) (res Re
 
 		// 2. Execute, inside a savepoint taken before the business write,
 		// with the savepoint's statements only.
-		res, err = executeInSavepoint(ctx, tx, func(ctx context.Context, sp pgx.Tx) (Response, error) {
+		runCtx, run := startSpan(ctx, spanRun)
+		res, err = executeInSavepoint(runCtx, tx, func(ctx context.Context, sp pgx.Tx) (Response, error) {
 			return exec(ctx, db.StatementsOf(sp))
 		})
+		run.End()
 		if db.IsLockTimeout(err) {
 			// A wait on a business row, not on the key: the claim comes
 			// after exec.
@@ -308,7 +310,9 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec UndoableWork) (res Re
 		}
 		db.CommitAfterNext(tx)
 		start := time.Now()
-		expires, err := s.claimCompleted(ctx, dbsqlc.New(tx), c, rec)
+		recordCtx, record := startSpan(ctx, spanRecord)
+		expires, err := s.claimCompleted(recordCtx, dbsqlc.New(tx), c, rec)
+		record.End()
 		observeLockWait(c.Endpoint, start)
 		if err != nil {
 			return err
@@ -339,6 +343,25 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec UndoableWork) (res Re
 	return res, false, nil
 }
 
+// lookUp is step 1: the key's row, found when it has one that still
+// counts. Past its retention the key is unknown (E3): the claim after it
+// is a plain INSERT, so the old row goes first, as the reaper would take
+// it, and the key is not found.
+func lookUp(ctx context.Context, q *dbsqlc.Queries, c Claim) (_ dbsqlc.IdemKeyGetRow, found bool, err error) {
+	ctx, span := startSpan(ctx, spanLookup)
+	defer span.End()
+	row, err := q.IdemKeyGet(ctx, dbsqlc.IdemKeyGetParams{TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return row, false, nil
+	case err != nil:
+		return row, false, err
+	case row.Forgotten:
+		return row, false, q.IdemKeyForget(ctx, dbsqlc.IdemKeyForgetParams{TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key})
+	}
+	return row, true, nil
+}
+
 // keyPrimaryKey is the constraint a claim of a taken key fails on.
 const keyPrimaryKey = "idempotency_keys_pkey"
 
@@ -365,6 +388,8 @@ func (s *Store) claimCompleted(ctx context.Context, q *dbsqlc.Queries, c Claim, 
 // existing reads a key that a claim found taken: replay, 409 or 422.
 // createdAt is the record's creation time, for the replay age metric.
 func existing(ctx context.Context, q *dbsqlc.Queries, c Claim) (res Response, createdAt time.Time, err error) {
+	ctx, span := startSpan(ctx, spanLookup)
+	defer span.End()
 	row, err := q.IdemKeyGet(ctx, dbsqlc.IdemKeyGetParams{TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key})
 	if errors.Is(err, pgx.ErrNoRows) {
 		// The row vanished between the claim and this read: it was

@@ -20,6 +20,7 @@ import (
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/db/dbsqlc"
 	"github.com/idemref/payments/internal/events"
+	"github.com/idemref/payments/internal/tracing"
 )
 
 // Write adds an event of eventType with data to the outbox in tx, the
@@ -45,8 +46,15 @@ func Write(ctx context.Context, tx dbsqlc.DBTX, tenantID uuid.UUID, eventType st
 	// Nothing waits on the insert's result: it travels to the server with
 	// the transaction's next statement (db.Deferred), and a failure of it
 	// aborts the transaction there, before anything commits (P2).
-	return id, dbsqlc.New(db.Deferred(tx)).OutboxInsert(ctx, dbsqlc.OutboxInsertParams{
+	params := dbsqlc.OutboxInsertParams{
 		ID: id, TenantID: tenantID, Subject: events.Subject(eventType), EventType: eventType,
 		SchemaVersion: events.SchemaVersion, Payload: payload,
-	})
+	}
+	// The row carries the trace of the request that wrote it past the
+	// commit: the relay publishes it in the message's headers, and the
+	// consumer's work continues the same trace (X3).
+	if tp := tracing.Traceparent(ctx); tp != "" {
+		params.TraceParent = &tp
+	}
+	return id, dbsqlc.New(db.Deferred(tx)).OutboxInsert(ctx, params)
 }

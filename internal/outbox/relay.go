@@ -1,9 +1,14 @@
 package outbox
 
 import (
+	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+
 	"cmp"
 	"context"
 	"errors"
+	"github.com/idemref/payments/internal/tracing"
 	"log/slog"
 	"slices"
 	"time"
@@ -253,8 +258,20 @@ func (r *Relay) publish(ctx context.Context, row dbsqlc.OutboxClaimRow, deadline
 	defer cancel()
 	msg := &nats.Msg{Subject: row.Subject, Data: row.Payload, Header: nats.Header{}}
 	msg.Header.Set("Event-Type", row.EventType)
+	// The publish is a span of the trace the row was written in, and the
+	// message carries it on (traceparent): the consumer continues it. A
+	// row written outside a trace starts none here.
+	if row.TraceParent != nil {
+		var span trace.Span
+		ctx, span = tracing.Tracer().Start(tracing.WithTraceparent(ctx, *row.TraceParent), "outbox.publish "+row.Subject,
+			trace.WithSpanKind(trace.SpanKindProducer),
+			trace.WithAttributes(semconv.MessagingSystemKey.String("nats"), semconv.MessagingDestinationName(row.Subject), semconv.MessagingMessageID(row.ID.String())))
+		defer span.End()
+		tracing.InjectNATS(ctx, msg.Header)
+	}
 	ack, err := r.js.PublishMsg(ctx, msg, jetstream.WithMsgID(row.ID.String()))
 	if err != nil {
+		trace.SpanFromContext(ctx).SetStatus(codes.Error, "publish failed")
 		return err
 	}
 	if ack.Duplicate {

@@ -13,6 +13,7 @@ import (
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/outbox"
 	"github.com/idemref/payments/internal/processor"
+	"github.com/idemref/payments/internal/tracing"
 )
 
 // Recovery points of a payment (S1), between idem.RecoveryStarted and
@@ -82,6 +83,7 @@ func (s *Service) charge(ctx context.Context, l *idem.Lease, marked *dbsqlc.Paym
 			return chargeOutcome{}, err
 		}
 		p, unsettled = row.Payment, seconds(row.UnsettledSeconds)
+		linkPayment(ctx, p.TraceParent)
 		if p.Status == StatusSucceeded && p.ChargeID != nil {
 			// A webhook confirmed the charge while the key was unfinished
 			// (webhook.go): nothing to send. Nor to look up now (the
@@ -296,7 +298,14 @@ func writePaymentEvent(ctx context.Context, tx pgx.Tx, p dbsqlc.Payment) error {
 	if p.ChargeID != nil {
 		data.ChargeID = *p.ChargeID
 	}
-	_, err := outbox.Write(ctx, tx, p.TenantID, typ, data)
+	// The event stays in the payment's trace whoever finishes it: the
+	// request, or the processor's webhook or the completer, each a trace of
+	// its own (X3). The consumer's work on it then continues that trace.
+	eventCtx := ctx
+	if p.TraceParent != nil {
+		eventCtx = tracing.InTrace(ctx, *p.TraceParent)
+	}
+	_, err := outbox.Write(eventCtx, tx, p.TenantID, typ, data)
 	return err
 }
 

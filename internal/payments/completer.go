@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemref/payments/internal/idem"
+	"github.com/idemref/payments/internal/tracing"
 )
 
 // Completer finishes payments and refunds whose client went away, and runs
@@ -96,20 +97,29 @@ func (c *Completer) resumeExpired(ctx context.Context) int {
 		}
 		l := &leases[0]
 		attrs := []any{slog.String("endpoint", l.Endpoint), slog.String("tenant_id", l.TenantID.String()), slog.String("resource_id", l.ResourceID.String())}
-		res, err := c.svc.resume(ctx, l, nil)
+		// A trace of its own (tracing.go); a payment's is linked to the
+		// trace that created it once its row is read (linkPayment).
+		jobCtx, span := startJob(ctx, spanComplete, nil)
+		if span.IsRecording() {
+			tracing.Idempotency(span, l.Endpoint, l.Key)
+		}
+		res, err := c.svc.resume(jobCtx, l, nil)
 		switch {
 		case isWaitingToSettle(err):
 			// The key is held until its next look: go on with the others.
 			completerWaitingTotal.Inc()
-			log.InfoContext(ctx, "completer: outcome not settled yet", append(attrs, slog.Any("error", err))...)
+			log.InfoContext(jobCtx, "completer: outcome not settled yet", append(attrs, slog.Any("error", err))...)
+			endJob(span, "waiting", false)
 			continue
 		case err != nil:
 			// The key was released; waiting for the next tick is the backoff.
 			completerFailuresTotal.Inc()
-			log.WarnContext(ctx, "completer: resume failed; will retry", append(attrs, slog.Any("error", err))...)
+			log.WarnContext(jobCtx, "completer: resume failed; will retry", append(attrs, slog.Any("error", err))...)
+			endJob(span, "failed", true)
 			return finished
 		}
-		log.InfoContext(ctx, "completer: finished", append(attrs, slog.Int("status", res.Status))...)
+		log.InfoContext(jobCtx, "completer: finished", append(attrs, slog.Int("status", res.Status))...)
+		endJob(span, "finished", false)
 		completerFinishedTotal.Inc()
 		finished++
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/idemref/payments/internal/db/dbsqlc"
 	"github.com/idemref/payments/internal/idem"
+	"github.com/idemref/payments/internal/tracing"
 	"github.com/idemref/payments/internal/validation"
 )
 
@@ -58,6 +59,9 @@ func createPayment(ctx context.Context, tx pgx.Tx, c idem.Claim, in PayInput) (d
 		Currency:      in.Currency,
 		PaymentMethod: in.PaymentMethod,
 		ChargeKey:     idem.DeriveKey(c, stepCharge),
+		// The trace that started the payment, for the completer's and the
+		// sweep's later work on it to link back to (X3).
+		TraceParent: traceParent(ctx),
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return dbsqlc.Payment{}, existingPayment(ctx, q, c, in.OrderID)
@@ -135,4 +139,13 @@ func createRefund(ctx context.Context, tx pgx.Tx, c idem.Claim, paymentID uuid.U
 		return dbsqlc.Refund{}, &RefundExistsError{RefundID: mine.ID}
 	}
 	return r, err
+}
+
+// traceParent is the traceparent of the span in ctx, or nil when the
+// request is not traced.
+func traceParent(ctx context.Context) *string {
+	if tp := tracing.Traceparent(ctx); tp != "" {
+		return &tp
+	}
+	return nil
 }

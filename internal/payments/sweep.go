@@ -54,12 +54,16 @@ func (s *Service) Sweep(ctx context.Context, max int) (int, error) {
 		return 0, err
 	}
 	for _, p := range payments {
-		retry := s.sweepPayment(ctx, p)
+		// A trace of its own, linked to the payment's (tracing.go).
+		pctx, span := startJob(ctx, spanSweep, p.TraceParent)
+		retry := s.sweepPayment(pctx, p)
 		sweepRowsTotal.WithLabelValues("payment", sweepResult(retry > 0)).Inc()
-		if err := q.PaymentSweepDone(ctx, dbsqlc.PaymentSweepDoneParams{
+		err := q.PaymentSweepDone(pctx, dbsqlc.PaymentSweepDoneParams{
 			TenantID: p.TenantID, ID: p.ID, ClaimedUntil: p.SweepAt,
 			RetrySeconds: retry.Seconds(), SweepDelaySeconds: s.sweepDelay().Seconds(),
-		}); err != nil {
+		})
+		endJob(span, sweepResult(retry > 0), err != nil)
+		if err != nil {
 			return 0, err
 		}
 	}
@@ -68,12 +72,15 @@ func (s *Service) Sweep(ctx context.Context, max int) (int, error) {
 		return len(payments), err
 	}
 	for _, r := range refunds {
-		retry := s.sweepRefund(ctx, r)
+		rctx, span := startJob(ctx, spanSweepRefund, nil)
+		retry := s.sweepRefund(rctx, r)
 		sweepRowsTotal.WithLabelValues("refund", sweepResult(retry > 0)).Inc()
-		if err := q.RefundSweepDone(ctx, dbsqlc.RefundSweepDoneParams{
+		err := q.RefundSweepDone(rctx, dbsqlc.RefundSweepDoneParams{
 			TenantID: r.TenantID, ID: r.ID, ClaimedUntil: r.SweepAt,
 			RetrySeconds: retry.Seconds(), SweepDelaySeconds: s.sweepDelay().Seconds(),
-		}); err != nil {
+		})
+		endJob(span, sweepResult(retry > 0), err != nil)
+		if err != nil {
 			return len(payments), err
 		}
 	}

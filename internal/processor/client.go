@@ -46,13 +46,14 @@ func NewClient(baseURL string, timeout time.Duration) *Client {
 
 // NewClientWithTransport is NewClient with the HTTP transport given (nil:
 // http.DefaultTransport): a proxy, a fault injector, or a test's schedule.
+// Its requests are traced (tracing.go).
 func NewClientWithTransport(baseURL string, timeout time.Duration, transport http.RoundTripper) *Client {
 	if timeout <= 0 {
 		timeout = DefaultTimeout
 	}
 	return &Client{
 		baseURL: strings.TrimRight(baseURL, "/"),
-		http:    &http.Client{Timeout: timeout, Transport: transport},
+		http:    &http.Client{Timeout: timeout, Transport: clientSpans{transport}},
 	}
 }
 
@@ -60,16 +61,20 @@ func NewClientWithTransport(baseURL string, timeout time.Duration, transport htt
 // be the same on every retry of one logical charge (requirement S2), so the
 // processor executes it at most once.
 func (c *Client) CreateCharge(ctx context.Context, req ChargeRequest, idempotencyKey string) (Charge, error) {
+	ctx, span := startCall(ctx, spanCharge, idempotencyKey)
 	var ch Charge
 	err := c.post(ctx, "/v1/charges", req, idempotencyKey, &ch)
+	endCall(span, err)
 	return ch, err
 }
 
 // Refund refunds req.Amount (or everything still refundable when zero) of
 // req.Charge. The idempotency rules are those of CreateCharge.
 func (c *Client) Refund(ctx context.Context, req RefundRequest, idempotencyKey string) (Refund, error) {
+	ctx, span := startCall(ctx, spanRefund, idempotencyKey)
 	var re Refund
 	err := c.post(ctx, "/v1/refunds", req, idempotencyKey, &re)
+	endCall(span, err)
 	return re, err
 }
 
@@ -78,7 +83,9 @@ func (c *Client) Refund(ctx context.Context, req RefundRequest, idempotencyKey s
 // whether the charge exists; against a processor that ignores keys
 // (requirement S4) more than one charge means a double charge to
 // compensate.
-func (c *Client) ChargesByIdempotencyKey(ctx context.Context, key string) ([]Charge, error) {
+func (c *Client) ChargesByIdempotencyKey(ctx context.Context, key string) (_ []Charge, err error) {
+	ctx, span := startCall(ctx, spanChargesByKey, key)
+	defer func() { endCall(span, err) }()
 	return listAll(ctx, c, "/v1/charges", url.Values{"idempotency_key": {key}}, func(ch Charge) string { return ch.ID })
 }
 
@@ -86,13 +93,17 @@ func (c *Client) ChargesByIdempotencyKey(ctx context.Context, key string) ([]Cha
 // oldest first, reading every page. It finds charges when the idempotency
 // key is not known, for example by the payment id the API put in the
 // metadata.
-func (c *Client) ChargesByMetadata(ctx context.Context, key, value string) ([]Charge, error) {
+func (c *Client) ChargesByMetadata(ctx context.Context, key, value string) (_ []Charge, err error) {
+	ctx, span := startCall(ctx, spanChargesByMetadata, "")
+	defer func() { endCall(span, err) }()
 	return listAll(ctx, c, "/v1/charges", url.Values{"metadata_key": {key}, "metadata_value": {value}}, func(ch Charge) string { return ch.ID })
 }
 
 // RefundsByCharge lists the refunds of one charge, oldest first, reading
 // every page.
-func (c *Client) RefundsByCharge(ctx context.Context, chargeID string) ([]Refund, error) {
+func (c *Client) RefundsByCharge(ctx context.Context, chargeID string) (_ []Refund, err error) {
+	ctx, span := startCall(ctx, spanRefundsByCharge, "")
+	defer func() { endCall(span, err) }()
 	return listAll(ctx, c, "/v1/refunds", url.Values{"charge": {chargeID}}, func(re Refund) string { return re.ID })
 }
 

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -27,12 +28,15 @@ type environment struct {
 	processor *harness.Process
 	loadAPI   *harness.Process // the API under load, straight to PostgreSQL
 	probeAPI  *harness.Process // the API measured at the wire, through the proxy
+	tracedAPI *harness.Process // the load API's twin with tracing on (tracing.go)
+	sink      *spanSink        // where the traced API exports its spans
 	proxy     *pgwire.Proxy
 	db        *pgxpool.Pool   // straight to PostgreSQL, for the checks
 	nats      *natstmp.Server // the events broker both APIs publish to
 
 	processorURL      string
 	loadURL, probeURL string // the two APIs, http://host:port
+	tracedURL         string // the traced API, http://host:port
 	apiKey            string
 	unusedKeys        [2]string // for the probe's authentication cache miss
 	runID             string
@@ -135,6 +139,7 @@ func start(ctx context.Context, o options) (*environment, error) {
 	}
 	// No balancer in front: SHUTDOWN_GRACE=0 stops the processes at once.
 	common := []string{"ADDR=127.0.0.1:0", "PROCESSOR_URL=" + env.processorURL, "RATE_LIMIT_RPS=0", "NATS_URL=" + env.nats.URL(), "SHUTDOWN_GRACE=0"}
+	common = append(common, untracedEnv...)
 	env.loadAPI, addr, err = harness.StartProcess(ctx, work, "api-load", apiBin, []string{"serve"},
 		append(common, "DATABASE_URL="+apiURL), "listening")
 	if err != nil {
@@ -162,16 +167,34 @@ func start(ctx context.Context, o options) (*environment, error) {
 		return env, err
 	}
 	env.probeURL = "http://" + addr
+
+	// The traced API: the load API's settings with tracing on, every
+	// request sampled, exporting to the sink (tracing.go). Its background
+	// jobs are off, as the probe's are, so that the load API alone relays
+	// and consumes the payments' events and those figures stay as they
+	// were; during a create run the load API's jobs are idle either way.
+	if env.sink, err = startSpanSink(); err != nil {
+		return env, err
+	}
+	env.tracedAPI, addr, err = harness.StartProcess(ctx, work, "api-traced", apiBin, []string{"serve"},
+		slices.Concat(common, []string{"DATABASE_URL=" + apiURL, "COMPLETER_INTERVAL=0", "REAPER_INTERVAL=0", "EVENT_WORKERS=false"}, tracedEnv(env.sink.url)), "listening")
+	if err != nil {
+		return env, err
+	}
+	env.tracedURL = "http://" + addr
 	return env, nil
 }
 
 // stop ends every process, the proxy and PostgreSQL, and removes the
 // temporary directories (unless -keep).
 func (env *environment) stop() {
-	for _, p := range []*harness.Process{env.probeAPI, env.fullAPI, env.loadAPI, env.processor} {
+	for _, p := range []*harness.Process{env.tracedAPI, env.probeAPI, env.fullAPI, env.loadAPI, env.processor} {
 		if p != nil {
 			p.Stop()
 		}
+	}
+	if env.sink != nil {
+		env.sink.close()
 	}
 	if env.proxy != nil {
 		_ = env.proxy.Close()

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"io/fs"
 	"net/http"
 	"os"
@@ -11,6 +12,9 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	vegeta "github.com/tsenart/vegeta/v12/lib"
+	collectortrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/idemref/payments/db/migrations"
 	"github.com/idemref/payments/internal/tooling/harness"
@@ -273,5 +277,43 @@ func TestExecModeOption(t *testing.T) {
 	}
 	if _, err := parseOptions([]string{"-exec-mode", "prepared"}, noEnv); err == nil {
 		t.Error("-exec-mode prepared (not a pgx mode) was accepted")
+	}
+}
+
+// The span sink counts what an OTLP/HTTP exporter sends it, the server
+// spans of creates apart, and answers as a collector does.
+func TestSpanSinkCounts(t *testing.T) {
+	t.Parallel()
+	sink, err := startSpanSink()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.close()
+	export := &collectortrace.ExportTraceServiceRequest{ResourceSpans: []*tracepb.ResourceSpans{{
+		ScopeSpans: []*tracepb.ScopeSpans{{Spans: []*tracepb.Span{
+			{Name: "POST /v1/orders", Kind: tracepb.Span_SPAN_KIND_SERVER},
+			{Name: "POST /v1/orders", Kind: tracepb.Span_SPAN_KIND_INTERNAL},
+			{Name: "idempotency.execute"},
+		}}},
+	}}}
+	b, err := proto.Marshal(export)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := http.Post(sink.url+"/v1/traces", "application/x-protobuf", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK || res.Header.Get("Content-Type") != "application/x-protobuf" {
+		t.Errorf("answer %d %s, want 200 application/x-protobuf", res.StatusCode, res.Header.Get("Content-Type"))
+	}
+	res, err = http.Post(sink.url+"/v1/traces", "application/x-protobuf", strings.NewReader("not protobuf\xff"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if diff := cmp.Diff(sinkCounts{spans: 3, createSpans: 1, badExports: 1}, sink.counts(), cmp.AllowUnexported(sinkCounts{})); diff != "" {
+		t.Errorf("counts (-want +got):\n%s", diff)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -26,6 +27,10 @@ func (s *scenario) add(r outcome) {
 
 type results struct {
 	create, baseline, replay, get, payment scenario
+	traced                                 scenario // create on the traced API (tracing.go)
+	tracedSpans, tracedCreateSpans         int      // what the sink received during the traced creates
+	untracedCreateSpans                    int      // ... during the untraced ones: must stay 0
+	tracedRSSPeak                          int64
 	stormP99                               series
 	stormExecutions, stormReplays          int
 	stormInProgress, storms                int
@@ -42,22 +47,27 @@ func measureAll(ctx context.Context, o options, env *environment, stdout io.Writ
 	if err := l.setupReplays(ctx, o.replayKeys); err != nil {
 		return nil, err
 	}
+	traced := &tracedSide{load: newLoad(env.tracedURL, env.apiKey, env.runID+"-traced", env.db, o.concurrency+8), sink: env.sink}
 	res := &results{}
 	warm := &results{}
-	if err := oneRound(ctx, o, l, warm, max(o.duration/4, 250*time.Millisecond), 0); err != nil {
+	if err := oneRound(ctx, o, l, traced, warm, max(o.duration/4, 250*time.Millisecond), 0); err != nil {
 		return nil, fmt.Errorf("warm-up: %w", err)
 	}
 	for i := 1; i <= o.rounds; i++ {
-		if err := oneRound(ctx, o, l, res, o.duration, i); err != nil {
+		if err := oneRound(ctx, o, l, traced, res, o.duration, i); err != nil {
 			return nil, fmt.Errorf("round %d: %w", i, err)
 		}
 		last := func(s series) float64 { return s[len(s)-1] }
-		fmt.Fprintf(stdout, "round %d/%d: create %.0f/s, baseline %.0f/s, replay %.0f/s, get %.0f/s, payment %.0f/s, storm p99 %.1f ms\n",
-			i, o.rounds, last(res.create.rps), last(res.baseline.rps), last(res.replay.rps), last(res.get.rps), last(res.payment.rps), last(res.stormP99))
+		fmt.Fprintf(stdout, "round %d/%d: create %.0f/s, traced %.0f/s, baseline %.0f/s, replay %.0f/s, get %.0f/s, payment %.0f/s, storm p99 %.1f ms; traced / create %.2f, p99 %.2f\n",
+			i, o.rounds, last(res.create.rps), last(res.traced.rps), last(res.baseline.rps), last(res.replay.rps), last(res.get.rps), last(res.payment.rps), last(res.stormP99),
+			last(res.traced.rps)/last(res.create.rps), last(res.traced.p99)/last(res.create.p99))
 	}
 
 	var err error
 	if res.rssPeak, res.rssEnd, err = memory(env.loadAPI); err != nil {
+		return nil, err
+	}
+	if res.tracedRSSPeak, _, err = memory(env.tracedAPI); err != nil {
 		return nil, err
 	}
 
@@ -80,15 +90,24 @@ func measureAll(ctx context.Context, o options, env *environment, stdout io.Writ
 	return res, nil
 }
 
-// oneRound runs every scenario once. Create and baseline swap places from
-// one round to the next, so that neither always runs on the warmer (or
-// fuller) database.
-func oneRound(ctx context.Context, o options, l *load, res *results, d time.Duration, round int) error {
+// tracedSide is the traced API's load and the sink of its spans.
+type tracedSide struct {
+	load *load
+	sink *spanSink
+}
+
+// oneRound runs every scenario once. Create, baseline and the traced
+// create take turns at going first, second and third from one round to
+// the next, so that none always runs on the warmer (or fuller) database.
+func oneRound(ctx context.Context, o options, l *load, traced *tracedSide, res *results, d time.Duration, round int) error {
 	ids := &orderIDs{}
 	steps := []func() error{
 		func() error {
-			r, err := l.create(ctx, o.concurrency, d, ids)
+			r, spans, err := traced.sink.withSpans(ctx, "create", false, func() (outcome, error) {
+				return l.create(ctx, o.concurrency, d, ids)
+			})
 			res.create.add(r)
+			res.untracedCreateSpans += spans.createSpans
 			return err
 		},
 		func() error {
@@ -96,10 +115,20 @@ func oneRound(ctx context.Context, o options, l *load, res *results, d time.Dura
 			res.baseline.add(r)
 			return err
 		},
+		func() error {
+			// The traced creates' orders are not the round's: the
+			// scenarios that follow read and pay the untraced API's.
+			r, spans, err := traced.sink.withSpans(ctx, "traced", true, func() (outcome, error) {
+				return traced.load.createOn(ctx, "traced", "/v1/orders", true, o.concurrency, d, &orderIDs{})
+			})
+			res.traced.add(r)
+			res.tracedSpans += spans.spans
+			res.tracedCreateSpans += spans.createSpans
+			return err
+		},
 	}
-	if round%2 == 0 {
-		steps[0], steps[1] = steps[1], steps[0]
-	}
+	first := round % len(steps)
+	steps = slices.Concat(steps[first:], steps[:first])
 	steps = append(steps,
 		func() error {
 			r, err := l.replay(ctx, o.concurrency, d)
@@ -160,9 +189,10 @@ func report(w io.Writer, o options, r *results) {
 	for _, s := range []struct {
 		name string
 		sc   scenario
-	}{{"create", r.create}, {"baseline", r.baseline}, {"replay", r.replay}, {"get", r.get}, {"payment", r.payment}} {
+	}{{"create", r.create}, {"traced", r.traced}, {"baseline", r.baseline}, {"replay", r.replay}, {"get", r.get}, {"payment", r.payment}} {
 		fmt.Fprintf(w, "  %-9s %-24s %-24s %s\n", s.name, s.sc.rps.format(0), s.sc.p50.format(1), s.sc.p99.format(1))
 	}
+	fmt.Fprintln(w, "  (traced: the create on a twin API with OpenTelemetry on, every request sampled, exported over OTLP/HTTP)")
 	if r.paymentsRanOut {
 		fmt.Fprintln(w, "  (the payment scenario ran out of unpaid orders before its time in some round; its rate is over the time it ran)")
 	}
@@ -170,12 +200,17 @@ func report(w io.Writer, o options, r *results) {
 	p1 := ratio(r.create.rps, r.baseline.rps)
 	p3 := ratio(r.payment.rps, r.create.rps)
 	p4 := ratio(r.replay.rps, r.create.rps)
+	tracedRPS := ratio(r.traced.rps, r.create.rps)
+	tracedP99 := ratio(r.traced.p99, r.create.p99)
 	fmt.Fprintf(w, "\nratios, per round, median (range):\n")
 	fmt.Fprintf(w, "  P1 create / baseline   %-22s target >= 0.7 (P7; the compass keeps 0.8)\n", p1.format(2))
 	fmt.Fprintf(w, "  P3 payment / create    %-22s target >= 0.45\n", p3.format(2))
 	fmt.Fprintf(w, "  P4 replay / create     %-22s target >= 2\n", p4.format(2))
 	fmt.Fprintf(w, "  P5 storm of %d: p99 %s ms, %d execution(s) in %d storm(s) (replays %d, 409 in progress %d); target one execution, p99 <= 100 ms\n",
 		o.storm, r.stormP99.format(1), r.stormExecutions, r.storms, r.stormReplays, r.stormInProgress)
+	fmt.Fprintf(w, "  X3 traced / create     %-22s requests/s; p99 %s (tracing on, 100 %% sampled, over off)\n", tracedRPS.format(2), tracedP99.format(2))
+	fmt.Fprintf(w, "     the sink received %d spans during the traced creates, %d of them server spans of the %d creates; %d server spans during the untraced creates\n",
+		r.tracedSpans, r.tracedCreateSpans, r.traced.requests, r.untracedCreateSpans)
 
 	c := r.costs
 	fmt.Fprintf(w, "\nround trips / statements per request, single requests at the wire, median (range) of %d:\n", o.samples)
@@ -205,9 +240,9 @@ func report(w io.Writer, o options, r *results) {
 	}
 
 	mb := func(b int64) float64 { return float64(b) / (1 << 20) }
-	fmt.Fprintf(w, "\nAPI process memory: peak RSS (VmHWM) %.1f MB, RSS after the rounds (VmRSS) %.1f MB\n", mb(r.rssPeak), mb(r.rssEnd))
-	fmt.Fprintf(w, "checked: %d creates executed, %d baseline creates, %d replays, %d reads, %d payments, one order per storm; every one in the database; %d processor charges for %d succeeded payments\n",
-		r.create.requests, r.baseline.requests, r.replay.requests, r.get.requests, r.payment.requests, r.charges, r.succeeded)
+	fmt.Fprintf(w, "\nAPI process memory: peak RSS (VmHWM) %.1f MB, RSS after the rounds (VmRSS) %.1f MB; the traced API's peak RSS %.1f MB\n", mb(r.rssPeak), mb(r.rssEnd), mb(r.tracedRSSPeak))
+	fmt.Fprintf(w, "checked: %d creates executed, %d traced creates, %d baseline creates, %d replays, %d reads, %d payments, one order per storm; every one in the database; %d processor charges for %d succeeded payments\n",
+		r.create.requests, r.traced.requests, r.baseline.requests, r.replay.requests, r.get.requests, r.payment.requests, r.charges, r.succeeded)
 
 	fields := []string{
 		fmt.Sprintf("p1=%.2f", p1.median()),
@@ -225,6 +260,9 @@ func report(w io.Writer, o options, r *results) {
 		fmt.Sprintf("st_payment=%g", c.payment.statements.median()),
 		fmt.Sprintf("create_rps=%.0f", r.create.rps.median()),
 		fmt.Sprintf("baseline_rps=%.0f", r.baseline.rps.median()),
+		fmt.Sprintf("traced_rps=%.0f", r.traced.rps.median()),
+		fmt.Sprintf("trace_rps=%.2f", tracedRPS.median()),
+		fmt.Sprintf("trace_p99=%.2f", tracedP99.median()),
 		fmt.Sprintf("rss_mb=%.0f", mb(r.rssPeak)),
 	}
 	fmt.Fprintf(w, "\nloadtest: %s\n", strings.Join(fields, " "))

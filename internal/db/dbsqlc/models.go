@@ -78,6 +78,7 @@ type Outbox struct {
 	ClaimedUntil    *time.Time
 	PublishAttempts int32
 	PublishedAt     *time.Time
+	TraceParent     *string
 }
 
 type Payment struct {
@@ -98,6 +99,7 @@ type Payment struct {
 	ChargeSentAt   *time.Time
 	ChargeCalls    int32
 	SweepAt        *time.Time
+	TraceParent    *string
 }
 
 type PaymentCompensation struct {

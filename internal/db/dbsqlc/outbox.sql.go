@@ -26,7 +26,7 @@ FROM (
     FOR UPDATE SKIP LOCKED
 ) c
 WHERE o.id = c.id
-RETURNING o.id, o.seq, o.subject, o.event_type, o.payload, o.created_at, o.claimed_until
+RETURNING o.id, o.seq, o.subject, o.event_type, o.payload, o.created_at, o.claimed_until, o.trace_parent
 `
 
 type OutboxClaimParams struct {
@@ -42,6 +42,7 @@ type OutboxClaimRow struct {
 	Payload      []byte
 	CreatedAt    time.Time
 	ClaimedUntil *time.Time
+	TraceParent  *string
 }
 
 // A relay's claim: unpublished rows in seq order, skipping rows another
@@ -71,6 +72,7 @@ func (q *Queries) OutboxClaim(ctx context.Context, arg OutboxClaimParams) ([]Out
 			&i.Payload,
 			&i.CreatedAt,
 			&i.ClaimedUntil,
+			&i.TraceParent,
 		); err != nil {
 			return nil, err
 		}
@@ -109,8 +111,8 @@ func (q *Queries) OutboxDeletePublished(ctx context.Context, arg OutboxDeletePub
 }
 
 const outboxInsert = `-- name: OutboxInsert :exec
-INSERT INTO outbox (id, tenant_id, subject, event_type, schema_version, payload)
-VALUES ($1, $2, $3, $4, $5, $6)
+INSERT INTO outbox (id, tenant_id, subject, event_type, schema_version, payload, trace_parent)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
 `
 
 type OutboxInsertParams struct {
@@ -120,6 +122,7 @@ type OutboxInsertParams struct {
 	EventType     string
 	SchemaVersion int32
 	Payload       []byte
+	TraceParent   *string
 }
 
 // Written in the business change's own transaction (M2): the event exists
@@ -132,6 +135,7 @@ func (q *Queries) OutboxInsert(ctx context.Context, arg OutboxInsertParams) erro
 		arg.EventType,
 		arg.SchemaVersion,
 		arg.Payload,
+		arg.TraceParent,
 	)
 	return err
 }

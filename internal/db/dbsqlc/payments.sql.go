@@ -205,11 +205,11 @@ func (q *Queries) PaymentAddRefunded(ctx context.Context, arg PaymentAddRefunded
 
 const paymentCreate = `-- name: PaymentCreate :one
 INSERT INTO payments (tenant_id, id, order_id, amount, currency, payment_method, charge_key,
-                      status, charge_sent_at, charge_calls)
+                      status, charge_sent_at, charge_calls, trace_parent)
 VALUES ($1, $2, $3, $4, $5, $6, $7,
-        'charge_sent', now(), 1)
+        'charge_sent', now(), 1, $8)
 ON CONFLICT DO NOTHING
-RETURNING tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at
+RETURNING tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at, trace_parent
 `
 
 type PaymentCreateParams struct {
@@ -220,6 +220,7 @@ type PaymentCreateParams struct {
 	Currency      string
 	PaymentMethod string
 	ChargeKey     string
+	TraceParent   *string
 }
 
 // The payment is born marked (charge_sent, its first call counted), in
@@ -238,6 +239,7 @@ func (q *Queries) PaymentCreate(ctx context.Context, arg PaymentCreateParams) (P
 		arg.Currency,
 		arg.PaymentMethod,
 		arg.ChargeKey,
+		arg.TraceParent,
 	)
 	var i Payment
 	err := row.Scan(
@@ -258,6 +260,7 @@ func (q *Queries) PaymentCreate(ctx context.Context, arg PaymentCreateParams) (P
 		&i.ChargeSentAt,
 		&i.ChargeCalls,
 		&i.SweepAt,
+		&i.TraceParent,
 	)
 	return i, err
 }
@@ -272,7 +275,7 @@ SET status = $1,
                     WHEN charge_calls > 1 THEN charge_sent_at + make_interval(secs => $6::float8) END,
     updated_at = now()
 WHERE tenant_id = $7 AND id = $8 AND status = 'charge_sent'
-RETURNING tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at
+RETURNING tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at, trace_parent
 `
 
 type PaymentFinishParams struct {
@@ -322,12 +325,13 @@ func (q *Queries) PaymentFinish(ctx context.Context, arg PaymentFinishParams) (P
 		&i.ChargeSentAt,
 		&i.ChargeCalls,
 		&i.SweepAt,
+		&i.TraceParent,
 	)
 	return i, err
 }
 
 const paymentGet = `-- name: PaymentGet :one
-SELECT tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at FROM payments WHERE tenant_id = $1 AND id = $2
+SELECT tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at, trace_parent FROM payments WHERE tenant_id = $1 AND id = $2
 `
 
 type PaymentGetParams struct {
@@ -356,12 +360,13 @@ func (q *Queries) PaymentGet(ctx context.Context, arg PaymentGetParams) (Payment
 		&i.ChargeSentAt,
 		&i.ChargeCalls,
 		&i.SweepAt,
+		&i.TraceParent,
 	)
 	return i, err
 }
 
 const paymentGetByChargeKey = `-- name: PaymentGetByChargeKey :one
-SELECT tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at FROM payments WHERE tenant_id = $1 AND charge_key = $2
+SELECT tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at, trace_parent FROM payments WHERE tenant_id = $1 AND charge_key = $2
 `
 
 type PaymentGetByChargeKeyParams struct {
@@ -390,12 +395,13 @@ func (q *Queries) PaymentGetByChargeKey(ctx context.Context, arg PaymentGetByCha
 		&i.ChargeSentAt,
 		&i.ChargeCalls,
 		&i.SweepAt,
+		&i.TraceParent,
 	)
 	return i, err
 }
 
 const paymentGetByChargeKeyForUpdate = `-- name: PaymentGetByChargeKeyForUpdate :one
-SELECT tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at FROM payments WHERE charge_key = $1 FOR UPDATE
+SELECT tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at, trace_parent FROM payments WHERE charge_key = $1 FOR UPDATE
 `
 
 // A processor webhook names the charge's idempotency key, unique among
@@ -423,12 +429,13 @@ func (q *Queries) PaymentGetByChargeKeyForUpdate(ctx context.Context, chargeKey 
 		&i.ChargeSentAt,
 		&i.ChargeCalls,
 		&i.SweepAt,
+		&i.TraceParent,
 	)
 	return i, err
 }
 
 const paymentGetForUpdate = `-- name: PaymentGetForUpdate :one
-SELECT tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at FROM payments WHERE tenant_id = $1 AND id = $2 FOR UPDATE
+SELECT tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at, trace_parent FROM payments WHERE tenant_id = $1 AND id = $2 FOR UPDATE
 `
 
 type PaymentGetForUpdateParams struct {
@@ -457,12 +464,13 @@ func (q *Queries) PaymentGetForUpdate(ctx context.Context, arg PaymentGetForUpda
 		&i.ChargeSentAt,
 		&i.ChargeCalls,
 		&i.SweepAt,
+		&i.TraceParent,
 	)
 	return i, err
 }
 
 const paymentGetLiveForOrder = `-- name: PaymentGetLiveForOrder :one
-SELECT tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at FROM payments
+SELECT tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at, trace_parent FROM payments
 WHERE tenant_id = $1 AND order_id = $2 AND status NOT IN ('declined', 'failed')
 `
 
@@ -492,12 +500,13 @@ func (q *Queries) PaymentGetLiveForOrder(ctx context.Context, arg PaymentGetLive
 		&i.ChargeSentAt,
 		&i.ChargeCalls,
 		&i.SweepAt,
+		&i.TraceParent,
 	)
 	return i, err
 }
 
 const paymentGetUnsettled = `-- name: PaymentGetUnsettled :one
-SELECT payments.tenant_id, payments.id, payments.order_id, payments.amount, payments.currency, payments.payment_method, payments.status, payments.charge_key, payments.charge_id, payments.decline_code, payments.failure_message, payments.refunded_amount, payments.created_at, payments.updated_at, payments.charge_sent_at, payments.charge_calls, payments.sweep_at,
+SELECT payments.tenant_id, payments.id, payments.order_id, payments.amount, payments.currency, payments.payment_method, payments.status, payments.charge_key, payments.charge_id, payments.decline_code, payments.failure_message, payments.refunded_amount, payments.created_at, payments.updated_at, payments.charge_sent_at, payments.charge_calls, payments.sweep_at, payments.trace_parent,
        coalesce(extract(epoch FROM charge_sent_at + make_interval(secs => $1::float8) - now()), 0)::float8 AS unsettled_seconds
 FROM payments WHERE tenant_id = $2 AND id = $3
 `
@@ -538,13 +547,14 @@ func (q *Queries) PaymentGetUnsettled(ctx context.Context, arg PaymentGetUnsettl
 		&i.Payment.ChargeSentAt,
 		&i.Payment.ChargeCalls,
 		&i.Payment.SweepAt,
+		&i.Payment.TraceParent,
 		&i.UnsettledSeconds,
 	)
 	return i, err
 }
 
 const paymentList = `-- name: PaymentList :many
-SELECT tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at FROM payments
+SELECT tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at, trace_parent FROM payments
 WHERE tenant_id = $1
   AND ($2::uuid IS NULL OR order_id = $2::uuid)
   AND ($3::timestamptz IS NULL
@@ -595,6 +605,7 @@ func (q *Queries) PaymentList(ctx context.Context, arg PaymentListParams) ([]Pay
 			&i.ChargeSentAt,
 			&i.ChargeCalls,
 			&i.SweepAt,
+			&i.TraceParent,
 		); err != nil {
 			return nil, err
 		}
@@ -610,7 +621,7 @@ const paymentMarkChargeSent = `-- name: PaymentMarkChargeSent :one
 UPDATE payments
 SET charge_sent_at = now(), charge_calls = charge_calls + 1, updated_at = now()
 WHERE tenant_id = $1 AND id = $2 AND status = 'charge_sent'
-RETURNING tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at
+RETURNING tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at, trace_parent
 `
 
 type PaymentMarkChargeSentParams struct {
@@ -644,6 +655,7 @@ func (q *Queries) PaymentMarkChargeSent(ctx context.Context, arg PaymentMarkChar
 		&i.ChargeSentAt,
 		&i.ChargeCalls,
 		&i.SweepAt,
+		&i.TraceParent,
 	)
 	return i, err
 }
@@ -741,7 +753,7 @@ FROM (
     FOR UPDATE SKIP LOCKED
 ) due
 WHERE p.tenant_id = due.tenant_id AND p.id = due.id
-RETURNING p.tenant_id, p.id, p.order_id, p.amount, p.currency, p.payment_method, p.status, p.charge_key, p.charge_id, p.decline_code, p.failure_message, p.refunded_amount, p.created_at, p.updated_at, p.charge_sent_at, p.charge_calls, p.sweep_at
+RETURNING p.tenant_id, p.id, p.order_id, p.amount, p.currency, p.payment_method, p.status, p.charge_key, p.charge_id, p.decline_code, p.failure_message, p.refunded_amount, p.created_at, p.updated_at, p.charge_sent_at, p.charge_calls, p.sweep_at, p.trace_parent
 `
 
 type PaymentsClaimSweepParams struct {
@@ -779,6 +791,7 @@ func (q *Queries) PaymentsClaimSweep(ctx context.Context, arg PaymentsClaimSweep
 			&i.ChargeSentAt,
 			&i.ChargeCalls,
 			&i.SweepAt,
+			&i.TraceParent,
 		); err != nil {
 			return nil, err
 		}

@@ -1,0 +1,2 @@
+ALTER TABLE payments DROP COLUMN trace_parent;
+ALTER TABLE outbox DROP COLUMN trace_parent;
