@@ -27,10 +27,10 @@ help: ## Show this help
 run: ## Run the API locally: private PostgreSQL (unless DATABASE_URL is set), demo tenant, curl examples
 	@# The binary runs in make's place (exec), not under go run: Ctrl-C stops
 	@# it cleanly and make reports no error. A cold build (a new machine, or
-	@# a new toolchain) compiles some 400 packages, minutes on two cores, so
+	@# a new toolchain) compiles some 550 packages, minutes on two cores, so
 	@# it counts them as go build -v names them; other lines (downloads,
 	@# errors) pass through, and the build's status is make's.
-	@echo "building the API: the first build on a machine fetches go1.27.3 and the modules, then compiles about 400 packages (3 to 6 minutes on 2 cores); later builds take seconds"
+	@echo "building the API: the first build on a machine fetches go1.27.3 and the modules, then compiles about 550 packages (several minutes on 2 cores); later builds take seconds"
 	@total=$$($(GO) list -deps ./cmd/api | wc -l); \
 	{ $(GO) build -v -o $(BIN)/api ./cmd/api 2>&1; echo "build-status=$$?"; } | awk -v total="$$total" ' \
 		/^build-status=/ { if (open) printf "\n"; sub(/^build-status=/, ""); exit $$0 } \
