@@ -48,15 +48,11 @@ func tenantList(ctx context.Context, databaseURL string, stdout io.Writer) error
 // prints it alone on the last line, like tenant create, so scripts can
 // take it with tail -n 1.
 func keyCreate(ctx context.Context, databaseURL, ref string, stdout io.Writer) error {
-	pool, err := db.Open(ctx, databaseURL)
+	pool, t, err := openTenant(ctx, databaseURL, ref)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	t, err := findTenant(ctx, pool, ref)
-	if err != nil {
-		return err
-	}
 	k, key, err := tenants.CreateKey(ctx, pool, t.ID)
 	if err != nil {
 		return err
@@ -70,15 +66,11 @@ func keyCreate(ctx context.Context, databaseURL, ref string, stdout io.Writer) e
 // (within a minute plus AUTH_CACHE_TTL; "-" when not used since the stamp
 // exists) and revocation ("-" while the key works).
 func keyList(ctx context.Context, databaseURL, ref string, stdout io.Writer) error {
-	pool, err := db.Open(ctx, databaseURL)
+	pool, t, err := openTenant(ctx, databaseURL, ref)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	t, err := findTenant(ctx, pool, ref)
-	if err != nil {
-		return err
-	}
 	keys, err := tenants.Keys(ctx, pool, t.ID)
 	if err != nil {
 		return err
@@ -100,15 +92,11 @@ func keyRevoke(ctx context.Context, databaseURL, ref, keyID string, force bool, 
 		// Never echoed: it is a key, however leaked.
 		return errors.New("key revoke takes the key's id, not the key: the id is the first 8 hex digits of the key's SHA-256 (printf %s \"$KEY\" | sha256sum | cut -c1-8), as api key list shows it")
 	}
-	pool, err := db.Open(ctx, databaseURL)
+	pool, t, err := openTenant(ctx, databaseURL, ref)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	t, err := findTenant(ctx, pool, ref)
-	if err != nil {
-		return err
-	}
 	k, err := tenants.Revoke(ctx, pool, t.ID, keyID, force)
 	switch {
 	case errors.Is(err, tenants.ErrAlreadyRevoked):
@@ -131,13 +119,23 @@ func keyRevoke(ctx context.Context, databaseURL, ref, keyID string, force bool, 
 	return nil
 }
 
-// findTenant is tenants.Find, with what to do when no tenant matches.
-func findTenant(ctx context.Context, pool *pgxpool.Pool, ref string) (tenants.Tenant, error) {
+// openTenant opens the database and finds the tenant ref names (its id
+// or its name), saying what to do when none matches. The caller closes
+// the pool.
+func openTenant(ctx context.Context, databaseURL, ref string) (*pgxpool.Pool, tenants.Tenant, error) {
+	pool, err := db.Open(ctx, databaseURL)
+	if err != nil {
+		return nil, tenants.Tenant{}, err
+	}
 	t, err := tenants.Find(ctx, pool, ref)
 	if errors.Is(err, tenants.ErrTenantNotFound) {
-		return t, fmt.Errorf("no tenant has the id or name %q: api tenant list shows them", ref)
+		err = fmt.Errorf("no tenant has the id or name %q: api tenant list shows them", ref)
 	}
-	return t, err
+	if err != nil {
+		pool.Close()
+		return nil, tenants.Tenant{}, err
+	}
+	return pool, t, nil
 }
 
 // when prints a time for the listings: UTC to the second, "-" for none.

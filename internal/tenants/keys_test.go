@@ -208,16 +208,13 @@ func TestRevoke(t *testing.T) {
 			{name: "TooLong", keyID: full + "0", want: tenants.ErrKeyIDInvalid},
 			{name: "NotHex", keyID: "zzzzzzzz", want: tenants.ErrKeyIDInvalid},
 			{name: "TheKeyItself", keyID: b.key, want: tenants.ErrKeyIDInvalid},
-			{name: "Unknown", keyID: strings.Repeat("0", 8), want: tenants.ErrKeyNotFound},
+			{name: "Unknown", keyID: unknownKeyID(full), want: tenants.ErrKeyNotFound},
 			{name: "UnknownLonger", keyID: full[:8] + "x", want: tenants.ErrKeyIDInvalid},
 			{name: "WholeHashUpperCase", keyID: strings.ToUpper(full), want: nil},
 		}
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
 				// Not parallel: one transaction, one query at a time.
-				if tt.name == "Unknown" && strings.HasPrefix(full, tt.keyID) {
-					t.Skip("the key's hash starts with the made-up id")
-				}
 				_, err := tenants.Revoke(t.Context(), b.tx, b.tenantID, tt.keyID, false)
 				if !errors.Is(err, tt.want) || (tt.want == nil) != (err == nil) {
 					t.Errorf("Revoke(%q) = %v, want %v", tt.keyID, err, tt.want)
@@ -397,4 +394,13 @@ func TestAuthenticateStampsLastUse(t *testing.T) {
 			t.Errorf("the lookup stamped a locked row (%v): did it wait for the lock?", at)
 		}
 	})
+}
+
+// unknownKeyID is a well-formed key id that names no key whose hash is
+// full: 00000000, or ffffffff when the hash happens to start with that.
+func unknownKeyID(full string) string {
+	if strings.HasPrefix(full, "00000000") {
+		return "ffffffff"
+	}
+	return "00000000"
 }

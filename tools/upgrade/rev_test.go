@@ -13,7 +13,7 @@ import (
 // each case adds what moves the choice, in the order the rule looks.
 func TestPreviousRelease(t *testing.T) {
 	if _, err := exec.LookPath("git"); err != nil {
-		t.Skip("git is not installed")
+		t.Fatal("git is not installed: the rule reads a repository's history (apt-get install git)")
 	}
 	dir := t.TempDir()
 	run := func(args ...string) string {
