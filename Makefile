@@ -65,7 +65,7 @@ loadtest-smoke: ## The load benchmark's short mode (what CI runs): it must finis
 loadtest-pgbench: ## What one create costs PostgreSQL (CPU per transaction), and each piece of the pattern, driven by pgbench
 	$(GO) run ./tools/loadtest -pgbench $(LOADTEST_FLAGS)
 
-chaos: ## Failover, pooler, NATS cluster and link faults against a local HA deployment, then the checker (CHAOS_FLAGS=-short: what CI runs)
+chaos: ## Patroni failover and split brain, pooler, NATS cluster and link faults against a local HA deployment, then the checker (CHAOS_FLAGS=-short: what CI runs)
 	$(GO) run ./tools/chaos $(CHAOS_FLAGS)
 
 FUZZTIME ?= 30s

@@ -1,7 +1,10 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"strings"
@@ -12,6 +15,7 @@ import (
 
 	"github.com/idemref/payments/internal/dbmigrate"
 	"github.com/idemref/payments/internal/tooling/testdb"
+	"github.com/idemref/payments/internal/tooling/testkit"
 )
 
 // G8, the binary's side: serve refuses a database its migrations have not
@@ -32,6 +36,59 @@ func TestSchemaVersionAtStart(t *testing.T) {
 		if err == nil || !strings.Contains(string(out), "run api migrate up first") {
 			t.Fatalf("serve on an empty database: %v, want a refusal naming api migrate up:\n%s", err, out)
 		}
+	})
+	t.Run("ServeWaitsForADatabaseThatDoesNotAnswer", func(t *testing.T) {
+		// A process started during a failover (nothing accepts writes
+		// yet) must wait for the database, not exit into a restart loop.
+		t.Parallel()
+		proxy, cfg := testkit.DatabaseProxy(t, testdb.New(t))
+		proxy.Cut()
+		url := fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable", cfg.ConnConfig.User, proxy.Addr(), cfg.ConnConfig.Database)
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, apiBinary(t), "serve")
+		cmd.Env = append(os.Environ(), "DATABASE_URL="+url, "NATS_URL="+natsURLFor(t, url), "ADDR=127.0.0.1:0")
+		stderr, err := cmd.StderrPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+		lines := make(chan string)
+		go func() {
+			defer close(lines)
+			scanner := bufio.NewScanner(stderr)
+			for scanner.Scan() {
+				lines <- scanner.Text()
+			}
+		}()
+		next := func(want string) string {
+			t.Helper()
+			for line := range lines {
+				if strings.Contains(line, want) {
+					return line
+				}
+			}
+			t.Fatalf("serve exited before logging %q", want)
+			return ""
+		}
+		next("waiting for it before serving")
+		time.Sleep(2 * schemaCheckRetry) // still waiting, not exiting
+		proxy.Restore()
+		next("schema version checked")
+		var entry struct{ Addr string }
+		if err := json.Unmarshal([]byte(next(`"msg":"listening"`)), &entry); err != nil {
+			t.Fatal(err)
+		}
+		if status, _ := httpGet(t, "http://"+entry.Addr+"/readyz"); status != 200 {
+			t.Errorf("/readyz = %d once the database answered, want 200", status)
+		}
+		go func() {
+			for range lines { // drain, so that serve never blocks on its log
+			}
+		}()
 	})
 	t.Run("MigrateUpLeavesANewerSchemaAlone", func(t *testing.T) {
 		t.Parallel()

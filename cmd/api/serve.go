@@ -83,7 +83,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 	// A binary whose migrations are not all applied would fail at its
 	// first query of a new column; it refuses to start instead, saying
 	// what to run (G8). A newer schema is fine: see dbmigrate.Up.
-	if err := dbmigrate.CheckApplied(ctx, pool); err != nil {
+	if err := checkSchema(ctx, pool, logger); err != nil {
 		return err
 	}
 	// Pool statistics and the key gauges, served at /metrics (X1).
@@ -447,4 +447,34 @@ func databaseTarget(databaseURL string) string {
 		return "(unparsable DATABASE_URL)"
 	}
 	return fmt.Sprintf("%s:%d/%s", cfg.Host, cfg.Port, cfg.Database)
+}
+
+// schemaCheckRetry is how often serve asks again for the schema version
+// while the database cannot answer.
+const schemaCheckRetry = time.Second
+
+// checkSchema runs dbmigrate.CheckApplied, and while the database cannot
+// answer (down, or failing over: no host accepts writes yet) asks again
+// every schemaCheckRetry instead of exiting. A process started during a
+// failover, as a pod rescheduled with its node or an API restarted by a
+// crash is, would otherwise exit and be restarted with a growing backoff,
+// which outlasts the failover. A schema that is behind still stops it.
+func checkSchema(ctx context.Context, pool *pgxpool.Pool, logger *slog.Logger) error {
+	for waited := false; ; waited = true {
+		err := dbmigrate.CheckApplied(ctx, pool)
+		if err == nil && waited {
+			logger.Info("the database answers: schema version checked")
+		}
+		if err == nil || !db.IsTransient(err) {
+			return err
+		}
+		if !waited {
+			logger.Warn("the database does not answer: waiting for it before serving", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(schemaCheckRetry):
+		}
+	}
 }

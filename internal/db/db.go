@@ -78,15 +78,18 @@ type Beginner interface {
 //
 // The rollback runs under context.WithoutCancel: a request whose context was
 // cancelled must still roll back, or the connection goes back to the pool
-// in an aborted transaction. Commit errors are returned, never swallowed: a
-// failed COMMIT means the work did not happen (or, on a lost connection, that
+// in an aborted transaction. So does the COMMIT, for a reason of its own:
+// a cancelled COMMIT can be a success the standby never saw (primary.go).
+// The transaction begins READ WRITE, so that a standby refuses it
+// (ErrNotPrimary). Commit errors are returned, never swallowed: a failed
+// COMMIT means the work did not happen (or, on a lost connection, that
 // nobody knows, which is exactly the case idempotency keys exist for).
 //
 // WithTx does not retry. Serialization failures and deadlocks surface to the
 // caller as transient errors (see IsTransient); the one-transaction
 // idempotency path answers 503 and the client's retry runs it again.
 func WithTx(ctx context.Context, db Beginner, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	tx, err := db.Begin(ctx)
+	tx, err := beginPrimary(ctx, db)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
@@ -107,7 +110,7 @@ func runTx(ctx context.Context, tx pgx.Tx, fn func(ctx context.Context, tx pgx.T
 	if err := fn(ctx, tx); err != nil {
 		return err
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := tx.Commit(commitContext(ctx)); err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
 	return nil
@@ -149,11 +152,15 @@ func IsTransient(err error) bool {
 	if err == nil {
 		return false
 	}
+	if errors.Is(err, ErrNotPrimary) {
+		return true
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
 		case codeSerializationFailure, codeDeadlockDetected, codeLockNotAvailable, codeQueryCanceled,
-			codeAdminShutdown, codeCrashShutdown, codeCannotConnectNow, codeTooManyConnections:
+			codeAdminShutdown, codeCrashShutdown, codeCannotConnectNow, codeTooManyConnections,
+			codeReadOnlyTransaction:
 			return true
 		}
 		// Class 08: connection exceptions.

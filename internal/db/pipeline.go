@@ -65,7 +65,7 @@ func Begin(ctx context.Context, pool *pgxpool.Pool) (*Tx, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Tx{conn: conn, pending: []queued{{sql: "BEGIN"}}}, nil
+	return &Tx{conn: conn, pending: []queued{{sql: beginReadWrite}}}, nil
 }
 
 // BeginOn starts a pipelined transaction on conn, a connection the caller
@@ -73,7 +73,7 @@ func Begin(ctx context.Context, pool *pgxpool.Pool) (*Tx, error) {
 // transaction and may read again after it (idem.Store.Execute) holds one
 // connection throughout, instead of queueing for the pool three times.
 func BeginOn(conn *pgxpool.Conn) *Tx {
-	return &Tx{conn: conn, kept: true, pending: []queued{{sql: "BEGIN"}}}
+	return &Tx{conn: conn, kept: true, pending: []queued{{sql: beginReadWrite}}}
 }
 
 // WithPipelinedTx is WithTx on a Tx: fn runs in a pipelined transaction
@@ -157,10 +157,21 @@ func (t *Tx) send(ctx context.Context, q queued) (pgx.BatchResults, bool, error)
 		b.Queue("COMMIT")
 	}
 	n := len(t.pending)
+	beginning := !t.begun
 	t.pending, t.commitNext, t.begun = nil, false, true
+	if commit {
+		// A COMMIT is never cancelled (primary.go): the round trip that
+		// carries one waits for the server's answer. Its statements wait
+		// too; the transactions that send COMMIT behind a statement (the
+		// idempotency paths') bound their lock waits with lock_timeout.
+		ctx = commitContext(ctx)
+	}
 	br := t.conn.SendBatch(ctx, b)
-	for range n {
+	for i := range n {
 		if _, err := br.Exec(); err != nil {
+			if beginning && i == 0 {
+				err = notPrimary(err)
+			}
 			closeErr := br.Close()
 			if commit {
 				t.finish(errors.Join(err, closeErr))
@@ -379,7 +390,7 @@ func (t *Tx) Commit(ctx context.Context) error {
 		return nil
 	}
 	t.commitNext = false
-	br, _, err := t.send(ctx, queued{sql: "COMMIT"})
+	br, _, err := t.send(commitContext(ctx), queued{sql: "COMMIT"})
 	if err != nil {
 		t.finish(err)
 		return err

@@ -12,9 +12,11 @@ import (
 
 // Configure prepares a pool configuration the way every pool of the
 // service is opened (Open, and the tests' pools): each new connection
-// registers the uuid codec (RegisterUUID). An AfterConnect already set
-// still runs, after it.
+// registers the uuid codec (RegisterUUID), and closes itself when its
+// server answers as a standby (closeWhenNotPrimary, primary.go). An
+// AfterConnect already set still runs, after it.
 func Configure(cfg *pgxpool.Config) {
+	closeWhenNotPrimary(cfg)
 	next := cfg.AfterConnect
 	cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
 		RegisterUUID(conn.TypeMap())

@@ -41,8 +41,9 @@ func buildBinaries(dir string) (binaries, error) {
 
 // deployOptions shapes one scenario's deployment.
 type deployOptions struct {
-	// Async streams to the standby without waiting for it: the negative
-	// control's misconfiguration.
+	// Async runs Patroni without synchronous_mode: the standby streams
+	// without the leader waiting for it, the negative control's
+	// misconfiguration.
 	Async bool
 	// APIs is how many API processes serve the load.
 	APIs int
@@ -77,16 +78,15 @@ type deployment struct {
 	bins   binaries
 	log    *slog.Logger
 	faults *faults
-	pg     *pgPair
+	pg     *pgCluster
 	nats   *natsCluster
 
 	// The faultable links: the database (API→PgBouncer, one per node),
-	// the processor and NATS (one per node).
-	dbLinks   [2]*link
+	// the processor and NATS (one per node). The links inside the
+	// PostgreSQL cluster are its own (pgCluster.Isolate).
+	dbLinks   [pgMembers]*link
 	procLink  *link
 	natsLinks []*link
-	// replLink carries the standby's replication from the primary.
-	replLink *link
 
 	processor    *harness.Process
 	processorURL string // the simulator, direct (its admin endpoints)
@@ -119,17 +119,7 @@ func deploy(ctx context.Context, work string, bins binaries, o deployOptions) (d
 	if d.faults, err = startFaults(); err != nil {
 		return d, err
 	}
-	d.pg, err = startPGPair(ctx, pgPairOptions{
-		Work: dir, Sync: !o.Async, Log: o.Log,
-		Replication: func(primary string) (string, error) {
-			l, err := d.faults.Link("replication", primary)
-			if err != nil {
-				return "", err
-			}
-			d.replLink = l
-			return l.Addr(), nil
-		},
-	})
+	d.pg, err = startPGCluster(ctx, pgClusterOptions{Work: dir, Sync: !o.Async, Faults: d.faults, Log: o.Log})
 	if err != nil {
 		return d, fmt.Errorf("postgres: %w", err)
 	}

@@ -2,8 +2,12 @@ package main
 
 import (
 	"fmt"
+	mrand "math/rand/v2"
 	"net"
+	"os"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
@@ -50,6 +54,12 @@ type link struct {
 	proxy *toxiclient.Proxy
 }
 
+// linkAttempts bounds the ports Link tries. Many processes here pick free
+// ports the same way and bind them a moment later (etcd, Patroni,
+// PostgreSQL, PgBouncer, NATS), so a port can be taken in between, now
+// and then more than once in a row on a busy machine.
+const linkAttempts = 20
+
 // Link creates a proxy named name in front of upstream (host:port) on a
 // free loopback port.
 //
@@ -63,7 +73,7 @@ func (f *faults) Link(name, upstream string) (*link, error) {
 			return nil, err
 		}
 		p, err := f.client.CreateProxy(name, addr, upstream)
-		if err != nil && attempt < 5 && strings.Contains(err.Error(), "address already in use") {
+		if err != nil && attempt < linkAttempts && strings.Contains(err.Error(), "address already in use") {
 			continue
 		}
 		if err != nil {
@@ -115,12 +125,70 @@ func (f *faults) Stop() {
 	_ = f.server.Shutdown()
 }
 
-// freeAddr returns a loopback address with a port free right now.
+// freeAddr returns a loopback address whose port is free right now, for a
+// process of the deployment to bind a moment later (etcd, Patroni,
+// PostgreSQL, PgBouncer, an API, a link). It is taken from below the
+// kernel's ephemeral range (ip_local_port_range), which no one asking
+// for port 0 is ever given: on a machine running other tests, a port from
+// inside that range was at times taken by someone else before our process
+// bound it, and Patroni or etcd then failed to start. A port is handed out
+// once per run. Where the range leaves no room below it, freeAddr falls
+// back to port 0.
 func freeAddr() (string, error) {
+	ports.Lock()
+	defer ports.Unlock()
+	if ports.given == nil {
+		ports.given = map[int]bool{}
+		ports.low, ports.high = portsBelowEphemeral()
+	}
+	if ports.high-ports.low >= minPortRange {
+		for range 200 {
+			port := ports.low + mrand.IntN(ports.high-ports.low)
+			if ports.given[port] {
+				continue
+			}
+			ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+			if err != nil {
+				continue
+			}
+			_ = ln.Close()
+			ports.given[port] = true
+			return ln.Addr().String(), nil
+		}
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", err
 	}
 	defer ln.Close()
 	return ln.Addr().String(), nil
+}
+
+// ports is freeAddr's state: the range it picks from and what it gave.
+var ports struct {
+	sync.Mutex
+	low, high int // [low, high)
+	given     map[int]bool
+}
+
+// minPortRange is the least room below the ephemeral range freeAddr
+// picks from.
+const minPortRange = 2000
+
+// portsBelowEphemeral is [10000, the ephemeral range's first port), read
+// from /proc on Linux; empty elsewhere.
+func portsBelowEphemeral() (low, high int) {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0, 0
+	}
+	fields := strings.Fields(string(b))
+	if len(fields) != 2 {
+		return 0, 0
+	}
+	first, err := strconv.Atoi(fields[0])
+	if err != nil {
+		return 0, 0
+	}
+	return 10000, first
 }

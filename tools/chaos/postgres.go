@@ -4,13 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -21,310 +19,17 @@ import (
 )
 
 const (
-	// pgUser is the superuser pgtmp's initdb makes; every local
-	// connection is trusted, so it needs no password.
+	// pgUser is the superuser Patroni's initdb makes (and replicates and
+	// rewinds as); every local connection is trusted, so it needs no
+	// password.
 	pgUser     = "postgres"
 	pgDatabase = "payments"
-	// pgStandbyName is the standby's application_name on the primary, which
-	// synchronous_standby_names refers to, and the name of its replication
-	// slot there.
-	pgStandbyName = "standby1"
-	// pgWaitTimeout bounds each wait for a server or a bouncer to answer
-	// and for replication to reach the state we need.
+	// pgWaitTimeout bounds each wait for etcd or a bouncer to answer.
 	pgWaitTimeout = 30 * time.Second
 	// pgBouncerStopTimeout is how long pgbouncer gets to exit on SIGTERM
 	// before its process group is killed.
 	pgBouncerStopTimeout = 5 * time.Second
 )
-
-// pgPairOptions configures startPGPair.
-type pgPairOptions struct {
-	// Work holds the data directories, configurations and logs, one
-	// subdirectory per process. It must exist and be reachable by the
-	// account PostgreSQL runs as (pgtmp checks).
-	Work string
-	// Sync makes the standby synchronous: a commit on the primary returns
-	// only once the standby has flushed it. Otherwise streaming is
-	// asynchronous.
-	Sync bool
-	// Replication, when set, is given the primary's address (host:port)
-	// and returns the address the standby dials instead, where the caller
-	// puts a link it can cut.
-	Replication func(primaryAddr string) (string, error)
-	// Log receives progress; nil discards it.
-	Log *slog.Logger
-}
-
-// pgPair is a PostgreSQL primary with one streaming standby and a
-// PgBouncer in front of each, all real processes on this machine: the
-// shape of a production deployment whose orchestrator fails over by
-// promoting the standby. The address getters and Primary may be called
-// from any goroutine; the other methods from one at a time.
-type pgPair struct {
-	sync        bool
-	log         *slog.Logger
-	nodeOpts    [2]pgtmp.Options // how each node starts, to restart it alike
-	nodes       [2]*pgtmp.Cluster
-	nodeAddrs   [2]string
-	bouncers    [2]*pgBouncer
-	bouncerAddr [2]string
-	primary     atomic.Int32
-	down        [2]bool // killed: never started again
-	promoted    bool    // the standby took over: nothing streams any more
-}
-
-// startPGPair starts a durable primary, copies it into a standby that
-// streams from it (through o.Replication's address when given) and waits
-// until the standby streams, synchronously when o.Sync. Then it creates
-// the database payments and starts one PgBouncer per node. On error
-// everything started is stopped again.
-func startPGPair(ctx context.Context, o pgPairOptions) (_ *pgPair, err error) {
-	p := &pgPair{sync: o.Sync, log: o.Log}
-	if p.log == nil {
-		p.log = slog.New(slog.DiscardHandler)
-	}
-	defer func() {
-		if err != nil {
-			p.Stop()
-		}
-	}()
-	start := time.Now()
-	if err := p.startPrimary(ctx, o.Work); err != nil {
-		return nil, err
-	}
-	if err := p.startStandby(ctx, o.Work, o.Replication); err != nil {
-		return nil, err
-	}
-	if err := p.waitStreaming(ctx); err != nil {
-		return nil, err
-	}
-	// Only now: with a synchronous standby, a commit waits until the
-	// standby has it.
-	if err := pgExec(ctx, p.adminURL(0), "CREATE DATABASE "+pgDatabase); err != nil {
-		return nil, err
-	}
-	for i, node := range p.nodes {
-		b, err := startPGBouncer(ctx, node, filepath.Join(o.Work, fmt.Sprintf("bouncer%d", i)), p.URL)
-		if err != nil {
-			return nil, err
-		}
-		p.bouncers[i], p.bouncerAddr[i] = b, b.addr
-	}
-	p.log.Info("PostgreSQL pair ready", "nodes", p.nodeAddrs, "bouncers", p.bouncerAddr, "sync", o.Sync,
-		"took", time.Since(start).Round(time.Millisecond))
-	return p, nil
-}
-
-// pgNodeSettings are the settings both nodes run with: either may be the
-// primary, so both are as durable as a production primary.
-func pgNodeSettings() map[string]string {
-	return map[string]string{
-		"fsync":              "on",
-		"synchronous_commit": "on",
-		"full_page_writes":   "on",
-		"wal_level":          "replica",
-		"max_wal_senders":    "10",
-		"hot_standby":        "on",
-		// A standby whose primary went away retries after this long (the
-		// default is 5 s), so it streams again soon after a restart or a
-		// restored link. Promotion waits for a retry under way too: with
-		// 1s it took 1.2 s in half the runs here, with 200ms 0.2-0.45 s.
-		"wal_retrieve_retry_interval": "200ms",
-	}
-}
-
-// startPrimary initializes and starts node 0.
-func (p *pgPair) startPrimary(ctx context.Context, work string) error {
-	settings := pgNodeSettings()
-	if p.sync {
-		settings["synchronous_standby_names"] = pgStandbyName
-	}
-	return p.startNode(ctx, 0, pgtmp.Options{Dir: filepath.Join(work, "node0"), Settings: settings, Logger: p.log})
-}
-
-// startStandby copies the primary into node 1 with pg_basebackup and
-// starts it streaming from the primary, or from the address replication
-// returns for it.
-func (p *pgPair) startStandby(ctx context.Context, work string, replication func(string) (string, error)) error {
-	upstream := p.nodeAddrs[0]
-	if replication != nil {
-		var err error
-		if upstream, err = replication(upstream); err != nil {
-			return fmt.Errorf("replication link: %w", err)
-		}
-	}
-	opts := pgtmp.Options{
-		Dir:      filepath.Join(work, "node1"),
-		Settings: pgNodeSettings(),
-		Standby:  &pgtmp.Standby{Primary: upstream, Name: pgStandbyName},
-		Logger:   p.log,
-	}
-	return p.startNode(ctx, 1, opts)
-}
-
-// startNode starts node i and records how, with the port it got, so that
-// a restart reuses both.
-func (p *pgPair) startNode(ctx context.Context, i int, opts pgtmp.Options) error {
-	c, err := pgtmp.Start(ctx, opts)
-	if err != nil {
-		return fmt.Errorf("node %d: %w", i, err)
-	}
-	opts.Port = c.Port()
-	p.nodeOpts[i], p.nodes[i] = opts, c
-	p.nodeAddrs[i] = fmt.Sprintf("127.0.0.1:%d", c.Port())
-	return nil
-}
-
-// waitStreaming waits until node 0's pg_stat_replication shows the
-// standby streaming and, when sync, as its synchronous standby: before
-// that a commit would not wait for the standby. Node 0 is the primary
-// for as long as there is a standby.
-func (p *pgPair) waitStreaming(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, pgWaitTimeout)
-	defer cancel()
-	want := "streaming"
-	if p.sync {
-		want = "streaming/sync"
-	}
-	var got string
-	for {
-		var state, syncState string
-		err := pgQueryRow(ctx, p.adminURL(0),
-			"SELECT state, sync_state FROM pg_stat_replication WHERE application_name = $1", []any{pgStandbyName}, &state, &syncState)
-		switch {
-		case err == nil:
-			got = state + "/" + syncState
-			if state == "streaming" && (!p.sync || syncState == "sync") {
-				return nil
-			}
-		case errors.Is(err, pgx.ErrNoRows):
-			got = "not connected"
-		default:
-			got = err.Error()
-		}
-		select {
-		case <-ctx.Done():
-			standbyLog := filepath.Join(p.nodeOpts[1].Dir, "postgres.log")
-			return fmt.Errorf("standby is not %s after %s (last: %s)\n--- %s ---\n%s",
-				want, pgWaitTimeout, got, standbyLog, harness.Tail(standbyLog))
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-}
-
-// NodeAddrs returns the PostgreSQL servers' addresses: [0] the original
-// primary, [1] the original standby.
-func (p *pgPair) NodeAddrs() [2]string { return p.nodeAddrs }
-
-// BouncerAddrs returns the addresses of the PgBouncers in front of node 0
-// and node 1.
-func (p *pgPair) BouncerAddrs() [2]string { return p.bouncerAddr }
-
-// User is the user name to connect as; no password is needed.
-func (p *pgPair) User() string { return pgUser }
-
-// Primary is the index of the node that is the primary now.
-func (p *pgPair) Primary() int { return int(p.primary.Load()) }
-
-// URL is a connection URL for the database payments at addr.
-func (p *pgPair) URL(addr string) string {
-	return fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable", pgUser, addr, pgDatabase)
-}
-
-// adminURL is a URL for node i's database postgres, which exists before
-// payments does.
-func (p *pgPair) adminURL(i int) string { return p.nodes[i].URL("postgres") }
-
-// KillPrimary crashes the primary as a machine crash would: its postmaster
-// and every backend die at once by SIGKILL. It returns once they are gone.
-// The node is never started again, as a failed-over primary must not come
-// back as a second writer.
-func (p *pgPair) KillPrimary() error {
-	i := p.Primary()
-	if p.down[i] {
-		return fmt.Errorf("node %d, the primary, is already down", i)
-	}
-	p.nodes[i].Kill()
-	p.down[i] = true
-	p.log.Info("PostgreSQL primary killed", "node", i)
-	return nil
-}
-
-// Promote makes the standby the primary with pg_promote, as an
-// orchestrator does, and returns how long it took until the standby
-// answered as a primary.
-func (p *pgPair) Promote(ctx context.Context) (time.Duration, error) {
-	i := 1 - p.Primary()
-	if p.promoted || p.down[i] {
-		return 0, errors.New("there is no standby to promote")
-	}
-	url := p.adminURL(i)
-	start := time.Now()
-	var done bool
-	if err := pgQueryRow(ctx, url, "SELECT pg_promote(true, 60)", nil, &done); err != nil {
-		return 0, fmt.Errorf("promote node %d: %w", i, err)
-	}
-	if !done {
-		return 0, fmt.Errorf("promote node %d: not done within 60 s", i)
-	}
-	var inRecovery bool
-	if err := pgQueryRow(ctx, url, "SELECT pg_is_in_recovery()", nil, &inRecovery); err != nil {
-		return 0, fmt.Errorf("promote node %d: %w", i, err)
-	}
-	if inRecovery {
-		return 0, fmt.Errorf("promote node %d: still in recovery after pg_promote", i)
-	}
-	took := time.Since(start)
-	p.promoted = true
-	p.primary.Store(int32(i))
-	p.log.Info("PostgreSQL standby promoted", "node", i, "took", took.Round(time.Millisecond))
-	return took, nil
-}
-
-// RestartPrimary stops the primary in mode "fast" or "immediate" (see
-// pgtmp.Cluster.StopMode) and starts it again on its port and data
-// directory. It returns once the primary accepts connections and, for a
-// synchronous pair that still has its standby, once the standby streams
-// in sync again, since until then every commit waits.
-func (p *pgPair) RestartPrimary(ctx context.Context, mode string) error {
-	i := p.Primary()
-	if p.down[i] {
-		return fmt.Errorf("node %d, the primary, is down for good", i)
-	}
-	start := time.Now()
-	if err := p.nodes[i].StopMode(mode); err != nil {
-		return fmt.Errorf("stop node %d (%s): %w", i, mode, err)
-	}
-	if err := p.startNode(ctx, i, p.nodeOpts[i]); err != nil {
-		return err
-	}
-	if p.sync && !p.promoted {
-		if err := p.waitStreaming(ctx); err != nil {
-			return err
-		}
-	}
-	p.log.Info("PostgreSQL primary restarted", "node", i, "mode", mode, "took", time.Since(start).Round(time.Millisecond))
-	return nil
-}
-
-// Stop stops the bouncers, then the primary, then the standby, ignoring
-// what is already dead. Work is left for inspection.
-func (p *pgPair) Stop() {
-	for _, b := range p.bouncers {
-		if b != nil {
-			b.stop()
-		}
-	}
-	first := p.Primary()
-	for _, i := range []int{first, 1 - first} {
-		if p.nodes[i] == nil {
-			continue
-		}
-		if err := p.nodes[i].Stop(); err != nil {
-			p.log.Warn("PostgreSQL node did not stop cleanly", "node", i, "err", err)
-		}
-	}
-}
 
 // pgBouncer is a running pgbouncer.
 type pgBouncer struct {
@@ -364,16 +69,16 @@ query_wait_timeout = 5
 ignore_startup_parameters = extra_float_digits,search_path
 `
 
-// startPGBouncer runs pgbouncer in front of node as the account node runs
-// as (pgbouncer refuses root too), with its files in dir, and waits until
-// a query through it succeeds. url makes a connection URL from an
-// address.
-func startPGBouncer(ctx context.Context, node *pgtmp.Cluster, dir string, url func(string) string) (*pgBouncer, error) {
+// startPGBouncer runs pgbouncer in front of the PostgreSQL on serverPort
+// as the account PostgreSQL runs as (pgbouncer refuses root too), with
+// its files in dir, and waits until a query through it succeeds. url
+// makes a connection URL from an address.
+func startPGBouncer(ctx context.Context, serverPort int, dir string, url func(string) string) (*pgBouncer, error) {
 	bin, err := pgBouncerBinary()
 	if err != nil {
 		return nil, err
 	}
-	addr, conf, err := writePGBouncerConfig(dir, node.Port())
+	addr, conf, err := writePGBouncerConfig(dir, serverPort)
 	if err != nil {
 		return nil, err
 	}
@@ -386,7 +91,7 @@ func startPGBouncer(ctx context.Context, node *pgtmp.Cluster, dir string, url fu
 	b.cmd = exec.Command(bin, conf)
 	b.cmd.Dir = dir
 	b.cmd.Stdout, b.cmd.Stderr = logFile, logFile
-	if err := node.StartProcess(b.cmd); err != nil {
+	if err := pgtmp.StartAs(dir, b.cmd); err != nil {
 		return nil, fmt.Errorf("start pgbouncer: %w", err)
 	}
 	go func() {

@@ -59,8 +59,8 @@ func sleep(ctx context.Context, d time.Duration) {
 // scenarios lists every scenario in the order they run.
 func scenarios() []scenario {
 	return []scenario{
-		{id: "1", name: "primary-kill", short: true, apis: 2, fault: primaryKill,
-			about: "the primary is SIGKILLed under order and payment load; the synchronous standby is promoted with pg_promote()"},
+		{id: "1", name: "leader-kill", apis: 2, fault: leaderKill,
+			about: "the Patroni leader's machine is lost (PostgreSQL and Patroni SIGKILLed) under order and payment load; Patroni promotes the synchronous standby on its own"},
 		{id: "2", name: "commit-reset", short: true, apis: 2, fault: commitReset,
 			about: "connections to the database are reset (toxiproxy reset_peer) in bursts: some during COMMIT, an unknown outcome"},
 		{id: "3", name: "pooler", apis: 3, fault: pooler,
@@ -72,31 +72,41 @@ func scenarios() []scenario {
 		{id: "5", name: "processor-link", short: true, apis: 2, fault: processorLink,
 			about: "latency past the processor timeout, stalled and reset connections on the API→processor link"},
 		{id: "6", name: "api-kill", apis: 3, fault: apiKill,
-			about: "API processes SIGKILLed at random and restarted, during a primary failover and processor-link faults"},
+			about: "API processes SIGKILLed at random and restarted, during a Patroni failover and processor-link faults"},
 		{id: "8", name: "pg-restart", apis: 2, fault: pgRestart,
-			about: "the primary restarted with -m fast, then -m immediate, under load (T6)"},
-		{id: "7", name: "async-standby", short: true, control: true, async: true, apis: 2, fault: asyncFailover,
-			about: "NEGATIVE CONTROL: the standby is asynchronous; replication stalls, the primary is killed, the standby promoted: the checker must report lost writes"},
+			about: "the leader's PostgreSQL restarted under load: patronictl restart (fast), then SIGQUIT (immediate), Patroni starting it again (T6)"},
+		{id: "9", name: "split-brain", short: true, apis: 2, fault: splitBrain,
+			about: "the leader is cut off from etcd and from its standby while the API still reaches it: Patroni must demote it before the standby takes over, then it rejoins (pg_rewind)"},
+		{id: "10", name: "rejoin", apis: 2, fault: rejoin,
+			about: "the leader is lost and Patroni fails over; the old leader comes back as a standby (pg_rewind) and a switchover back to it loses nothing"},
+		{id: "11", name: "switchover", apis: 2, fault: switchover,
+			about: "a planned switchover (patronictl switchover) under load"},
+		{id: "12", name: "etcd-member-kill", apis: 2, fault: etcdMemberKill,
+			about: "the etcd member leading the raft group is killed: two of three keep the quorum, Patroni keeps its leader"},
+		{id: "7", name: "async-split-brain", short: true, control: true, async: true, apis: 2, fault: asyncSplitBrain,
+			about: "NEGATIVE CONTROL: Patroni without synchronous_mode; the leader is cut off from etcd and its standby while the API writes to it, then the standby is promoted: the checker must report lost writes"},
 	}
 }
 
-// failover kills the primary, waits as an orchestrator's failure
-// detection would, and promotes the standby.
-func failover(ctx context.Context, r *faultRun) error {
-	if err := r.d.pg.KillPrimary(); err != nil {
-		return err
-	}
-	sleep(ctx, time.Second)
-	took, err := r.d.pg.Promote(ctx)
+// failover crashes the leader's machine and waits until Patroni has
+// promoted the standby on its own.
+func failover(ctx context.Context, r *faultRun) (old int, err error) {
+	start := time.Now()
+	old, err = r.d.pg.CrashLeader()
 	if err != nil {
-		return err
+		return old, err
 	}
-	r.note("promoted in %s", took.Round(time.Millisecond))
-	return nil
+	leader, err := r.d.pg.WaitLeader(ctx, old)
+	if err != nil {
+		return old, err
+	}
+	r.note("Patroni promoted %s %s after the crash (ttl %s, loop_wait %s, retry_timeout %s)",
+		r.d.pg.Name(leader), time.Since(start).Round(100*time.Millisecond), patroniTTL, patroniLoopWait, patroniRetryTimeout)
+	return old, nil
 }
 
-func primaryKill(ctx context.Context, r *faultRun) error {
-	if err := failover(ctx, r); err != nil {
+func leaderKill(ctx context.Context, r *faultRun) error {
+	if _, err := failover(ctx, r); err != nil {
 		return err
 	}
 	sleep(ctx, r.hold())
@@ -107,7 +117,7 @@ func primaryKill(ctx context.Context, r *faultRun) error {
 // whatever is on the wire then, a COMMIT among them, never gets its
 // answer.
 func commitReset(ctx context.Context, r *faultRun) error {
-	l := r.d.dbLinks[r.d.pg.Primary()]
+	l := r.d.dbLinks[r.d.pg.Leader()]
 	end := time.Now().Add(r.hold())
 	bursts := 0
 	for time.Now().Before(end) && ctx.Err() == nil {
@@ -202,7 +212,8 @@ func apiKill(ctx context.Context, r *faultRun) error {
 			n++
 		}
 	}()
-	err := errors.Join(processorLink(ctx, r), failover(ctx, r))
+	_, failErr := failover(ctx, r)
+	err := errors.Join(processorLink(ctx, r), failErr)
 	sleep(ctx, r.hold()/2)
 	stopKilling()
 	r.note("%d API processes killed", <-killed)
@@ -212,27 +223,11 @@ func apiKill(ctx context.Context, r *faultRun) error {
 func pgRestart(ctx context.Context, r *faultRun) error {
 	for _, mode := range []string{"fast", "immediate"} {
 		start := time.Now()
-		if err := r.d.pg.RestartPrimary(ctx, mode); err != nil {
+		if err := r.d.pg.RestartLeader(ctx, mode); err != nil {
 			return err
 		}
-		r.note("restart -m %s took %s", mode, time.Since(start).Round(time.Millisecond))
+		r.note("restart (%s) of the leader took %s, until its standby streamed again", mode, time.Since(start).Round(time.Millisecond))
 		sleep(ctx, r.hold()/2)
 	}
-	return nil
-}
-
-// asyncFailover is the negative control: the replication link stalls
-// (a network blip an asynchronous standby does not wait for), the
-// primary keeps acknowledging writes for a while, then dies, and the
-// standby that never received them is promoted.
-func asyncFailover(ctx context.Context, r *faultRun) error {
-	if err := r.d.replLink.Down(); err != nil {
-		return err
-	}
-	sleep(ctx, 2*time.Second)
-	if err := failover(ctx, r); err != nil {
-		return err
-	}
-	sleep(ctx, r.hold())
 	return nil
 }

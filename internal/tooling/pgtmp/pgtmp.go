@@ -599,3 +599,25 @@ func pidFromLockError(tail string) int {
 	pid, _ := strconv.Atoi(num)
 	return pid
 }
+
+// StartAs starts cmd as the account Start would run a server on the data
+// directory dir as, for programs that start PostgreSQL themselves and so
+// refuse root as it does (an orchestrator such as Patroni). When this
+// process runs as root, dir (which must exist) is handed to that account
+// and its parents must be searchable by it. Like StartProcess, cmd gets
+// its own process group and on Linux is killed when this process dies;
+// what it starts in a session of its own is not.
+func StartAs(dir string, cmd *exec.Cmd) error {
+	acct, err := serverAccount(dir)
+	if err != nil {
+		return err
+	}
+	if err := acct.checkReachable(dir); err != nil {
+		return err
+	}
+	if err := acct.chown(dir); err != nil {
+		return err
+	}
+	cmd.SysProcAttr = sysProcAttr(acct, syscall.SIGKILL)
+	return startOnFreshThread(cmd)
+}
