@@ -56,6 +56,15 @@ type environment struct {
 	dataDir           string
 	apiBin, workDir   string
 	apiEnv            []string // the environment both APIs run with, but DATABASE_URL
+
+	// The peers (peers.go) and the crash test (crash.go).
+	redis       *redisServer
+	fiber       *harness.Process
+	fiberURL    string
+	fiberBin    string
+	crashAPIBin string // the API built with -tags "loadtest failpoints"
+	tenantID    string // the benchmark's tenant, whose API key is apiKey
+	apiDBURL    string // DATABASE_URL of the load API (its pool size)
 }
 
 // start builds and starts everything; on error, what it started is in the
@@ -146,9 +155,12 @@ func start(ctx context.Context, o options) (*environment, error) {
 		return env, err
 	}
 	env.loadURL = "http://" + addr
+	env.apiBin, env.workDir, env.apiEnv, env.apiDBURL = apiBin, work, common, apiURL
 	if o.storedKeys > 0 {
-		env.apiBin, env.workDir, env.apiEnv = apiBin, work, common
 		return env, setupStoredKeys(ctx, o, env)
+	}
+	if err := startPeers(ctx, env, root); err != nil {
+		return env, err
 	}
 
 	if env.proxy, err = pgwire.Listen(net.JoinHostPort("127.0.0.1", strconv.Itoa(env.cluster.Port()))); err != nil {
@@ -188,10 +200,13 @@ func start(ctx context.Context, o options) (*environment, error) {
 // stop ends every process, the proxy and PostgreSQL, and removes the
 // temporary directories (unless -keep).
 func (env *environment) stop() {
-	for _, p := range []*harness.Process{env.tracedAPI, env.probeAPI, env.fullAPI, env.loadAPI, env.processor} {
+	for _, p := range []*harness.Process{env.fiber, env.tracedAPI, env.probeAPI, env.fullAPI, env.loadAPI, env.processor} {
 		if p != nil {
 			p.Stop()
 		}
+	}
+	if env.redis != nil {
+		env.redis.stop()
 	}
 	if env.sink != nil {
 		env.sink.close()

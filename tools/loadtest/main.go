@@ -89,6 +89,7 @@ type options struct {
 	pgbench     bool   // measure PostgreSQL's CPU per create with pgbench instead (pgbench.go)
 	storedKeys  int64  // > 0: creates against an empty key table and one holding this many keys instead (storedkeys.go)
 	execMode    string // pgx's default_query_exec_mode for the APIs; "" keeps pgx's default (cache_statement)
+	crashTrials int    // crashes per party in the crash test (crash.go)
 }
 
 func parseOptions(args []string, getenv func(string) string) (options, error) {
@@ -100,6 +101,7 @@ func parseOptions(args []string, getenv func(string) string) (options, error) {
 	fs.IntVar(&o.pool, "pool", 4, "the API's database pool size (pool_max_conns)")
 	fs.IntVar(&o.storm, "storm", 200, "simultaneous duplicates in the storm")
 	fs.IntVar(&o.replayKeys, "replay-keys", 100, "keys the replay scenario cycles through")
+	fs.IntVar(&o.crashTrials, "crash-trials", 3, "crashes per party (ours and each peer) in the crash test")
 	fs.IntVar(&o.samples, "samples", 7, "single requests measured at the wire, per kind")
 	fs.BoolVar(&o.short, "short", getenv("LOADTEST_SHORT") == "1", "smoke test: 2 rounds of 1s (also LOADTEST_SHORT=1)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the temporary directories (logs, database) and print where they are")
@@ -128,8 +130,11 @@ func parseOptions(args []string, getenv func(string) string) (options, error) {
 		if !set["replay-keys"] {
 			o.replayKeys = 20
 		}
+		if !set["crash-trials"] {
+			o.crashTrials = 1
+		}
 	}
-	if o.rounds < 1 || o.duration <= 0 || o.concurrency < 1 || o.pool < 1 || o.storm < 2 || o.replayKeys < 1 || o.samples < 1 {
+	if o.rounds < 1 || o.duration <= 0 || o.concurrency < 1 || o.pool < 1 || o.storm < 2 || o.replayKeys < 1 || o.samples < 1 || o.crashTrials < 1 {
 		return o, fmt.Errorf("every count and duration must be positive (storm at least 2)")
 	}
 	switch o.execMode {

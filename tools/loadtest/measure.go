@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -27,6 +28,8 @@ func (s *scenario) add(r outcome) {
 
 type results struct {
 	create, baseline, replay, get, payment scenario
+	claimFirst, fiber, fiberPlain          scenario // the peers (peers.go)
+	crash                                  map[string]*crashResult
 	traced                                 scenario // create on the traced API (tracing.go)
 	tracedSpans, tracedCreateSpans         int      // what the sink received during the traced creates
 	untracedCreateSpans                    int      // ... during the untraced ones: must stay 0
@@ -48,22 +51,31 @@ func measureAll(ctx context.Context, o options, env *environment, stdout io.Writ
 		return nil, err
 	}
 	traced := &tracedSide{load: newLoad(env.tracedURL, env.apiKey, env.runID+"-traced", env.db, o.concurrency+8), sink: env.sink}
+	// The Fiber peer's load: its own client, so that its connections are
+	// to its process; the same run id keeps its references apart.
+	fiber := newLoad(env.fiberURL, env.apiKey, env.runID+"-fiber", env.db, o.concurrency+8)
 	res := &results{}
 	warm := &results{}
-	if err := oneRound(ctx, o, l, traced, warm, max(o.duration/4, 250*time.Millisecond), 0); err != nil {
+	if err := oneRound(ctx, o, l, traced, fiber, warm, max(o.duration/4, 250*time.Millisecond), 0); err != nil {
 		return nil, fmt.Errorf("warm-up: %w", err)
 	}
 	for i := 1; i <= o.rounds; i++ {
-		if err := oneRound(ctx, o, l, traced, res, o.duration, i); err != nil {
+		if err := oneRound(ctx, o, l, traced, fiber, res, o.duration, i); err != nil {
 			return nil, fmt.Errorf("round %d: %w", i, err)
 		}
 		last := func(s series) float64 { return s[len(s)-1] }
-		fmt.Fprintf(stdout, "round %d/%d: create %.0f/s, traced %.0f/s, baseline %.0f/s, replay %.0f/s, get %.0f/s, payment %.0f/s, storm p99 %.1f ms; traced / create %.2f, p99 %.2f\n",
-			i, o.rounds, last(res.create.rps), last(res.traced.rps), last(res.baseline.rps), last(res.replay.rps), last(res.get.rps), last(res.payment.rps), last(res.stormP99),
+		fmt.Fprintf(stdout, "round %d/%d: create %.0f/s, traced %.0f/s, baseline %.0f/s, claim-first %.0f/s, fiber %.0f/s, fiber-plain %.0f/s, replay %.0f/s, get %.0f/s, payment %.0f/s, storm p99 %.1f ms; traced / create %.2f, p99 %.2f\n",
+			i, o.rounds, last(res.create.rps), last(res.traced.rps), last(res.baseline.rps), last(res.claimFirst.rps), last(res.fiber.rps), last(res.fiberPlain.rps),
+			last(res.replay.rps), last(res.get.rps), last(res.payment.rps), last(res.stormP99),
 			last(res.traced.rps)/last(res.create.rps), last(res.traced.p99)/last(res.create.p99))
 	}
 
+	// The crash test, after the rounds, so that its restarts disturb none.
 	var err error
+	if res.crash, err = crashTest(ctx, env, l, o.crashTrials); err != nil {
+		return nil, err
+	}
+
 	if res.rssPeak, res.rssEnd, err = memory(env.loadAPI); err != nil {
 		return nil, err
 	}
@@ -96,10 +108,11 @@ type tracedSide struct {
 	sink *spanSink
 }
 
-// oneRound runs every scenario once. Create, baseline and the traced
-// create take turns at going first, second and third from one round to
-// the next, so that none always runs on the warmer (or fuller) database.
-func oneRound(ctx context.Context, o options, l *load, traced *tracedSide, res *results, d time.Duration, round int) error {
+// oneRound runs every scenario once. Create, baseline, the traced create
+// and the peers' creates take turns at going first, second, and so on from
+// one round to the next, so that none always runs on the warmer (or
+// fuller) database.
+func oneRound(ctx context.Context, o options, l *load, traced *tracedSide, fiber *load, res *results, d time.Duration, round int) error {
 	ids := &orderIDs{}
 	steps := []func() error{
 		func() error {
@@ -124,6 +137,21 @@ func oneRound(ctx context.Context, o options, l *load, traced *tracedSide, res *
 			res.traced.add(r)
 			res.tracedSpans += spans.spans
 			res.tracedCreateSpans += spans.createSpans
+			return err
+		},
+		func() error {
+			r, err := l.createOn(ctx, peerClaimFirst, "/v1/_claimfirst/orders", true, o.concurrency, d, &orderIDs{})
+			res.claimFirst.add(r)
+			return err
+		},
+		func() error {
+			r, err := fiber.fiberCreate(ctx, peerFiber, true, o.concurrency, d)
+			res.fiber.add(r)
+			return err
+		},
+		func() error {
+			r, err := fiber.fiberCreate(ctx, "fiber-plain", false, o.concurrency, d)
+			res.fiberPlain.add(r)
 			return err
 		},
 	}
@@ -183,16 +211,49 @@ func executedCharges(ctx context.Context, processorURL string) (int, error) {
 	return n, nil
 }
 
+// peerFigures are the peers' ratios, per round.
+type peerFigures struct {
+	claimFirstOverOurs, fiberOverOurs series // requests/s over ours
+	fiberOwn                          series // fiber / fiber-plain
+}
+
+func peerRatios(r *results) peerFigures {
+	return peerFigures{
+		claimFirstOverOurs: ratio(r.claimFirst.rps, r.create.rps),
+		fiberOverOurs:      ratio(r.fiber.rps, r.create.rps),
+		fiberOwn:           ratio(r.fiber.rps, r.fiberPlain.rps),
+	}
+}
+
+func (p peerFigures) overOurs(peer string) series {
+	if peer == peerFiber {
+		return p.fiberOverOurs
+	}
+	return p.claimFirstOverOurs
+}
+
+// describe lists the retries' answers, e.g. "3× 201 replayed".
+func (c *crashResult) describe() string {
+	var parts []string
+	for _, a := range slices.Sorted(maps.Keys(c.answers)) {
+		parts = append(parts, fmt.Sprintf("%d× %s", c.answers[a], a))
+	}
+	return strings.Join(parts, ", ")
+}
+
 func report(w io.Writer, o options, r *results) {
 	fmt.Fprintf(w, "\nthroughput and latency at c=%d, median (range) over %d rounds:\n", o.concurrency, o.rounds)
 	fmt.Fprintf(w, "  %-9s %-24s %-24s %s\n", "", "requests/s", "p50 ms", "p99 ms")
 	for _, s := range []struct {
 		name string
 		sc   scenario
-	}{{"create", r.create}, {"traced", r.traced}, {"baseline", r.baseline}, {"replay", r.replay}, {"get", r.get}, {"payment", r.payment}} {
-		fmt.Fprintf(w, "  %-9s %-24s %-24s %s\n", s.name, s.sc.rps.format(0), s.sc.p50.format(1), s.sc.p99.format(1))
+	}{{"create", r.create}, {"traced", r.traced}, {"baseline", r.baseline}, {"replay", r.replay}, {"get", r.get}, {"payment", r.payment},
+		{"claim-first", r.claimFirst}, {"fiber", r.fiber}, {"fiber-plain", r.fiberPlain}} {
+		fmt.Fprintf(w, "  %-11s %-24s %-24s %s\n", s.name, s.sc.rps.format(0), s.sc.p50.format(1), s.sc.p99.format(1))
 	}
 	fmt.Fprintln(w, "  (traced: the create on a twin API with OpenTelemetry on, every request sampled, exported over OTLP/HTTP)")
+	fmt.Fprintln(w, "  (peers, around the same order insert: claim-first, the key claimed in progress, the order, the key updated to completed, one transaction;")
+	fmt.Fprintln(w, "   fiber, Fiber's middleware/idempotency with its Redis storage on a private redis-server; fiber-plain, the same Fiber app without it)")
 	if r.paymentsRanOut {
 		fmt.Fprintln(w, "  (the payment scenario ran out of unpaid orders before its time in some round; its rate is over the time it ran)")
 	}
@@ -211,6 +272,18 @@ func report(w io.Writer, o options, r *results) {
 	fmt.Fprintf(w, "  X3 traced / create     %-22s requests/s; p99 %s (tracing on, 100 %% sampled, over off)\n", tracedRPS.format(2), tracedP99.format(2))
 	fmt.Fprintf(w, "     the sink received %d spans during the traced creates, %d of them server spans of the %d creates; %d server spans during the untraced creates\n",
 		r.tracedSpans, r.tracedCreateSpans, r.traced.requests, r.untracedCreateSpans)
+	peers := peerRatios(r)
+	fmt.Fprintf(w, "  P8 claim-first / ours  %-22s requests/s; p99 %s\n", peers.claimFirstOverOurs.format(2), ratio(r.claimFirst.p99, r.create.p99).format(2))
+	fmt.Fprintf(w, "     fiber / ours        %-22s requests/s; p99 %s\n", peers.fiberOverOurs.format(2), ratio(r.fiber.p99, r.create.p99).format(2))
+	fmt.Fprintf(w, "     fiber / fiber-plain %-22s the peer's own price of its key, beside P1 %s\n", peers.fiberOwn.format(2), p1.format(2))
+	fmt.Fprintf(w, "     fiber-plain / baseline %-19s the two HTTP stacks without a key\n", ratio(r.fiberPlain.rps, r.baseline.rps).format(2))
+
+	fmt.Fprintf(w, "\ncrash test: killed after the order's commit, before the response is stored; the same request under the same key to a fresh process:\n")
+	fmt.Fprintf(w, "  %-11s %-7s %-9s %-22s %-14s %s\n", "", "crashes", "replayed", "duplicate executions", "orders past 1", "the retries' answers")
+	for _, name := range append([]string{"ours"}, peerNames...) {
+		c := r.crash[name]
+		fmt.Fprintf(w, "  %-11s %-7d %-9d %-22d %-14d %s\n", name, c.trials, c.replays, c.duplicates, c.extraRows, c.describe())
+	}
 
 	c := r.costs
 	fmt.Fprintf(w, "\nround trips / statements per request, single requests at the wire, median (range) of %d:\n", o.samples)
@@ -264,6 +337,17 @@ func report(w io.Writer, o options, r *results) {
 		fmt.Sprintf("trace_rps=%.2f", tracedRPS.median()),
 		fmt.Sprintf("trace_p99=%.2f", tracedP99.median()),
 		fmt.Sprintf("rss_mb=%.0f", mb(r.rssPeak)),
+		fmt.Sprintf("peers=%d", len(peerNames)),
+		fmt.Sprintf("crash_dups_ours=%d", r.crash["ours"].duplicates),
+		fmt.Sprintf("fiber_own=%.2f", peers.fiberOwn.median()),
+		fmt.Sprintf("claim_first_rps=%.0f", r.claimFirst.rps.median()),
+		fmt.Sprintf("fiber_rps=%.0f", r.fiber.rps.median()),
+		fmt.Sprintf("fiber_plain_rps=%.0f", r.fiberPlain.rps.median()),
+	}
+	for _, name := range peerNames {
+		fields = append(fields,
+			fmt.Sprintf("%s_over_ours=%.2f", fieldName(name), peers.overOurs(name).median()),
+			fmt.Sprintf("crash_dups_%s=%d", fieldName(name), r.crash[name].duplicates))
 	}
 	fmt.Fprintf(w, "\nloadtest: %s\n", strings.Join(fields, " "))
 }
