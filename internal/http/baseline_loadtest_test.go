@@ -66,3 +66,58 @@ func TestBaselineCreate(t *testing.T) {
 		}
 	})
 }
+
+// The payment baseline pays an order as POST /v1/payments does, with the
+// same checks, rows and answer, and no key row.
+func TestBaselinePayment(t *testing.T) {
+	t.Parallel()
+	e := setup(t, withProcessor())
+	count := func(sql string) int {
+		t.Helper()
+		var n int
+		if err := e.pool.QueryRow(context.Background(), sql, e.a.ID).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	created := e.post(t, e.a.Key, "bp-order", orderBody("bp-1"))
+	var o api.Order
+	if err := json.Unmarshal(created.body, &o); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("PaysTheOrderWithoutAKey", func(t *testing.T) {
+		res := e.do(t, http.MethodPost, httpapi.BaselinePaymentsPath, e.a.Key, []byte(payBody(o.Id.String(), "pm_card_visa")))
+		if res.status != http.StatusCreated {
+			t.Fatalf("status %d: %s", res.status, res.body)
+		}
+		var p api.Payment
+		if err := json.Unmarshal(res.body, &p); err != nil || p.Status != "succeeded" || p.OrderId != o.Id {
+			t.Fatalf("body %s: %v", res.body, err)
+		}
+		if got, want := res.header.Get("Location"), "/v1/payments/"+p.Id.String(); got != want {
+			t.Errorf("Location = %q, want %q", got, want)
+		}
+		if n := count(`SELECT count(*) FROM payments WHERE tenant_id = $1 AND status = 'succeeded' AND charge_id IS NOT NULL`); n != 1 {
+			t.Errorf("succeeded payments = %d, want 1", n)
+		}
+		if n := count(`SELECT count(*) FROM outbox WHERE tenant_id = $1 AND event_type = 'payment.succeeded'`); n != 1 {
+			t.Errorf("payment.succeeded events = %d, want 1", n)
+		}
+		if n := count(`SELECT count(*) FROM idempotency_keys WHERE tenant_id = $1 AND endpoint <> 'POST /v1/orders'`); n != 0 {
+			t.Errorf("key rows = %d, want 0", n)
+		}
+	})
+
+	t.Run("ChecksLikeTheRealPayment", func(t *testing.T) {
+		if res := e.do(t, http.MethodPost, httpapi.BaselinePaymentsPath, e.a.Key, []byte(payBody(o.Id.String(), "pm_card_visa"))); res.status != http.StatusConflict {
+			t.Errorf("a second payment of the order: %d %s, want 409", res.status, res.body)
+		}
+		if res := e.do(t, http.MethodPost, httpapi.BaselinePaymentsPath, "", []byte(payBody(o.Id.String(), "pm_card_visa"))); res.status != http.StatusUnauthorized {
+			t.Errorf("without an API key: %d, want 401", res.status)
+		}
+		if n := count(`SELECT count(*) FROM payments WHERE tenant_id = $1`); n != 1 {
+			t.Errorf("payments = %d, want 1", n)
+		}
+	})
+}

@@ -165,6 +165,9 @@ func truncate(b []byte) string {
 type orderIDs struct {
 	mu  sync.Mutex
 	ids []string
+	// paid counts the ids the payment scenarios have taken: each order is
+	// paid once, by the payment or by its baseline.
+	paid atomic.Int64
 }
 
 func (o *orderIDs) add(bodies [][]byte) error {
@@ -332,10 +335,19 @@ func (l *load) get(workers int, d time.Duration, ids *orderIDs) (outcome, error)
 // must grow by exactly their number. It stops early if it runs out of
 // unpaid orders.
 func (l *load) payment(ctx context.Context, workers int, d time.Duration, ids *orderIDs) (outcome, bool, error) {
-	var next atomic.Int64
+	return l.paymentOn(ctx, "payment", "/v1/payments", true, workers, d, ids)
+}
+
+// paymentBaseline is payment on the route without idempotency
+// (POST /v1/_baseline/payments), paying other orders of the round.
+func (l *load) paymentBaseline(ctx context.Context, workers int, d time.Duration, ids *orderIDs) (outcome, bool, error) {
+	return l.paymentOn(ctx, "payment-baseline", "/v1/_baseline/payments", false, workers, d, ids)
+}
+
+func (l *load) paymentOn(ctx context.Context, name, path string, withKey bool, workers int, d time.Duration, ids *orderIDs) (outcome, bool, error) {
 	var ranOut atomic.Bool
 	tr := func(t *vegeta.Target) error {
-		i := int(next.Add(1)) - 1
+		i := int(ids.paid.Add(1)) - 1
 		ids.mu.Lock()
 		n := len(ids.ids)
 		var id string
@@ -348,7 +360,11 @@ func (l *load) payment(ctx context.Context, workers int, d time.Duration, ids *o
 			return vegeta.ErrNoTargets
 		}
 		body := fmt.Appendf(nil, `{"order_id":%q,"amount":%d,"currency":"EUR","payment_method":"pm_card_visa"}`, id, orderAmount)
-		t.Method, t.URL, t.Header, t.Body = http.MethodPost, l.base+"/v1/payments", l.headers(l.fresh("pay")), body
+		key := ""
+		if withKey {
+			key = l.fresh("pay")
+		}
+		t.Method, t.URL, t.Header, t.Body = http.MethodPost, l.base+path, l.headers(key), body
 		return nil
 	}
 	executed := status(http.StatusCreated, false)
@@ -363,9 +379,9 @@ func (l *load) payment(ctx context.Context, workers int, d time.Duration, ids *o
 		return ""
 	}
 	var out outcome
-	err := l.checkRows(ctx, "payment", countPayments, func() (int, error) {
+	err := l.checkRows(ctx, name, countPayments, func() (int, error) {
 		var err error
-		out, err = l.attack("payment", workers, d, tr, expect, false)
+		out, err = l.attack(name, workers, d, tr, expect, false)
 		return out.ok, err
 	})
 	return out, ranOut.Load(), err

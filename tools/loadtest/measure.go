@@ -29,6 +29,7 @@ func (s *scenario) add(r outcome) {
 type results struct {
 	create, baseline, replay, get, payment scenario
 	claimFirst, fiber, fiberPlain          scenario // the peers (peers.go)
+	paymentBaseline                        scenario // POST /v1/_baseline/payments
 	crash                                  map[string]*crashResult
 	traced                                 scenario // create on the traced API (tracing.go)
 	tracedSpans, tracedCreateSpans         int      // what the sink received during the traced creates
@@ -64,9 +65,9 @@ func measureAll(ctx context.Context, o options, env *environment, stdout io.Writ
 			return nil, fmt.Errorf("round %d: %w", i, err)
 		}
 		last := func(s series) float64 { return s[len(s)-1] }
-		fmt.Fprintf(stdout, "round %d/%d: create %.0f/s, traced %.0f/s, baseline %.0f/s, claim-first %.0f/s, fiber %.0f/s, fiber-plain %.0f/s, replay %.0f/s, get %.0f/s, payment %.0f/s, storm p99 %.1f ms; traced / create %.2f, p99 %.2f\n",
+		fmt.Fprintf(stdout, "round %d/%d: create %.0f/s, traced %.0f/s, baseline %.0f/s, claim-first %.0f/s, fiber %.0f/s, fiber-plain %.0f/s, replay %.0f/s, get %.0f/s, payment %.0f/s, payment-baseline %.0f/s, storm p99 %.1f ms; traced / create %.2f, p99 %.2f\n",
 			i, o.rounds, last(res.create.rps), last(res.traced.rps), last(res.baseline.rps), last(res.claimFirst.rps), last(res.fiber.rps), last(res.fiberPlain.rps),
-			last(res.replay.rps), last(res.get.rps), last(res.payment.rps), last(res.stormP99),
+			last(res.replay.rps), last(res.get.rps), last(res.payment.rps), last(res.paymentBaseline.rps), last(res.stormP99),
 			last(res.traced.rps)/last(res.create.rps), last(res.traced.p99)/last(res.create.p99))
 	}
 
@@ -155,6 +156,20 @@ func oneRound(ctx context.Context, o options, l *load, traced *tracedSide, fiber
 			return err
 		},
 	}
+	payments := []func() error{
+		func() error {
+			r, ranOut, err := l.payment(ctx, o.concurrency, d, ids)
+			res.payment.add(r)
+			res.paymentsRanOut = res.paymentsRanOut || ranOut
+			return err
+		},
+		func() error {
+			r, ranOut, err := l.paymentBaseline(ctx, o.concurrency, d, ids)
+			res.paymentBaseline.add(r)
+			res.paymentsRanOut = res.paymentsRanOut || ranOut
+			return err
+		},
+	}
 	first := round % len(steps)
 	steps = slices.Concat(steps[first:], steps[:first])
 	steps = append(steps,
@@ -168,12 +183,9 @@ func oneRound(ctx context.Context, o options, l *load, traced *tracedSide, fiber
 			res.get.add(r)
 			return err
 		},
-		func() error {
-			r, ranOut, err := l.payment(ctx, o.concurrency, d, ids)
-			res.payment.add(r)
-			res.paymentsRanOut = res.paymentsRanOut || ranOut
-			return err
-		},
+		// The payment and its baseline take turns at going first.
+		payments[round%2],
+		payments[(round+1)%2],
 		func() error {
 			s, err := l.storm(ctx, o.storm)
 			res.stormP99 = append(res.stormP99, ms(s.p99))
@@ -243,13 +255,13 @@ func (c *crashResult) describe() string {
 
 func report(w io.Writer, o options, r *results) {
 	fmt.Fprintf(w, "\nthroughput and latency at c=%d, median (range) over %d rounds:\n", o.concurrency, o.rounds)
-	fmt.Fprintf(w, "  %-9s %-24s %-24s %s\n", "", "requests/s", "p50 ms", "p99 ms")
+	fmt.Fprintf(w, "  %-16s %-24s %-24s %s\n", "", "requests/s", "p50 ms", "p99 ms")
 	for _, s := range []struct {
 		name string
 		sc   scenario
 	}{{"create", r.create}, {"traced", r.traced}, {"baseline", r.baseline}, {"replay", r.replay}, {"get", r.get}, {"payment", r.payment},
-		{"claim-first", r.claimFirst}, {"fiber", r.fiber}, {"fiber-plain", r.fiberPlain}} {
-		fmt.Fprintf(w, "  %-11s %-24s %-24s %s\n", s.name, s.sc.rps.format(0), s.sc.p50.format(1), s.sc.p99.format(1))
+		{"payment-baseline", r.paymentBaseline}, {"claim-first", r.claimFirst}, {"fiber", r.fiber}, {"fiber-plain", r.fiberPlain}} {
+		fmt.Fprintf(w, "  %-16s %-24s %-24s %s\n", s.name, s.sc.rps.format(0), s.sc.p50.format(1), s.sc.p99.format(1))
 	}
 	fmt.Fprintln(w, "  (traced: the create on a twin API with OpenTelemetry on, every request sampled, exported over OTLP/HTTP)")
 	fmt.Fprintln(w, "  (peers, around the same order insert: claim-first, the key claimed in progress, the order, the key updated to completed, one transaction;")
@@ -260,12 +272,14 @@ func report(w io.Writer, o options, r *results) {
 
 	p1 := ratio(r.create.rps, r.baseline.rps)
 	p3 := ratio(r.payment.rps, r.create.rps)
+	paymentOverBaseline := ratio(r.payment.rps, r.paymentBaseline.rps)
 	p4 := ratio(r.replay.rps, r.create.rps)
 	tracedRPS := ratio(r.traced.rps, r.create.rps)
 	tracedP99 := ratio(r.traced.p99, r.create.p99)
 	fmt.Fprintf(w, "\nratios, per round, median (range):\n")
 	fmt.Fprintf(w, "  P1 create / baseline   %-22s target >= 0.7 (P7; the compass keeps 0.8)\n", p1.format(2))
 	fmt.Fprintf(w, "  P3 payment / create    %-22s target >= 0.45\n", p3.format(2))
+	fmt.Fprintf(w, "  P8 payment / payment baseline %-15s target >= 0.7 (the same processor call and rows, without the key)\n", paymentOverBaseline.format(2))
 	fmt.Fprintf(w, "  P4 replay / create     %-22s target >= 2\n", p4.format(2))
 	fmt.Fprintf(w, "  P5 storm of %d: p99 %s ms, %d execution(s) in %d storm(s) (replays %d, 409 in progress %d); target one execution, p99 <= 100 ms\n",
 		o.storm, r.stormP99.format(1), r.stormExecutions, r.storms, r.stormReplays, r.stormInProgress)
@@ -295,17 +309,18 @@ func report(w io.Writer, o options, r *results) {
 		{"create", c.create, "target <= 4 round trips"},
 		{"replay", c.replay, "target <= 3"},
 		{"payment", c.payment, "target <= 12, plus the processor call"},
+		{"payment-baseline", c.paymentBaseline, "plus the processor call"},
 		{"baseline", c.baseline, ""},
 		{"get", c.get, ""},
 	} {
-		fmt.Fprintf(w, "  %-9s %-12s / %-12s %s\n", k.name, k.c.roundTrips.format(0), k.c.statements.format(0), k.note)
+		fmt.Fprintf(w, "  %-16s %-12s / %-12s %s\n", k.name, k.c.roundTrips.format(0), k.c.statements.format(0), k.note)
 	}
 	fmt.Fprintf(w, "  an API key not in the authentication cache adds %d round trip(s) / %d statement(s), once per key per AUTH_CACHE_TTL\n",
 		c.authMiss.RoundTrips, c.authMiss.Statements)
 	for _, k := range []struct {
 		name string
 		c    cost
-	}{{"create", c.create}, {"replay", c.replay}, {"payment", c.payment}} {
+	}{{"create", c.create}, {"replay", c.replay}, {"payment", c.payment}, {"payment baseline", c.paymentBaseline}} {
 		fmt.Fprintf(w, "\nstatements of one %s, one line per round trip:\n", k.name)
 		for i, line := range formatStatements(k.c.recorded) {
 			fmt.Fprintf(w, "  %2d  %s\n", i+1, line)
@@ -314,8 +329,9 @@ func report(w io.Writer, o options, r *results) {
 
 	mb := func(b int64) float64 { return float64(b) / (1 << 20) }
 	fmt.Fprintf(w, "\nAPI process memory: peak RSS (VmHWM) %.1f MB, RSS after the rounds (VmRSS) %.1f MB; the traced API's peak RSS %.1f MB\n", mb(r.rssPeak), mb(r.rssEnd), mb(r.tracedRSSPeak))
-	fmt.Fprintf(w, "checked: %d creates executed, %d traced creates, %d baseline creates, %d replays, %d reads, %d payments, one order per storm; every one in the database; %d processor charges for %d succeeded payments\n",
-		r.create.requests, r.traced.requests, r.baseline.requests, r.replay.requests, r.get.requests, r.payment.requests, r.charges, r.succeeded)
+	fmt.Fprintf(w, "checked: %d creates executed, %d traced creates, %d baseline creates, %d claim-first creates, %d fiber creates, %d fiber-plain creates, %d replays, %d reads, %d payments, %d baseline payments, one order per storm; every one in the database; %d processor charges for %d succeeded payments\n",
+		r.create.requests, r.traced.requests, r.baseline.requests, r.claimFirst.requests, r.fiber.requests, r.fiberPlain.requests,
+		r.replay.requests, r.get.requests, r.payment.requests, r.paymentBaseline.requests, r.charges, r.succeeded)
 
 	fields := []string{
 		fmt.Sprintf("p1=%.2f", p1.median()),
@@ -337,6 +353,10 @@ func report(w io.Writer, o options, r *results) {
 		fmt.Sprintf("trace_rps=%.2f", tracedRPS.median()),
 		fmt.Sprintf("trace_p99=%.2f", tracedP99.median()),
 		fmt.Sprintf("rss_mb=%.0f", mb(r.rssPeak)),
+		fmt.Sprintf("payment_over_baseline=%.2f", paymentOverBaseline.median()),
+		fmt.Sprintf("payment_baseline_rps=%.0f", r.paymentBaseline.rps.median()),
+		fmt.Sprintf("rt_payment_baseline=%g", c.paymentBaseline.roundTrips.median()),
+		fmt.Sprintf("st_payment_baseline=%g", c.paymentBaseline.statements.median()),
 		fmt.Sprintf("peers=%d", len(peerNames)),
 		fmt.Sprintf("crash_dups_ours=%d", r.crash["ours"].duplicates),
 		fmt.Sprintf("fiber_own=%.2f", peers.fiberOwn.median()),

@@ -40,6 +40,7 @@ func (c *cost) add(n pgwire.Counts, recorded []pgwire.Statement) {
 
 type probeCosts struct {
 	create, replay, baseline, get, payment cost
+	paymentBaseline                        cost
 	// authMiss is the extra cost of a request whose API key is not in the
 	// authentication cache.
 	authMiss pgwire.Counts
@@ -134,8 +135,9 @@ func (p *probe) run(ctx context.Context, warmup, samples int, unusedKeys [2]stri
 		}); err != nil {
 			return out, err
 		}
-		if err := p.measure(ctx, &costs.baseline, func() error {
-			_, err := p.do(ctx, http.MethodPost, "/v1/_baseline/orders", p.apiKey, "", orderBody(p.load.fresh("probe-ref")), http.StatusCreated, false)
+		var baselineOrder []byte
+		if err := p.measure(ctx, &costs.baseline, func() (err error) {
+			baselineOrder, err = p.do(ctx, http.MethodPost, "/v1/_baseline/orders", p.apiKey, "", orderBody(p.load.fresh("probe-ref")), http.StatusCreated, false)
 			return err
 		}); err != nil {
 			return out, err
@@ -143,6 +145,18 @@ func (p *probe) run(ctx context.Context, warmup, samples int, unusedKeys [2]stri
 		pay := fmt.Appendf(nil, `{"order_id":%q,"amount":%d,"currency":"EUR","payment_method":"pm_card_visa"}`, order.ID, orderAmount)
 		if err := p.measure(ctx, &costs.payment, func() error {
 			_, err := p.do(ctx, http.MethodPost, "/v1/payments", p.apiKey, p.load.fresh("probe-pay"), pay, http.StatusCreated, false)
+			return err
+		}); err != nil {
+			return out, err
+		}
+		// The payment baseline pays the baseline's order.
+		var other struct{ ID string }
+		if err := json.Unmarshal(baselineOrder, &other); err != nil {
+			return out, err
+		}
+		payOther := fmt.Appendf(nil, `{"order_id":%q,"amount":%d,"currency":"EUR","payment_method":"pm_card_visa"}`, other.ID, orderAmount)
+		if err := p.measure(ctx, &costs.paymentBaseline, func() error {
+			_, err := p.do(ctx, http.MethodPost, "/v1/_baseline/payments", p.apiKey, "", payOther, http.StatusCreated, false)
 			return err
 		}); err != nil {
 			return out, err
