@@ -15,7 +15,7 @@ import (
 // spends today, so a change that adds a round trip to a hot path fails
 // here, and one that saves one updates the figure:
 //
-//	create   [read the key] [BEGIN, lock_timeout, SAVEPOINT, insert] [RELEASE, claim with the record, COMMIT]
+//	create   [read the key] [BEGIN, lock_timeout, insert] [claim with the record, COMMIT]
 //	replay   [read the key]
 //	payment  5 in transaction 1 (the payment inserted already marked
 //	         charge_sent), 4 to record its outcome (the key and the payment

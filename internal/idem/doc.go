@@ -20,9 +20,8 @@
 //     = true (the HTTP layer adds Idempotent-Replayed: true); a different
 //     fingerprint → ErrKeyReused (422); unfinished → ErrKeyInUse (409 with
 //     Retry-After). No row: the request is new.
-//  2. Execute: in a new READ COMMITTED transaction, exec runs inside a
-//     savepoint (L2), with an UndoableTx: the transaction's statements and
-//     nothing else.
+//  2. Execute: in a new READ COMMITTED transaction, exec runs (L2), with
+//     an UndoableTx: the transaction's statements and nothing else.
 //  3. Claim and record, in one statement: the key row is inserted on the
 //     primary key (tenant_id, endpoint, idem_key) (L1, K2) already
 //     completed with the exact status, the RecordedHeaders and the body
@@ -37,8 +36,9 @@
 // recorded (L6).
 //
 // Outcomes (O1-O3): a response with status >= 400 is a deterministic
-// failure; its savepoint is rolled back (so a statement that aborted the
-// transaction leaves no trace) and the failure is recorded and replayed. An
+// failure; its transaction is rolled back (so a statement that aborted it
+// leaves no trace) and the failure is recorded, alone in a transaction of
+// its own, and replayed. An
 // error from exec rolls everything back, and nothing is recorded, so the
 // retry runs again; transient errors come back wrapped in ErrUnavailable.
 //

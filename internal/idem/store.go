@@ -179,7 +179,7 @@ var RecordedHeaders = []string{"Content-Type", "Location", "Cache-Control"}
 //
 // Everything done through it may be undone: Execute rolls it back when
 // the work fails, when the response is a deterministic failure (the
-// savepoint), and when a duplicate of the request recorded the key first.
+// failure is then recorded alone), and when a duplicate of the request recorded the key first.
 // A duplicate that arrives while the request runs executes the same work
 // concurrently, and all but one of them roll back. So the work's effects
 // must be statements through this handle and nothing else: an e-mail, a
@@ -206,7 +206,7 @@ type UndoableWork func(ctx context.Context, tx UndoableTx) (Response, error)
 //     same fingerprint is returned (replayed = true) without running exec;
 //     another request's key gives ErrKeyReused, an unfinished one
 //     ErrKeyInUse. No row: the request is new.
-//  2. Execute: in a new transaction, run exec inside a savepoint.
+//  2. Execute: in a new transaction, run exec (no savepoint: see below).
 //  3. Claim and record, in one statement: INSERT the key row already
 //     completed with exec's exact response, as the transaction's last
 //     statement, with COMMIT behind it, so the business rows and the record
@@ -231,9 +231,15 @@ type UndoableWork func(ctx context.Context, tx UndoableTx) (Response, error)
 // allows the request to run, plus one lock wait (see CommitWindow).
 //
 // exec returns the response to record. A response with status >= 400 is a
-// deterministic failure (validation, natural-key conflict): its savepoint
-// is rolled back, so no half-written business row survives, and the
-// failure is recorded and replayed like a success (O1). An error from exec
+// deterministic failure (validation, natural-key conflict): its whole
+// transaction is rolled back, so no half-written business row survives
+// (nor a statement that aborted the transaction), and the failure is
+// recorded, in a transaction of its own holding only the key row, and
+// replayed like a success (O1). Rolling back the transaction rather than
+// a savepoint keeps SAVEPOINT and RELEASE off the path that commits (P7);
+// a failure costs one more round trip instead. Recording it apart commits
+// nothing the one transaction would not: its work is rolled back either
+// way, and a duplicate that records the key first wins as at step 4. An error from exec
 // rolls everything back, and nothing is recorded, so the retry runs again
 // (O2): transient errors come back wrapped in ErrUnavailable, others as
 // they are. A lock wait past Config.LockTimeout in exec is
@@ -276,19 +282,21 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec UndoableWork) (res Re
 		return res, err == nil, s.wrap(err)
 	}
 
-	// Pipelined (db.Tx): BEGIN, the lock timeout and the savepoint travel
-	// with exec's first statement, RELEASE and COMMIT with the claim (P2).
+	// Pipelined (db.Tx): BEGIN and the lock timeout travel with exec's
+	// first statement, COMMIT with the claim (P2).
+	var failed *deterministicFailure
 	err = db.WithPipelinedTxOn(ctx, conn, func(ctx context.Context, tx pgx.Tx) error {
 		if err := s.boundLockWaits(ctx, tx); err != nil {
 			return err
 		}
 
-		// 2. Execute, inside a savepoint taken before the business write,
-		// with the savepoint's statements only.
+		// 2. Execute, in the transaction itself, with its statements only.
+		// No savepoint: the path that commits does not pay for one (P7). A
+		// deterministic failure rolls the whole transaction back instead
+		// (which also clears a statement that aborted it), and is
+		// recorded in a transaction of its own (recordFailure).
 		runCtx, run := startSpan(ctx, spanRun)
-		res, err = executeInSavepoint(runCtx, tx, func(ctx context.Context, sp pgx.Tx) (Response, error) {
-			return exec(ctx, db.StatementsOf(sp))
-		})
+		res, err = exec(runCtx, db.StatementsOf(tx))
 		run.End()
 		if db.IsLockTimeout(err) {
 			// A wait on a business row, not on the key: the claim comes
@@ -298,28 +306,24 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec UndoableWork) (res Re
 		if err != nil {
 			return err
 		}
-
-		// 3. Claim and record: the key row, inserted once with the exact
-		// response (L1, L3). COMMIT travels with it: nothing it returns can
-		// change the decision to commit, and when it fails (the key is
-		// taken) nothing commits: the server skips the COMMIT behind a
-		// failed statement, and db.Tx rolls the transaction back.
-		rec, err := encodeRecord(res)
-		if err != nil {
-			return err
+		if res.Status >= 400 {
+			failed = &deterministicFailure{res: res}
+			return failed
 		}
-		db.CommitAfterNext(tx)
-		start := time.Now()
-		recordCtx, record := startSpan(ctx, spanRecord)
-		expires, err := s.claimCompleted(recordCtx, dbsqlc.New(tx), c, rec)
-		record.End()
-		observeLockWait(c.Endpoint, start)
-		if err != nil {
-			return err
-		}
-		stampExpiry(&res, expires)
-		return nil
+		return s.record(ctx, tx, c, &res)
 	})
+	if errors.As(err, &failed) {
+		// The failure's work is rolled back: nothing of it survives, so
+		// recording it alone commits nothing the success path would not.
+		// A duplicate that recorded the key meanwhile wins as at step 4.
+		res = failed.res
+		err = db.WithPipelinedTxOn(ctx, conn, func(ctx context.Context, tx pgx.Tx) error {
+			if err := s.boundLockWaits(ctx, tx); err != nil {
+				return err
+			}
+			return s.record(ctx, tx, c, &res)
+		})
+	}
 	switch {
 	case db.IsUniqueViolation(err, keyPrimaryKey):
 		// 4. Replay, after a lost race: everything this request wrote has
@@ -360,6 +364,38 @@ func lookUp(ctx context.Context, q *dbsqlc.Queries, c Claim) (_ dbsqlc.IdemKeyGe
 		return row, false, q.IdemKeyForget(ctx, dbsqlc.IdemKeyForgetParams{TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key})
 	}
 	return row, true, nil
+}
+
+// deterministicFailure carries a response with status >= 400 out of the
+// transaction that produced it, rolling that transaction back.
+type deterministicFailure struct{ res Response }
+
+func (*deterministicFailure) Error() string {
+	return "idem: a deterministic failure, rolled back to be recorded alone"
+}
+
+// record is step 3: the claim and the record in one statement, the key row
+// inserted with the exact response (L1, L3), as the transaction's last
+// statement. COMMIT travels with it: nothing it returns can change the
+// decision to commit, and when it fails (the key is taken) nothing
+// commits: the server skips the COMMIT behind a failed statement, and
+// db.Tx rolls the transaction back. It stamps res with the record's expiry.
+func (s *Store) record(ctx context.Context, tx pgx.Tx, c Claim, res *Response) error {
+	rec, err := encodeRecord(*res)
+	if err != nil {
+		return err
+	}
+	db.CommitAfterNext(tx)
+	start := time.Now()
+	recordCtx, span := startSpan(ctx, spanRecord)
+	expires, err := s.claimCompleted(recordCtx, dbsqlc.New(tx), c, rec)
+	span.End()
+	observeLockWait(c.Endpoint, start)
+	if err != nil {
+		return err
+	}
+	stampExpiry(res, expires)
+	return nil
 }
 
 // keyPrimaryKey is the constraint a claim of a taken key fails on.

@@ -23,7 +23,7 @@ const (
 	spanExecute = "idempotency.execute"
 	// spanLookup: step 1's read of the key (and a lost race's).
 	spanLookup = "idempotency.lookup"
-	// spanRun: the request's own work, in its savepoint.
+	// spanRun: the request's own work (in a multi-step claim, in its savepoint).
 	spanRun = "idempotency.run"
 	// spanRecord: the statement that records the key, COMMIT with it.
 	spanRecord = "idempotency.record"
