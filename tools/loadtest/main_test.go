@@ -317,3 +317,48 @@ func TestSpanSinkCounts(t *testing.T) {
 		t.Errorf("counts (-want +got):\n%s", diff)
 	}
 }
+
+// TestReportSummaryLine: the last line keeps its fields and has the peers'
+// (P8): peers=N, payment_over_baseline, crash_dups_ours, and per peer its
+// requests/s over ours and its crash test's duplicates, each a median of
+// per-round ratios.
+func TestReportSummaryLine(t *testing.T) {
+	t.Parallel()
+	sc := func(rps ...float64) scenario {
+		return scenario{rps: rps, p50: series{1, 1}, p99: series{2, 2}, requests: 10}
+	}
+	r := &results{
+		create: sc(100, 200), baseline: sc(125, 250), replay: sc(400, 800), get: sc(500, 500), payment: sc(30, 60),
+		traced: sc(80, 160), paymentBaseline: sc(40, 80), claimFirst: sc(80, 180), fiber: sc(150, 300), fiberPlain: sc(200, 400),
+		stormP99: series{50, 60}, storms: 2, stormExecutions: 2,
+		crash: map[string]*crashResult{
+			"ours":         {trials: 3, replays: 3, answers: map[string]int{"201 replayed": 3}},
+			peerFiber:      {trials: 3, duplicates: 3, answers: map[string]int{"409 order_reference_exists": 3}},
+			peerClaimFirst: {trials: 3, replays: 3, answers: map[string]int{"201 replayed": 3}},
+		},
+	}
+	var out bytes.Buffer
+	report(&out, options{rounds: 2, concurrency: 32, samples: 1, storm: 200}, r)
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	last := lines[len(lines)-1]
+	fields := map[string]string{}
+	for f := range strings.FieldsSeq(strings.TrimPrefix(last, "loadtest: ")) {
+		name, value, _ := strings.Cut(f, "=")
+		fields[name] = value
+	}
+	for name, want := range map[string]string{
+		"p1": "0.80", "p3": "0.30", "peers": "2", "payment_over_baseline": "0.75",
+		"crash_dups_ours": "0", "crash_dups_fiber": "3", "crash_dups_claim_first": "0",
+		"fiber_over_ours": "1.50", "claim_first_over_ours": "0.85", "fiber_own": "0.75",
+	} {
+		if got := fields[name]; got != want {
+			t.Errorf("%s=%q in the last line, want %q:\n%s", name, got, want, last)
+		}
+	}
+	if !strings.HasPrefix(last, "loadtest: p1=") {
+		t.Errorf("the last line does not start as .ci/run expects: %s", last)
+	}
+	if !strings.Contains(out.String(), "  fiber       3       0         3 ") {
+		t.Errorf("no crash test row for fiber:\n%s", out.String())
+	}
+}
