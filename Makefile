@@ -51,6 +51,9 @@ reset: ## Forget the development state: the private PostgreSQL, the broker's sto
 
 test: ## Run every test on a real PostgreSQL (a throwaway cluster unless TEST_DATABASE_URL is set)
 	$(GO) test -count=1 ./...
+	@# The load benchmark's routes (the baselines, the claim-first peer)
+	@# exist only in -tags loadtest builds: their tests run with the tag.
+	$(GO) test -count=1 -tags loadtest -run '^(TestBaselineCreate|TestBaselinePayment|TestClaimFirstCreate)$$' ./internal/http/
 	cd client && $(GO) test -count=1 ./...
 
 bench: ## Run the benchmarks

@@ -18,13 +18,13 @@ import (
 //	create   [read the key] [BEGIN, lock_timeout, insert] [claim with the record, COMMIT]
 //	replay   [read the key]
 //	payment  5 in transaction 1 (the payment inserted already marked
-//	         charge_sent), 4 to record its outcome (the key and the payment
-//	         locked, the outcome, then the outbox row, the record and COMMIT
-//	         together); plus the processor call
+//	         charge_sent), 3 to record its outcome (the key locked, the
+//	         outcome written under its guard, then the outbox row, the
+//	         record and COMMIT together); plus the processor call
 const (
 	roundTripsCreate  = 3
 	roundTripsReplay  = 1
-	roundTripsPayment = 9
+	roundTripsPayment = 8
 )
 
 func TestRoundTripsPerRequest(t *testing.T) {

@@ -175,19 +175,30 @@ func (s *Service) lookUpCharge(ctx context.Context, chargeKey string) (*chargeOu
 // the outbox, and the exact response on the key, committed together. Only
 // final outcomes get here (S6). The order is not touched: the orders
 // consumer applies the payment.succeeded event to it (M2).
+//
+// The outcome is written first, by PaymentFinish, whose guard (the payment
+// still charge_sent) is exactly "not settled" and whose UPDATE takes the
+// payment's row lock: that lock serialises this record with a webhook that
+// confirms the same payment (see webhook.go), whichever commits first
+// settles it and writes its one event. No row back: the payment was
+// settled (by the webhook, before or while this waited on its lock), and
+// only then is it read, under its lock, to be recorded as it is. The
+// common path so spends one round trip less than reading the row first
+// (P8: the payment against its baseline).
 func (s *Service) recordCharge(ctx context.Context, tx pgx.Tx, l *idem.Lease, o chargeOutcome) (idem.Step, error) {
 	q := dbsqlc.New(tx)
-	// The row lock serialises this record with a webhook that confirms the
-	// same payment (see webhook.go): whichever commits first settles it
-	// and writes its one event; the other finds it settled.
-	cur, err := q.PaymentGetForUpdate(ctx, dbsqlc.PaymentGetForUpdateParams{TenantID: l.TenantID, ID: l.ResourceID})
-	if err != nil {
-		return idem.Step{}, err
-	}
-	if (paymentFrom(cur)).Settled() {
+	settled := func() (idem.Step, error) {
+		cur, err := q.PaymentGetForUpdate(ctx, dbsqlc.PaymentGetForUpdateParams{TenantID: l.TenantID, ID: l.ResourceID})
+		if err != nil {
+			return idem.Step{}, err
+		}
+		if !paymentFrom(cur).Settled() {
+			return idem.Step{}, fmt.Errorf("payments: payment %s is %s: neither charge_sent nor settled", cur.ID, cur.Status)
+		}
 		return s.recordSettled(ctx, q, cur, o)
 	}
 	finish := dbsqlc.PaymentFinishParams{TenantID: l.TenantID, ID: l.ResourceID, SweepDelaySeconds: s.sweepDelay().Seconds(), SweepNow: o.extra}
+	var failure error // the recorded answer of a declined or rejected charge
 	switch {
 	case o.declined != nil:
 		code := o.declined.DeclineCode
@@ -195,41 +206,35 @@ func (s *Service) recordCharge(ctx context.Context, tx pgx.Tx, l *idem.Lease, o 
 			code = o.declined.Code
 		}
 		finish.Status, finish.ChargeID, finish.DeclineCode = StatusDeclined, nonEmpty(o.declined.ChargeID), &code
-		p, err := q.PaymentFinish(ctx, finish)
-		if err != nil {
-			return idem.Step{}, err
-		}
-		if err := writePaymentEvent(ctx, tx, p); err != nil {
-			return idem.Step{}, err
-		}
-		// A processor's final answer is an outcome: always recorded.
-		res, _ := s.render.Failure(&DeclinedError{PaymentID: p.ID, DeclineCode: code})
-		return idem.Step{Response: &res}, nil
+		failure = &DeclinedError{PaymentID: l.ResourceID, DeclineCode: code}
 	case o.rejected != nil:
 		finish.Status, finish.FailureMessage = StatusFailed, &o.rejected.Message
-		p, err := q.PaymentFinish(ctx, finish)
-		if err != nil {
-			return idem.Step{}, err
-		}
-		if err := writePaymentEvent(ctx, tx, p); err != nil {
-			return idem.Step{}, err
-		}
-		// A processor's final answer is an outcome: always recorded.
-		res, _ := s.render.Failure(&ProcessorRejectedError{Code: o.rejected.Code, Message: o.rejected.Message})
-		return idem.Step{Response: &res}, nil
-	}
-	if o.charge.ID == "" {
+		failure = &ProcessorRejectedError{Code: o.rejected.Code, Message: o.rejected.Message}
+	case o.charge.ID == "":
 		// Only a settled payment gets here without a charge (the resend
-		// found it settled), and it took the branch above.
-		return idem.Step{}, fmt.Errorf("payments: payment %s: a charge outcome without a charge id", l.ResourceID)
+		// found it settled): nothing to finish.
+		step, err := settled()
+		if err != nil {
+			return idem.Step{}, fmt.Errorf("payments: payment %s: a charge outcome without a charge id: %w", l.ResourceID, err)
+		}
+		return step, nil
+	default:
+		finish.Status, finish.ChargeID = StatusSucceeded, &o.charge.ID
 	}
-	finish.Status, finish.ChargeID = StatusSucceeded, &o.charge.ID
 	row, err := q.PaymentFinish(ctx, finish)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return settled()
+	}
 	if err != nil {
 		return idem.Step{}, err
 	}
 	if err := writePaymentEvent(ctx, tx, row); err != nil {
 		return idem.Step{}, err
+	}
+	if failure != nil {
+		// A processor's final answer is an outcome: always recorded.
+		res, _ := s.render.Failure(failure)
+		return idem.Step{Response: &res}, nil
 	}
 	// No compensation can exist yet: the sweep only looks at payments that
 	// have finished, so the recorded response shows an empty list without
