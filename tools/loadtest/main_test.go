@@ -362,3 +362,17 @@ func TestReportSummaryLine(t *testing.T) {
 		t.Errorf("no crash test row for fiber:\n%s", out.String())
 	}
 }
+
+// TestRedisMissingSaysWhatToInstall: without redis-server on PATH the
+// benchmark names the Debian package to install, and starts nothing.
+func TestRedisMissingSaysWhatToInstall(t *testing.T) {
+	t.Setenv("PATH", t.TempDir())
+	r, err := startRedis(t.Context(), t.TempDir())
+	if err == nil {
+		r.stop()
+		t.Fatal("startRedis found a redis-server on an empty PATH")
+	}
+	if !strings.Contains(err.Error(), "apt-get install redis-server") {
+		t.Errorf("startRedis without redis-server = %v, want it to name the package to install", err)
+	}
+}
