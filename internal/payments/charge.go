@@ -77,7 +77,7 @@ func (s *Service) charge(ctx context.Context, l *idem.Lease, marked *dbsqlc.Paym
 		p = *marked
 	} else {
 		row, err := dbsqlc.New(s.pool).PaymentGetUnsettled(ctx, dbsqlc.PaymentGetUnsettledParams{
-			TenantID: l.TenantID, ID: l.ResourceID, SettleSeconds: s.cfg.SettleWindow.Seconds(),
+			TenantID: l.TenantID, ID: l.ResourceID, SettleSeconds: s.settleWindow().Seconds(),
 		})
 		if err != nil {
 			return chargeOutcome{}, err

@@ -201,23 +201,34 @@ func (t Timings) Check() error {
 type Service struct {
 	pool   *pgxpool.Pool
 	store  *idem.Store
-	proc   *processor.Client
+	proc   processor.Processor
 	render Renderer
 	log    *slog.Logger
 	cfg    Config
 }
 
 // NewService wires a Service.
-func NewService(pool *pgxpool.Pool, store *idem.Store, proc *processor.Client, render Renderer, log *slog.Logger, cfg Config) *Service {
+func NewService(pool *pgxpool.Pool, store *idem.Store, proc processor.Processor, render Renderer, log *slog.Logger, cfg Config) *Service {
 	if cfg.SettleWindow <= 0 {
 		cfg.SettleWindow = DefaultSettleWindow
 	}
 	return &Service{pool: pool, store: store, proc: proc, render: render, log: log, cfg: cfg}
 }
 
+// settleWindow is how long after a call was sent an empty lookup still
+// proves nothing: the call may land for Config.SettleWindow, and once it
+// landed the processor's lookups may miss it for LookupLag more (Stripe's
+// Search API is eventually consistent). Until both have passed, a lookup
+// that finds nothing is "not yet", never "no charge", and nothing is
+// resent (S6, S7).
+func (s *Service) settleWindow() time.Duration {
+	return s.cfg.SettleWindow + s.proc.LookupLag()
+}
+
 // sweepDelay is how long after a payment's or refund's last call the sweep
-// looks again: the settle window plus a margin for clock drift between us
-// and the processor.
+// looks again: the settle window (lookup lag included: the sweep reads the
+// same lookups) plus a margin for clock drift between us and the
+// processor.
 func (s *Service) sweepDelay() time.Duration {
-	return s.cfg.SettleWindow + max(s.cfg.SettleWindow/10, time.Second)
+	return s.settleWindow() + max(s.settleWindow()/10, time.Second)
 }

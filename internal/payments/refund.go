@@ -85,7 +85,7 @@ func markRefundSent(ctx context.Context, tx pgx.Tx, l *idem.Lease) error {
 func (s *Service) sendRefund(ctx context.Context, l *idem.Lease, fresh bool) (refundOutcome, error) {
 	q := dbsqlc.New(s.pool)
 	row, err := q.RefundGetUnsettled(ctx, dbsqlc.RefundGetUnsettledParams{
-		TenantID: l.TenantID, ID: l.ResourceID, SettleSeconds: s.cfg.SettleWindow.Seconds(),
+		TenantID: l.TenantID, ID: l.ResourceID, SettleSeconds: s.settleWindow().Seconds(),
 	})
 	if err != nil {
 		return refundOutcome{}, err
@@ -175,7 +175,7 @@ func refundFound(mine []processor.Refund) (*refundOutcome, error) {
 }
 
 // refundsUnder lists the refunds of chargeID made under key, every page.
-func refundsUnder(ctx context.Context, proc *processor.Client, chargeID, key string) ([]processor.Refund, error) {
+func refundsUnder(ctx context.Context, proc processor.Processor, chargeID, key string) ([]processor.Refund, error) {
 	refunds, err := proc.RefundsByCharge(ctx, chargeID)
 	if err != nil {
 		return nil, err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 
 	"github.com/jackc/pgx/v5"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/idemref/payments/internal/db/dbsqlc"
 	"github.com/idemref/payments/internal/inbox"
 	"github.com/idemref/payments/internal/processor"
+	"github.com/idemref/payments/internal/webhook"
 )
 
 // Processor webhooks (M1, M4).
@@ -133,4 +135,12 @@ func (s *Service) chargeSucceeded(ctx context.Context, tx pgx.Tx, ch processor.C
 		}
 		return WebhookCompensating, err
 	}
+}
+
+// VerifyProcessorEvent checks a webhook delivery's signature over its raw
+// bytes with v and reads its event, through the processor's adapter (its
+// signature header and event shape are the processor's): see
+// processor.Processor.VerifyWebhook.
+func (s *Service) VerifyProcessorEvent(payload []byte, h http.Header, v webhook.Verifier) (processor.Event, error) {
+	return s.proc.VerifyWebhook(payload, h, v)
 }

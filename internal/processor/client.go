@@ -169,7 +169,7 @@ func (c *Client) get(ctx context.Context, pathAndQuery string, out any) error {
 // *DeclineError or *RequestError; everything else is an *UnsettledError.
 func (c *Client) do(req *http.Request, op string, out any) error {
 	err := c.roundTrip(req, op, out)
-	callsTotal.WithLabelValues(op, ClassOf(err).String()).Inc()
+	CountCall(op, err)
 	return err
 }
 
@@ -177,7 +177,7 @@ func (c *Client) roundTrip(req *http.Request, op string, out any) error {
 	req.Header.Set("Accept", "application/json")
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return &UnsettledError{Class: sendFailureClass(err), Op: op, Err: err}
+		return &UnsettledError{Class: SendFailureClass(err), Op: op, Err: err}
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes))
@@ -248,10 +248,10 @@ func classify(status int, e APIError) Class {
 	return ClassOutcomeUnknown // 1xx and 3xx are not part of the API
 }
 
-// sendFailureClass classifies a call that got no HTTP answer. Only a
+// SendFailureClass classifies a call that got no HTTP answer. Only a
 // failure to connect proves the request never left; a timeout, a reset or
 // a closed connection after sending may hide an executed call.
-func sendFailureClass(err error) Class {
+func SendFailureClass(err error) Class {
 	var opErr *net.OpError
 	if errors.As(err, &opErr) && opErr.Op == "dial" {
 		return ClassNotExecuted

@@ -13,9 +13,5 @@ func init() {
 	prometheus.MustRegister(callsTotal)
 	// Every operation and class starts at zero, so a rate or increase over
 	// them sees the first call of each.
-	for _, op := range []string{"POST /v1/charges", "POST /v1/refunds", "GET /v1/charges", "GET /v1/refunds"} {
-		for _, class := range []Class{ClassFinal, ClassNotExecuted, ClassOutcomeUnknown} {
-			callsTotal.WithLabelValues(op, class.String())
-		}
-	}
+	InitCallMetrics("POST /v1/charges", "POST /v1/refunds", "GET /v1/charges", "GET /v1/refunds")
 }

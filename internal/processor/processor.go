@@ -1,0 +1,95 @@
+package processor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/idemref/payments/internal/webhook"
+)
+
+// Processor is what the payment machine needs of a payment processor
+// (requirement S7). Two adapters implement it: Client (the simulator's
+// HTTP API) and internal/processor/stripeproc (Stripe, through stripe-go).
+// A third one must pass the shared contract suite,
+// internal/tooling/processorcontract, as both do.
+//
+// Every method classifies its answer once, in the adapter (S6): nil,
+// *DeclineError and *RequestError are final; anything else is an
+// *UnsettledError of ClassNotExecuted or ClassOutcomeUnknown (ClassOf). An
+// adapter never retries: retries and the decision to look up instead
+// belong to the payment machine.
+type Processor interface {
+	// CreateCharge charges req under idempotencyKey, the same on every
+	// retry of one logical charge (S2). The key is also recorded on the
+	// charge, so ChargesByIdempotencyKey finds it.
+	CreateCharge(ctx context.Context, req ChargeRequest, idempotencyKey string) (Charge, error)
+	// Refund refunds req under idempotencyKey; the rules are CreateCharge's.
+	Refund(ctx context.Context, req RefundRequest, idempotencyKey string) (Refund, error)
+	// ChargesByIdempotencyKey lists every charge made under key, oldest
+	// first, every page. A charge whose outcome the processor has not
+	// decided yet is an *UnsettledError, never a charge: the lookup
+	// settles nothing then. An empty answer means "none yet": a charge
+	// may take up to LookupLag to appear.
+	ChargesByIdempotencyKey(ctx context.Context, key string) ([]Charge, error)
+	// RefundsByCharge lists the refunds of one charge, oldest first, every
+	// page, each with the idempotency key it was made under.
+	RefundsByCharge(ctx context.Context, chargeID string) ([]Refund, error)
+	// LookupLag is how long after a call executed its lookups may still
+	// not show it: 0 for a processor whose lookups read what it wrote,
+	// Stripe's Search API's documented lag for Stripe. The payment
+	// machine adds it to the settle window: an empty lookup means "no
+	// charge" only once both have passed.
+	LookupLag() time.Duration
+	// VerifyWebhook checks one delivery's signature over the raw payload
+	// with v (M4), before anything is parsed, and maps its event onto
+	// Event. A delivery that is signed but is no event it can read is an
+	// error matching ErrBadEvent; any other error is the signature's.
+	VerifyWebhook(payload []byte, h http.Header, v webhook.Verifier) (Event, error)
+}
+
+// ErrBadEvent: a verified webhook delivery whose body is no event.
+var ErrBadEvent = errors.New("processor: the webhook body is not an event")
+
+// The simulator's client is an adapter.
+var _ Processor = (*Client)(nil)
+
+// LookupLag is zero: the simulator's lists read what it wrote.
+func (c *Client) LookupLag() time.Duration { return 0 }
+
+// VerifyWebhook checks the simulator's signature (webhook.Header, or
+// Standard Webhooks when v says so) and decodes its event, which is
+// already in this package's vocabulary.
+func (c *Client) VerifyWebhook(payload []byte, h http.Header, v webhook.Verifier) (Event, error) {
+	if err := v.Verify(payload, h, webhook.Header, time.Now()); err != nil {
+		return Event{}, err
+	}
+	// Lenient decoding: the processor may add fields to its events.
+	var ev Event
+	if err := json.Unmarshal(payload, &ev); err != nil {
+		return Event{}, fmt.Errorf("%w: %w", ErrBadEvent, err)
+	}
+	if ev.ID == "" || ev.Type == "" {
+		return Event{}, fmt.Errorf("%w: an event needs an id and a type", ErrBadEvent)
+	}
+	return ev, nil
+}
+
+// CountCall counts one call of an adapter by operation (for example
+// "POST /v1/payment_intents") and the class of its answer, in
+// processor_calls_total.
+func CountCall(op string, err error) {
+	callsTotal.WithLabelValues(op, ClassOf(err).String()).Inc()
+}
+
+// InitCallMetrics starts the series of an adapter's operations at zero.
+func InitCallMetrics(ops ...string) {
+	for _, op := range ops {
+		for _, class := range []Class{ClassFinal, ClassNotExecuted, ClassOutcomeUnknown} {
+			callsTotal.WithLabelValues(op, class.String())
+		}
+	}
+}
