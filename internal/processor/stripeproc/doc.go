@@ -1,0 +1,65 @@
+// Package stripeproc is the Stripe adapter of processor.Processor
+// (requirement S7), through stripe-go: a charge is a PaymentIntent created
+// and confirmed in one call, a refund a Refund of that PaymentIntent.
+//
+// # The derived key, twice
+//
+// Each call sends the payment machine's derived key (S2) as Stripe's
+// Idempotency-Key, so Stripe runs a resend of it at most once while it
+// keeps the key (24 hours), and also writes it into the object's metadata
+// (MetadataKey): Stripe has no "find by idempotency key", so a lookup
+// searches the metadata instead.
+//
+// # Lookups lag (LookupLag)
+//
+// ChargesByIdempotencyKey uses the Search API
+// (GET /v1/payment_intents/search), which Stripe documents as eventually
+// consistent: a new PaymentIntent may take up to a minute to appear, longer
+// during an outage at Stripe. An empty search is therefore "not found
+// yet", never "no charge": LookupLag (Config.SearchLag, a minute by
+// default) is added by the payment machine to its settle window, so a
+// resend goes out only once the call can no longer land and the search
+// has had time to show it. Refunds are listed with GET /v1/refunds, which
+// reads what Stripe wrote; the one window covers them too.
+//
+// # What an answer means (S6)
+//
+// Every answer is classified once, in classify:
+//
+//	answer                                               class            error
+//	2xx, PaymentIntent succeeded                         final            nil
+//	2xx, PaymentIntent requires_payment_method/canceled  final            *DeclineError
+//	2xx, any other PaymentIntent status (processing)     outcome unknown  *UnsettledError
+//	402 card_error                                       final            *DeclineError
+//	other 4xx invalid_request_error                      final            *RequestError
+//	429 (rate_limit, lock_timeout)                       not executed     *UnsettledError
+//	409 (a request with the same key is running)         outcome unknown  *UnsettledError
+//	4xx idempotency_error (key reused, other params)     outcome unknown  *UnsettledError
+//	4xx with Stripe-Should-Retry: true                   outcome unknown  *UnsettledError
+//	408, 425, 5xx (whatever Stripe-Should-Retry says)    outcome unknown  *UnsettledError
+//	api_connection_error: refused before sending         not executed     *UnsettledError
+//	api_connection_error: timeout, reset after sending   outcome unknown  *UnsettledError
+//	2xx whose body cannot be read, or names no object    outcome unknown  *UnsettledError
+//
+// Stripe-Should-Retry says whether a resend with the same key may get
+// another answer; it never says whether money moved. So it only ever makes
+// an answer less final: a 4xx Stripe would have us retry is not the
+// outcome, and a 5xx it would not (Stripe replays a 500 to the same key)
+// is still unknown: only a lookup tells.
+//
+// stripe-go retries by itself (twice by default); the adapter sets
+// MaxNetworkRetries to 0, so every answer reaches classify and the payment
+// machine decides what follows. Nor does net/http resend a POST on a
+// reused connection that closed (noResend).
+//
+// # Webhooks
+//
+// Stripe signs with Stripe-Signature, the t=,v1= scheme of
+// internal/webhook. VerifyWebhook maps Stripe's event types onto the
+// payment machine's: payment_intent.succeeded is charge.succeeded,
+// payment_intent.payment_failed and payment_intent.canceled are
+// charge.failed, charge.refunded is charge.refunded; every other type is
+// recorded under "stripe:<type>" with no effect (Stripe's own
+// charge.succeeded names a ch_ Charge, not the PaymentIntent the payment
+// knows, and must not be taken for ours).
+package stripeproc
