@@ -41,6 +41,9 @@ func TestStripeAnswersAreClassified(t *testing.T) {
 		{name: "InvalidRequestIsFinal", answer: stripefake.InvalidRequest, want: processor.ClassFinal, wantCode: "parameter_invalid_integer"},
 		{name: "IdempotencyErrorIsUnknown", answer: stripefake.IdempotencyError, want: processor.ClassOutcomeUnknown},
 		{name: "ConcurrentSameKey409IsUnknown", answer: stripefake.KeyInUse, want: processor.ClassOutcomeUnknown},
+		// The status alone decides: a 409 without Stripe's type or header
+		// (a proxy's, a future body) is still a same-key call in flight.
+		{name: "Bare409IsUnknown", answer: stripefake.Answer{Status: 409, Body: `{"error":{"type":"invalid_request_error","message":"conflict"}}`}, want: processor.ClassOutcomeUnknown},
 		{name: "RateLimitIsNotExecuted", answer: stripefake.RateLimited, want: processor.ClassNotExecuted},
 		{name: "ServerErrorIsUnknown", answer: stripefake.ServerError, want: processor.ClassOutcomeUnknown},
 		{name: "ServiceUnavailableIsUnknown", answer: stripefake.ServiceUnavailable, want: processor.ClassOutcomeUnknown},
