@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"github.com/idemref/payments/internal/inbox"
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
+	"github.com/idemref/payments/internal/processor/stripeproc"
 	"github.com/idemref/payments/internal/reaper"
 )
 
@@ -55,9 +57,17 @@ type config struct {
 	KeyRetention time.Duration
 	// KeyBudget is how many live idempotency keys one tenant may hold
 	// (R6); negative: no budget.
-	KeyBudget        int64
-	PaymentLease     time.Duration
-	ProcessorURL     string
+	KeyBudget    int64
+	PaymentLease time.Duration
+	// Processor names the processor adapter (S7): processorSimulator
+	// (ProcessorURL) or processorStripe (the Stripe* fields).
+	Processor    string
+	ProcessorURL string
+	// StripeAPIKey, StripeURL and StripeSearchLag configure the Stripe
+	// adapter (internal/processor/stripeproc).
+	StripeAPIKey     string
+	StripeURL        string
+	StripeSearchLag  time.Duration
 	ProcessorTimeout time.Duration
 	// SettleWindow is how long a processor call may still land after it
 	// was sent (S6); see docs/payments.md.
@@ -126,6 +136,12 @@ const DefaultMessageRetention = 7 * 24 * time.Hour
 // its own simulator instead).
 const defaultProcessorURL = "http://localhost:8090"
 
+// The processor adapters PROCESSOR chooses from.
+const (
+	processorSimulator = "simulator"
+	processorStripe    = "stripe"
+)
+
 // setting is one environment variable the configuration reads.
 type setting struct {
 	name string
@@ -178,9 +194,21 @@ var settings = []setting{
 	{"REAPER_DUTY", strconv.FormatFloat(reaper.DefaultDuty, 'f', -1, 64), "",
 		"the largest share of its time the reaper spends in batches: higher reaps faster and costs live traffic more",
 		parseReaperDuty},
+	{"PROCESSOR", processorSimulator, "",
+		"the payment processor's adapter: `simulator` (ours, at `PROCESSOR_URL`) or `stripe` (Stripe through stripe-go, with `STRIPE_API_KEY`; see `docs/payments.md`)",
+		parseProcessor},
 	{"PROCESSOR_URL", "", "`serve` and `completer`: `" + defaultProcessorURL + "`; `make run`: its own simulator",
 		"the payment processor (`go run ./tools/processor` serves the simulator at `" + defaultProcessorURL + "`)",
 		text(func(c *config) *string { return &c.ProcessorURL })},
+	{"STRIPE_API_KEY", "", "none: `PROCESSOR=stripe` requires it",
+		"Stripe's secret key (`sk_test_...` for test mode, `sk_live_...`, or a restricted `rk_...` key allowed to write PaymentIntents and Refunds); set only with `PROCESSOR=stripe`",
+		parseStripeAPIKey},
+	{"STRIPE_API_URL", stripeproc.DefaultURL, "",
+		"Stripe's API base URL; tests point it at stripe-mock or at recorded answers",
+		parseStripeURL},
+	{"STRIPE_SEARCH_LAG", duration(stripeproc.DefaultSearchLag), "",
+		"how long Stripe's Search API may not show a new PaymentIntent (Stripe documents under a minute); added to `PROCESSOR_SETTLE_WINDOW` for Stripe, since an empty search is no proof before it passed",
+		positive(func(c *config) *time.Duration { return &c.StripeSearchLag })},
 	{"PROCESSOR_TIMEOUT", duration(processor.DefaultTimeout), "", "timeout of one processor call",
 		positive(func(c *config) *time.Duration { return &c.ProcessorTimeout })},
 	{"PROCESSOR_WEBHOOK_RETRY_SPAN", duration(processor.DefaultWebhookRetrySpan), "",
@@ -383,12 +411,29 @@ func (cfg config) check() error {
 	case err != nil:
 		return err
 	}
+	if err := cfg.checkProcessor(); err != nil {
+		return err
+	}
 	if cfg.AdminAddr != "" && cfg.AdminAddr == cfg.Addr && !strings.HasSuffix(cfg.Addr, ":0") { // :0 is two free ports
 		return fmt.Errorf("ADMIN_ADDR (%s) must differ from ADDR: the admin listener is a port of its own, off the public one", cfg.AdminAddr)
 	}
 	if err := inbox.CheckRetention(cfg.MessageRetention, cfg.Broker.RedeliveryHorizon(), cfg.WebhookRetrySpan); err != nil {
 		return fmt.Errorf("MESSAGE_RETENTION (%s) must be longer than the broker's redelivery horizon (%s: its backoff over EVENTS_MAX_DELIVER deliveries) and PROCESSOR_WEBHOOK_RETRY_SPAN (%s): %w",
 			cfg.MessageRetention, cfg.Broker.RedeliveryHorizon(), cfg.WebhookRetrySpan, err)
+	}
+	return nil
+}
+
+// checkProcessor holds the processor's settings together: each adapter
+// gets what it needs, and no Stripe key is ever ignored.
+func (cfg config) checkProcessor() error {
+	switch {
+	case cfg.Processor == processorStripe && cfg.StripeAPIKey == "":
+		return errors.New("PROCESSOR=stripe needs STRIPE_API_KEY: set it to your Stripe secret key (sk_test_... for test mode)")
+	case cfg.Processor == processorSimulator && cfg.StripeAPIKey != "":
+		return errors.New("STRIPE_API_KEY is set but PROCESSOR is simulator: set PROCESSOR=stripe to charge through Stripe, or unset STRIPE_API_KEY")
+	case cfg.Processor == processorStripe && cfg.WebhookScheme == webhook.SchemeStandard:
+		return errors.New("PROCESSOR=stripe signs webhooks with Stripe-Signature: set WEBHOOK_SCHEME=processor (the default) and WEBHOOK_SECRETS to the endpoint's signing secret (whsec_...)")
 	}
 	return nil
 }
@@ -539,5 +584,32 @@ func parseLogLevel(c *config, v string) error {
 	if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
 		return errors.New("want debug, info, warn or error")
 	}
+	return nil
+}
+
+func parseProcessor(c *config, v string) error {
+	if v != processorSimulator && v != processorStripe {
+		return errors.New("want simulator (the processor simulator at PROCESSOR_URL) or stripe (Stripe, with STRIPE_API_KEY)")
+	}
+	c.Processor = v
+	return nil
+}
+
+// parseStripeAPIKey reads a secret or restricted key. A publishable key
+// (pk_) cannot charge, and a key with spaces was pasted wrong.
+func parseStripeAPIKey(c *config, v string) error {
+	if v != "" && (!strings.HasPrefix(v, "sk_") && !strings.HasPrefix(v, "rk_") || strings.ContainsAny(v, " \t\r\n")) {
+		return errors.New("want a Stripe secret key sk_test_... or sk_live_..., or a restricted key rk_... (a publishable pk_ key cannot charge)")
+	}
+	c.StripeAPIKey = v
+	return nil
+}
+
+func parseStripeURL(c *config, v string) error {
+	u, err := url.Parse(v)
+	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
+		return errors.New("want a base URL such as https://api.stripe.com or http://127.0.0.1:12111 (stripe-mock), without a path")
+	}
+	c.StripeURL = v
 	return nil
 }

@@ -118,7 +118,7 @@ func dev(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer)
 		})
 	}
 	var sim *processorsim.Server
-	if cfg.ProcessorURL == "" {
+	if cfg.ProcessorURL == "" && cfg.Processor == processorSimulator {
 		// The processor simulator, in this process but over real HTTP.
 		var err error
 		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(portIfFree(ports.simulator)))

@@ -24,6 +24,7 @@ import (
 	"github.com/idemref/payments/internal/orders"
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
+	"github.com/idemref/payments/internal/processor/stripeproc"
 	"github.com/idemref/payments/internal/reaper"
 )
 
@@ -195,7 +196,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 		logger.Info("no admin listener: /metrics and pprof are not served (set ADMIN_ADDR)")
 	}
 	logger.Info("listening", slog.String("addr", ln.Addr().String()), slog.Int("max_connections", cfg.MaxConnections),
-		slog.String("database", databaseTarget(cfg.DatabaseURL)), slog.String("processor", cfg.ProcessorURL),
+		slog.String("database", databaseTarget(cfg.DatabaseURL)), slog.String("processor", processorTarget(cfg)),
 		slog.String("nats", messaging.RedactURL(cfg.NatsURL)))
 	if ready != nil {
 		ready(ln.Addr().String(), adminAddr)
@@ -352,14 +353,29 @@ func directPool(ctx context.Context, pool *pgxpool.Pool, cfg config) (direct *pg
 	return direct, direct.Close, nil
 }
 
+// processorTarget says which processor the process calls, for its log.
+func processorTarget(cfg config) string {
+	if cfg.Processor == processorStripe {
+		return "stripe " + cfg.StripeURL
+	}
+	return cfg.ProcessorURL
+}
+
+// newProcessor is the adapter PROCESSOR names (S7).
+func newProcessor(cfg config) processor.Processor {
+	if cfg.Processor == processorStripe {
+		return stripeproc.New(stripeproc.Config{APIKey: cfg.StripeAPIKey, URL: cfg.StripeURL, Timeout: cfg.ProcessorTimeout, SearchLag: cfg.StripeSearchLag})
+	}
+	return processor.NewClient(cfg.ProcessorURL, cfg.ProcessorTimeout)
+}
+
 // services builds the idempotency store and the payments service from cfg.
 func services(pool *pgxpool.Pool, cfg config, logger *slog.Logger) (*idem.Store, *payments.Service) {
 	store := idem.NewStore(pool, idem.Config{
 		LockTimeout: cfg.LockTimeout, TTL: cfg.IdempotencyTTL, KeyRetention: cfg.KeyRetention, Lease: cfg.PaymentLease,
 		KeyBudget: cfg.KeyBudget,
 	})
-	proc := processor.NewClient(cfg.ProcessorURL, cfg.ProcessorTimeout)
-	return store, payments.NewService(pool, store, proc, httpapi.Renderer{}, logger, payments.Config{SettleWindow: cfg.SettleWindow})
+	return store, payments.NewService(pool, store, newProcessor(cfg), httpapi.Renderer{}, logger, payments.Config{SettleWindow: cfg.SettleWindow})
 }
 
 // runCompleter runs the completer alone, without the HTTP server, until ctx
