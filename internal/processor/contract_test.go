@@ -38,8 +38,10 @@ func TestSimulatorClientPassesTheContract(t *testing.T) {
 				sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: processorsim.FaultLatency, Latency: 2 * time.Second})
 				before := len(sim.Calls())
 				go func() { _, _ = client.CreateCharge(t.Context(), req, key) }()
-				for len(sim.Calls()) == before {
-					time.Sleep(5 * time.Millisecond)
+				for deadline := time.Now().Add(10 * time.Second); len(sim.Calls()) == before; time.Sleep(5 * time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatal("the call held in flight never reached the simulator")
+					}
 				}
 			}
 		},
