@@ -40,9 +40,34 @@ CREATE FUNCTION public.idem_forgotten(state text, retain_until timestamp with ti
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$ SELECT state <> 'in_progress' AND idem_passed(retain_until) $$;
 
+CREATE FUNCTION public.idem_key_absent(key_tenant uuid, key_endpoint text, key_name text) RETURNS void
+    LANGUAGE plpgsql STABLE
+    AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM idempotency_keys
+               WHERE tenant_id = key_tenant AND endpoint = key_endpoint AND idem_key = key_name) THEN
+        RAISE EXCEPTION 'the idempotency key has a row' USING ERRCODE = 'IK001';
+    END IF;
+END
+$$;
+
 CREATE FUNCTION public.idem_lease_free(locked_until timestamp with time zone) RETURNS boolean
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$ SELECT locked_until IS NULL OR idem_passed(locked_until) $$;
+
+CREATE FUNCTION public.idem_lease_held(key_tenant uuid, key_endpoint text, key_name text, generation bigint) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM 1 FROM idempotency_keys
+    WHERE tenant_id = key_tenant AND endpoint = key_endpoint AND idem_key = key_name
+      AND state = 'in_progress' AND lease_generation = generation
+    FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'the lease on the idempotency key is lost' USING ERRCODE = 'IK002';
+    END IF;
+END
+$$;
 
 CREATE FUNCTION public.idem_passed(horizon timestamp with time zone) RETURNS boolean
     LANGUAGE sql STABLE PARALLEL SAFE

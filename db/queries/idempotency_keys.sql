@@ -59,6 +59,12 @@ SELECT sqlc.embed(idempotency_keys),
 FROM idempotency_keys
 WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key;
 
+-- name: IdemKeyAbsent :exec
+-- Fails with SQLSTATE IK001 when the key has a row (migration 000019): the
+-- one-transaction path sends it after IdemKeyGet, ahead of its BEGIN, so
+-- that a key found stops the round trip before the request's statement.
+SELECT idem_key_absent(@tenant_id::uuid, @endpoint::text, @idem_key::text);
+
 -- name: IdemKeyForget :exec
 -- Deletes a key past its retention (E3) before it is used afresh, as the
 -- reaper would: the one-transaction claim is a plain INSERT, which such a
@@ -89,11 +95,19 @@ VALUES (@tenant_id, @endpoint, @idem_key, @fingerprint, @fingerprint_version, 'c
         now(), @expires_at, @retain_until)
 RETURNING expires_at;
 
+-- name: IdemLeaseHeld :exec
+-- A phase's fence (S3, migration 000019): locks the key row for the rest
+-- of the transaction, and fails with SQLSTATE IK002 unless the lease of
+-- this generation still holds the key. Queued behind BEGIN, it travels
+-- with the phase's first statement, which a lost lease stops.
+SELECT idem_lease_held(@tenant_id::uuid, @endpoint::text, @idem_key::text, @generation::bigint);
+
 -- name: IdemKeyGetForUpdate :one
--- Locks the key row for the rest of a phase's transaction: a takeover
--- (which updates this row) waits for the phase to commit, or the phase
--- sees the takeover's new generation. lease_expired is read on the
--- database clock, which every API process shares.
+-- Locks the row of a key that a multi-step claim found taken, for the rest
+-- of the transaction that replays it or takes its lease over: two
+-- takeovers wait for each other, and the second sees the first's new
+-- generation. lease_expired is read on the database clock, which every
+-- API process shares.
 SELECT sqlc.embed(idempotency_keys),
        idem_lease_free(locked_until)::boolean AS lease_expired,
        idem_result_expired(state, expires_at)::boolean AS result_expired

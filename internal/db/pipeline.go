@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Tx is a transaction that spends as few round trips as the work allows
@@ -48,6 +50,9 @@ type Tx struct {
 	committed  bool
 	commitErr  error
 	savepoints int
+	// ahead: how many statements at the front of pending go ahead of
+	// BEGIN (Ahead).
+	ahead int
 	// kept: the connection belongs to the caller (BeginOn), who releases
 	// it; ending the transaction leaves it checked out.
 	kept bool
@@ -56,6 +61,9 @@ type Tx struct {
 type queued struct {
 	sql  string
 	args []any
+	// read reads the statement's result when the round trip is back (a
+	// statement queued by Ahead); nil: only its error is looked at.
+	read func(q DBTX) error
 }
 
 // Begin starts a pipelined transaction on a connection from pool. It costs
@@ -156,9 +164,9 @@ func (t *Tx) send(ctx context.Context, q queued) (pgx.BatchResults, bool, error)
 	if commit {
 		b.Queue("COMMIT")
 	}
-	n := len(t.pending)
+	pending, ahead := t.pending, t.ahead
 	beginning := !t.begun
-	t.pending, t.commitNext, t.begun = nil, false, true
+	t.pending, t.commitNext, t.begun, t.ahead = nil, false, true, 0
 	if commit {
 		// A COMMIT is never cancelled (primary.go): the round trip that
 		// carries one waits for the server's answer. Its statements wait
@@ -166,21 +174,146 @@ func (t *Tx) send(ctx context.Context, q queued) (pgx.BatchResults, bool, error)
 		// idempotency paths') bound their lock waits with lock_timeout.
 		ctx = commitContext(ctx)
 	}
-	br := t.conn.SendBatch(ctx, b)
-	for i := range n {
-		if _, err := br.Exec(); err != nil {
-			if beginning && i == 0 {
-				err = notPrimary(err)
-			}
-			closeErr := br.Close()
-			if commit {
-				t.finish(errors.Join(err, closeErr))
-			}
+	if ahead > 0 {
+		if err := t.prepare(ctx, b); err != nil {
 			return nil, false, err
 		}
 	}
+	br := t.conn.SendBatch(ctx, b)
+	for i, p := range pending {
+		var err error
+		if p.read != nil {
+			err = p.read(batchResult{br})
+		} else {
+			_, err = br.Exec()
+		}
+		if err == nil {
+			continue
+		}
+		if beginning && i == ahead {
+			err = notPrimary(err) // BEGIN READ WRITE, refused by a standby
+		}
+		closeErr := br.Close()
+		switch {
+		case beginning && i < ahead:
+			// A statement ahead of BEGIN failed: the server skipped the
+			// rest of the round trip, BEGIN and any COMMIT included, and
+			// rolled back what ran ahead of it when the round trip ended.
+			// The transaction never began; nothing of it can commit.
+			t.abandon()
+		case commit:
+			t.finish(errors.Join(err, closeErr))
+		}
+		return nil, false, err
+	}
 	return br, commit, nil
 }
+
+// Ahead queues stmt to run ahead of the transaction's BEGIN, in its first
+// round trip: it travels with BEGIN and the first statement whose result
+// the caller reads, and the transaction costs no round trip more for it.
+// stmt reads its result when the round trip is back, before the carrying
+// statement's result is looked at. An error from a statement ahead of
+// BEGIN (one made to fail, such as idem_key_absent, or any failure) makes
+// the server skip everything behind it in the round trip, BEGIN and the
+// carrying statement included, and roll back what ran ahead of it: the
+// carrying statement returns that error, the transaction never began, and
+// every later statement, Commit and Rollback find it closed. This is what
+// lets the idempotency key's lookup decide, in the round trip that
+// already carries the request's first statement, that the request must not
+// run (idem.Store.Execute). When no statement ahead fails, the server
+// makes them part of the transaction BEGIN opens.
+//
+// stmt runs exactly one statement on the DBTX it is given (a sqlc query
+// does) and has no other effect: it is called once when queued, on a DBTX
+// that only records the statement and fails it, and once on the result.
+// It can only be queued before the transaction's first round trip.
+func (t *Tx) Ahead(stmt func(q DBTX) error) error {
+	if t.begun || t.done {
+		return errors.New("db: a statement can go ahead of BEGIN only before the transaction's first round trip")
+	}
+	var c capture
+	_ = stmt(&c) // learns the statement; its result is read later
+	if c.statements != 1 {
+		return fmt.Errorf("db: a statement ahead of BEGIN must run exactly one statement, not %d", c.statements)
+	}
+	t.pending = slices.Insert(t.pending, t.ahead, queued{sql: c.sql, args: c.args, read: stmt})
+	t.ahead++
+	return nil
+}
+
+// prepare prepares the statements of a round trip that carries statements
+// ahead of BEGIN, by name, on the transaction's connection. Such a round
+// trip fails by design (idem_key_absent, on every replay), and pgx drops
+// every statement of a batch that failed from its statement cache, to be
+// deallocated and prepared again on their next use: every replay would
+// cost the next request on its connection two round trips more. Statements
+// prepared by name live outside that cache, and pgx runs a statement
+// prepared under its own text as such. Preparing costs a round trip once
+// per statement and connection, and a map lookup after that. (It runs
+// untraced: a span per lookup would say nothing.)
+func (t *Tx) prepare(ctx context.Context, b *pgx.Batch) error {
+	ctx = trace.ContextWithSpan(ctx, trace.SpanFromContext(context.Background()))
+	for _, q := range b.QueuedQueries {
+		if _, err := t.conn.Conn().Prepare(ctx, q.SQL, q.SQL); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Ahead is Tx.Ahead for a transaction that may or may not be pipelined;
+// on any other transaction stmt runs at once, inside it, where an error
+// from it aborts the transaction as well.
+func Ahead(tx pgx.Tx, stmt func(q DBTX) error) error {
+	if t, ok := tx.(*Tx); ok {
+		return t.Ahead(stmt)
+	}
+	return stmt(tx)
+}
+
+// errAheadQueued is what a statement queued by Ahead sees when it is
+// first called, to learn its statement: it runs later.
+var errAheadQueued = errors.New("db: statement queued ahead of BEGIN; its result is read later")
+
+// capture is the DBTX Ahead learns a statement on.
+type capture struct {
+	sql        string
+	args       []any
+	statements int
+}
+
+func (c *capture) record(sql string, args []any) {
+	c.sql, c.args = sql, args
+	c.statements++
+}
+
+func (c *capture) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	c.record(sql, args)
+	return pgconn.CommandTag{}, errAheadQueued
+}
+
+func (c *capture) Query(_ context.Context, sql string, args ...any) (pgx.Rows, error) {
+	c.record(sql, args)
+	return nil, errAheadQueued
+}
+
+func (c *capture) QueryRow(_ context.Context, sql string, args ...any) pgx.Row {
+	c.record(sql, args)
+	return errRow{errAheadQueued}
+}
+
+// batchResult is the DBTX a statement queued by Ahead reads its result
+// from: the next result of the round trip, whatever statement is asked.
+type batchResult struct{ br pgx.BatchResults }
+
+func (b batchResult) Exec(context.Context, string, ...any) (pgconn.CommandTag, error) {
+	return b.br.Exec()
+}
+
+func (b batchResult) Query(context.Context, string, ...any) (pgx.Rows, error) { return b.br.Query() }
+
+func (b batchResult) QueryRow(context.Context, string, ...any) pgx.Row { return b.br.QueryRow() }
 
 // end reads COMMIT's result, if it was sent, and closes the batch.
 func (t *Tx) end(br pgx.BatchResults, commit bool, stmtErr error) error {
@@ -232,6 +365,18 @@ func (t *Tx) finish(commitErr error) {
 	t.release()
 }
 
+// abandon ends a transaction that never began: a statement ahead of its
+// BEGIN failed, so the server skipped BEGIN and ended the round trip idle.
+func (t *Tx) abandon() {
+	t.done, t.pending = true, nil
+	if pc := t.conn.Conn().PgConn(); !pc.IsClosed() && pc.TxStatus() != 'I' {
+		// Not what the server does; should it ever differ, the connection
+		// must not go back to the pool in a transaction.
+		_ = t.conn.Conn().Close(context.Background())
+	}
+	t.release()
+}
+
 // rollbackTimeout bounds the ROLLBACK of a transaction whose COMMIT the
 // server skipped; past it the connection is closed instead.
 const rollbackTimeout = 5 * time.Second
@@ -250,7 +395,7 @@ func (t *Tx) flush(ctx context.Context) error {
 
 // Exec runs sql, with whatever is queued, in one round trip.
 func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	br, commit, err := t.send(ctx, queued{sql, args})
+	br, commit, err := t.send(ctx, queued{sql: sql, args: args})
 	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
@@ -260,7 +405,7 @@ func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandT
 
 // QueryRow runs sql, with whatever is queued, when the row is scanned.
 func (t *Tx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	return &pipedRow{t: t, ctx: ctx, q: queued{sql, args}}
+	return &pipedRow{t: t, ctx: ctx, q: queued{sql: sql, args: args}}
 }
 
 type pipedRow struct {
@@ -288,7 +433,7 @@ func (r *pipedRow) Scan(dest ...any) error {
 // Query runs sql, with whatever is queued, in one round trip; the rows must
 // be closed before the next statement.
 func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	br, commit, err := t.send(ctx, queued{sql, args})
+	br, commit, err := t.send(ctx, queued{sql: sql, args: args})
 	if err != nil {
 		return nil, err
 	}

@@ -15,16 +15,16 @@ import (
 // spends today, so a change that adds a round trip to a hot path fails
 // here, and one that saves one updates the figure:
 //
-//	create   [read the key] [BEGIN, lock_timeout, insert] [claim with the record, COMMIT]
-//	replay   [read the key]
+//	create   [read the key, idem_key_absent, BEGIN, lock_timeout, insert] [claim with the record, COMMIT]
+//	replay   [read the key, idem_key_absent: fails, the server skips the rest]
 //	payment  5 in transaction 1 (the payment inserted already marked
-//	         charge_sent), 3 to record its outcome (the key locked, the
-//	         outcome written under its guard, then the outbox row, the
+//	         charge_sent), 2 to record its outcome (the lease's fence and
+//	         the outcome written under its guard, then the outbox row, the
 //	         record and COMMIT together); plus the processor call
 const (
-	roundTripsCreate  = 3
+	roundTripsCreate  = 2
 	roundTripsReplay  = 1
-	roundTripsPayment = 8
+	roundTripsPayment = 7
 )
 
 func TestRoundTripsPerRequest(t *testing.T) {

@@ -15,7 +15,8 @@
 // Store.Execute then runs the one-transaction path. Its four steps, in the
 // order they run:
 //
-//  1. Replay, looked up first: one plain read of the key (L4, L5).
+//  1. Replay, looked up first: one read of the key (L4, L5), ahead of the
+//     transaction's BEGIN in the round trip of exec's first statement.
 //     Completed with the same fingerprint → the stored response, replayed
 //     = true (the HTTP layer adds Idempotent-Replayed: true); a different
 //     fingerprint → ErrKeyReused (422); unfinished → ErrKeyInUse (409 with
@@ -83,11 +84,15 @@
 // record becomes final, and the Go client's Resolve waits that long before
 // it concludes that nothing committed.
 //
-// What it costs (P2): three round trips to PostgreSQL for a create, one
-// for a replay. The transaction is a db.Tx, asked for by name
-// (db.WithPipelinedTxOn; db.WithTx is plain pgx), which pipelines: BEGIN,
-// the lock_timeout setting and the SAVEPOINT travel with exec's first
-// statement; the RELEASE and the COMMIT with the claim. The steps above
+// What it costs (P2): two round trips to PostgreSQL for a create, one for
+// a replay. The transaction is a db.Tx, asked for by name
+// (db.WithPipelinedTxOn; db.WithTx is plain pgx), which pipelines: the
+// key's read and IdemKeyAbsent go ahead of BEGIN (db.Ahead), and they,
+// BEGIN and the lock_timeout setting travel with exec's first statement;
+// the COMMIT with the claim. When the key has a row, IdemKeyAbsent fails,
+// the server skips the rest of that round trip (BEGIN and exec's
+// statement included) and rolls back, and the read's row is replayed: a
+// replay's one round trip runs nothing of exec's in the database. The steps above
 // are still statements run in order, each seeing the one before it;
 // pipelining only saves the waits between those whose results nothing
 // reads. The one rule it adds: COMMIT may travel behind a statement only

@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemref/payments/internal/db"
@@ -244,10 +245,17 @@ func (s *Store) takeOver(ctx context.Context, q *dbsqlc.Queries, c Claim) (_ Beg
 
 // Phase runs one step of a multi-step request in its own transaction. It
 // first locks the key row and checks the fencing token: if another attempt
-// took the lease over, it returns ErrLeaseLost and fn never runs. Then it
-// commits fn's writes together with the new recovery point (renewing the
-// lease), or with the recorded response when the step completes the key;
-// the response is then returned.
+// took the lease over, it returns ErrLeaseLost and nothing of fn's runs in
+// the database. Then it commits fn's writes together with the new recovery
+// point (renewing the lease), or with the recorded response when the step
+// completes the key; the response is then returned.
+//
+// The fence (IdemLeaseHeld) is queued behind BEGIN and travels with fn's
+// first statement, which costs no round trip of its own: a lost lease
+// makes it fail, and the server then skips fn's statement. So fn's Go code
+// runs up to its first statement even for a lease that turns out lost; like
+// Execute's work, it must do nothing outside the transaction, and pass its
+// statements' errors on.
 func (s *Store) Phase(ctx context.Context, l *Lease, fn func(ctx context.Context, tx pgx.Tx) (Step, error)) (*Response, error) {
 	ctx, span := startSpan(ctx, spanPhase)
 	defer span.End()
@@ -258,22 +266,23 @@ func (s *Store) Phase(ctx context.Context, l *Lease, fn func(ctx context.Context
 	var step Step
 	// Pipelined, as in Begin.
 	err := db.WithPipelinedTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
-		q := dbsqlc.New(tx)
 		if err := s.boundLockWaits(ctx, tx); err != nil {
 			return err
 		}
-		locked, err := q.IdemKeyGetForUpdate(ctx, dbsqlc.IdemKeyGetForUpdateParams{TenantID: l.TenantID, Endpoint: l.Endpoint, IdemKey: l.Key})
-		if err != nil {
+		if err := dbsqlc.New(db.Deferred(tx)).IdemLeaseHeld(ctx, dbsqlc.IdemLeaseHeldParams{
+			TenantID: l.TenantID, Endpoint: l.Endpoint, IdemKey: l.Key, Generation: l.Generation,
+		}); err != nil {
 			return err
 		}
-		if row := locked.IdempotencyKey; row.LeaseGeneration != l.Generation || row.State != "in_progress" {
-			return ErrLeaseLost
-		}
+		var err error
 		if step, err = fn(ctx, tx); err != nil {
 			return err
 		}
 		return s.apply(ctx, tx, l, step)
 	})
+	if leaseLost(err) {
+		err = ErrLeaseLost
+	}
 	if err != nil {
 		if errors.Is(err, ErrLeaseLost) {
 			fencingRejectionsTotal.WithLabelValues(l.Endpoint).Inc()
@@ -286,8 +295,8 @@ func (s *Store) Phase(ctx context.Context, l *Lease, fn func(ctx context.Context
 // apply commits a phase's decision on the key row, fenced by generation.
 // It is the phase's last statement, and the transaction's COMMIT travels
 // with it: its fence cannot fail here, because the caller holds the row
-// (Begin inserted it; Phase locked it FOR UPDATE and checked the
-// generation), so its result cannot change the decision to commit. An
+// (Begin inserted it; Phase's IdemLeaseHeld locked it FOR UPDATE under
+// the generation), so its result cannot change the decision to commit. An
 // error from it still aborts the transaction and the COMMIT rolls back.
 func (s *Store) apply(ctx context.Context, tx pgx.Tx, l *Lease, step Step) error {
 	ctx, span := startSpan(ctx, spanRecord)
@@ -338,6 +347,16 @@ func (s *Store) apply(ctx context.Context, tx pgx.Tx, l *Lease, step Step) error
 		l.ResourceID = step.ResourceID
 	}
 	return nil
+}
+
+// codeLeaseLost is IdemLeaseHeld's SQLSTATE (migration 000019).
+const codeLeaseLost = "IK002"
+
+// leaseLost reports IdemLeaseHeld's failure, whichever statement of the
+// phase's round trip returned it.
+func leaseLost(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == codeLeaseLost
 }
 
 // Release gives the key back at its recovery point after a transient

@@ -216,6 +216,17 @@ type UndoableWork func(ctx context.Context, tx UndoableTx) (Response, error)
 //     transaction rolls back, business rows included, and the request
 //     replays what the winner recorded, as in step 1.
 //
+// Steps 1 and 2 share a round trip (P7). The lookup (IdemKeyGet) and a
+// statement that fails when the key has a row (IdemKeyAbsent) go ahead of
+// the transaction's BEGIN, in the round trip of exec's first statement
+// (db.Ahead). A new key costs two round trips: that one, and the record
+// with COMMIT. A key that has a row makes IdemKeyAbsent fail, and
+// PostgreSQL skips the rest of that round trip, BEGIN and exec's statement
+// included: a replay costs one round trip and runs nothing of exec in the
+// database (exec's Go code runs until its first statement, which returns
+// the failure). exec must pass its statements' errors on, as it must
+// anyway; one that swallowed this one would find the transaction closed.
+//
 // The claim comes last so that the key row is written once (P7): the
 // primary key still decides who owns the key, at the moment of the record.
 // A duplicate that arrives while the first request runs finds no row in
@@ -261,9 +272,9 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec UndoableWork) (res Re
 		return Response{}, false, s.wrap(err)
 	}
 
-	// One connection for the whole request: the read, the transaction and
-	// the read after a lost race. A duplicate storm would otherwise queue
-	// for the pool at each of them, behind every other duplicate.
+	// One connection for the whole request: the transactions and the read
+	// after a lost race. A duplicate storm would otherwise queue for the
+	// pool at each of them, behind every other duplicate.
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return Response{}, false, s.wrap(err)
@@ -271,64 +282,37 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec UndoableWork) (res Re
 	defer conn.Release()
 	q := dbsqlc.New(conn)
 
-	// 1. Replay, looked up first. A plain read outside any transaction: one
-	// round trip, no row lock (P4).
-	row, found, err := lookUp(ctx, q, c)
-	switch {
-	case err != nil:
-		return Response{}, false, s.wrap(err)
-	case found:
-		res, createdAt, err = replay(row, c)
-		return res, err == nil, s.wrap(err)
-	}
-
-	// Pipelined (db.Tx): BEGIN and the lock timeout travel with exec's
-	// first statement, COMMIT with the claim (P2).
-	var failed *deterministicFailure
-	err = db.WithPipelinedTxOn(ctx, conn, func(ctx context.Context, tx pgx.Tx) error {
-		if err := s.boundLockWaits(ctx, tx); err != nil {
-			return err
+	for attempt := 1; ; attempt++ {
+		var look lookup
+		res, err = s.execute(ctx, conn, c, exec, &look)
+		if look.row == nil {
+			break
 		}
-
-		// 2. Execute, in the transaction itself, with its statements only.
-		// No savepoint: the path that commits does not pay for one (P7). A
-		// deterministic failure rolls the whole transaction back instead
-		// (which also clears a statement that aborted it), and is
-		// recorded in a transaction of its own (recordFailure).
-		runCtx, run := startSpan(ctx, spanRun)
-		res, err = exec(runCtx, db.StatementsOf(tx))
-		run.End()
-		if db.IsLockTimeout(err) {
-			// A wait on a business row, not on the key: the claim comes
-			// after exec.
-			return ErrConflictingWrite
+		// 1. Replay, looked up first. Nothing of exec's ran: the key's
+		// row stopped the round trip ahead of BEGIN, or, had a statement
+		// ignored that, the transaction rolled back.
+		if !look.row.Forgotten {
+			res, createdAt, err = replay(*look.row, c)
+			return res, err == nil, s.wrap(err)
 		}
-		if err != nil {
-			return err
+		// Past its retention the key is unknown (E3): the claim is a plain
+		// INSERT, so the old row goes first, as the reaper would take it,
+		// and the request runs afresh. A row forgotten again at once was
+		// claimed over by another request that has since finished and
+		// aged out: not for this request to wait on.
+		if attempt > 1 {
+			return Response{}, false, ErrKeyInUse
 		}
-		if res.Status >= 400 {
-			failed = &deterministicFailure{res: res}
-			return failed
+		if err := q.IdemKeyForget(ctx, dbsqlc.IdemKeyForgetParams{TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key}); err != nil {
+			return Response{}, false, s.wrap(err)
 		}
-		return s.record(ctx, tx, c, &res)
-	})
-	if errors.As(err, &failed) {
-		// The failure's work is rolled back: nothing of it survives, so
-		// recording it alone commits nothing the success path would not.
-		// A duplicate that recorded the key meanwhile wins as at step 4.
-		res = failed.res
-		err = db.WithPipelinedTxOn(ctx, conn, func(ctx context.Context, tx pgx.Tx) error {
-			if err := s.boundLockWaits(ctx, tx); err != nil {
-				return err
-			}
-			return s.record(ctx, tx, c, &res)
-		})
 	}
 	switch {
-	case db.IsUniqueViolation(err, keyPrimaryKey):
+	case db.IsUniqueViolation(err, keyPrimaryKey), keyHadRow(err):
 		// 4. Replay, after a lost race: everything this request wrote has
 		// rolled back. Under READ COMMITTED this new read sees the row the
-		// winner committed.
+		// winner committed. (IdemKeyAbsent fails the same way when the
+		// key's row was committed between the lookup and it.)
 		res, createdAt, err = existing(ctx, q, c)
 		return res, err == nil, s.wrap(err)
 	case errors.Is(err, ErrConflictingWrite):
@@ -347,23 +331,142 @@ func (s *Store) Execute(ctx context.Context, c Claim, exec UndoableWork) (res Re
 	return res, false, nil
 }
 
-// lookUp is step 1: the key's row, found when it has one that still
-// counts. Past its retention the key is unknown (E3): the claim after it
-// is a plain INSERT, so the old row goes first, as the reaper would take
-// it, and the key is not found.
-func lookUp(ctx context.Context, q *dbsqlc.Queries, c Claim) (_ dbsqlc.IdemKeyGetRow, found bool, err error) {
-	ctx, span := startSpan(ctx, spanLookup)
-	defer span.End()
+// execute runs steps 1 to 3 on conn: exec in a transaction with the
+// lookup ahead of it, then the record; a deterministic failure is recorded
+// in a transaction of its own. When the lookup found the key's row, look
+// holds it and nothing committed.
+func (s *Store) execute(ctx context.Context, conn *pgxpool.Conn, c Claim, exec UndoableWork, look *lookup) (res Response, err error) {
+	defer look.end()
+	var failed *deterministicFailure
+	err = db.WithPipelinedTxOn(ctx, conn, func(ctx context.Context, tx pgx.Tx) error {
+		if err := look.queue(ctx, tx, c); err != nil {
+			return err
+		}
+		if err := s.boundLockWaits(ctx, tx); err != nil {
+			return err
+		}
+
+		// 2. Execute, in the transaction itself, with its statements only.
+		// No savepoint: the path that commits does not pay for one (P7). A
+		// deterministic failure rolls the whole transaction back instead
+		// (which also clears a statement that aborted it), and is
+		// recorded in a transaction of its own (below).
+		runCtx, run := startSpan(ctx, spanRun)
+		res, err = exec(runCtx, db.StatementsOf(tx))
+		run.End()
+		switch {
+		case look.row != nil:
+			return errKeyHasRow // step 1 found the key: nothing of exec's may commit
+		case db.IsLockTimeout(err):
+			// A wait on a business row, not on the key: the claim comes
+			// after exec.
+			return ErrConflictingWrite
+		case err != nil:
+			return err
+		case res.Status >= 400:
+			failed = &deterministicFailure{res: res}
+			return failed
+		}
+		return s.record(ctx, tx, c, &res)
+	})
+	if !errors.As(err, &failed) {
+		if err != nil && !look.answered {
+			// exec failed before its first statement, so the lookup never
+			// went out. A key that has a row is still replayed (step 1):
+			// this run was not the request's to make.
+			_ = look.now(ctx, dbsqlc.New(conn), c)
+		}
+		return res, err
+	}
+	// The failure's work is rolled back: nothing of it survives, so
+	// recording it alone commits nothing the success path would not. A
+	// duplicate that recorded the key meanwhile wins as at step 4. When
+	// exec failed before its first statement, the lookup never went out:
+	// it goes ahead of this transaction instead, so a key that has a row
+	// is replayed, and one past its retention forgotten, as in step 1.
+	res = failed.res
+	err = db.WithPipelinedTxOn(ctx, conn, func(ctx context.Context, tx pgx.Tx) error {
+		if !look.answered {
+			if err := look.queue(ctx, tx, c); err != nil {
+				return err
+			}
+		}
+		if err := s.boundLockWaits(ctx, tx); err != nil {
+			return err
+		}
+		return s.record(ctx, tx, c, &res)
+	})
+	return res, err
+}
+
+// errKeyHasRow ends a transaction whose lookup found the key's row.
+var errKeyHasRow = errors.New("idem: the key has a row; nothing of the request may commit")
+
+// codeKeyHasRow is IdemKeyAbsent's SQLSTATE (migration 000019).
+const codeKeyHasRow = "IK001"
+
+// keyHadRow reports IdemKeyAbsent's failure.
+func keyHadRow(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == codeKeyHasRow
+}
+
+// lookup is step 1, queued ahead of a transaction's BEGIN (db.Ahead): the
+// key's row, if it has one, and the statement that then stops the round
+// trip.
+type lookup struct {
+	answered bool
+	row      *dbsqlc.IdemKeyGetRow // nil: the key has no row
+	span     trace.Span
+}
+
+func (l *lookup) queue(ctx context.Context, tx pgx.Tx, c Claim) error {
+	if l.span == nil {
+		ctx, l.span = startSpan(ctx, spanLookup)
+	}
+	get := dbsqlc.IdemKeyGetParams{TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key}
+	if err := db.Ahead(tx, func(q db.DBTX) error {
+		row, err := dbsqlc.New(q).IdemKeyGet(ctx, get)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			l.answered = true
+			return nil
+		case err != nil:
+			return err
+		}
+		l.answered, l.row = true, &row
+		return nil
+	}); err != nil {
+		return err
+	}
+	return db.Ahead(tx, func(q db.DBTX) error {
+		err := dbsqlc.New(q).IdemKeyAbsent(ctx, dbsqlc.IdemKeyAbsentParams(get))
+		if l.answered {
+			l.span.End() // the lookup's round trip is back
+		}
+		return err
+	})
+}
+
+// now is the lookup on its own, for a transaction that never sent it.
+func (l *lookup) now(ctx context.Context, q *dbsqlc.Queries, c Claim) error {
 	row, err := q.IdemKeyGet(ctx, dbsqlc.IdemKeyGetParams{TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key})
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return row, false, nil
+		l.answered = true
+		return nil
 	case err != nil:
-		return row, false, err
-	case row.Forgotten:
-		return row, false, q.IdemKeyForget(ctx, dbsqlc.IdemKeyForgetParams{TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key})
+		return err
 	}
-	return row, true, nil
+	l.answered, l.row = true, &row
+	return nil
+}
+
+// end ends the lookup's span when its round trip never went out.
+func (l *lookup) end() {
+	if l.span != nil {
+		l.span.End()
+	}
 }
 
 // deterministicFailure carries a response with status >= 400 out of the

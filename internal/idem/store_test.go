@@ -180,23 +180,35 @@ func recorded(t *testing.T, row keyRow) Response {
 	return res
 }
 
-// insertExec returns an exec that counts its calls, inserts v into scratch
-// for tenant and returns res.
+// insertExec returns an exec that inserts v into scratch for tenant,
+// counts its runs and returns res. A run counts once its statement has
+// executed: for a key that has a row, exec's Go code runs up to its first
+// statement, which the server skips (Execute's lookup ahead of BEGIN), and
+// that run executed nothing.
 func insertExec(calls *atomic.Int32, tenant uuid.UUID, v string, res Response) UndoableWork {
 	return func(ctx context.Context, tx UndoableTx) (Response, error) {
-		calls.Add(1)
 		if _, err := tx.Exec(ctx, `INSERT INTO scratch (tenant_id, v) VALUES ($1, $2)`, tenant, v); err != nil {
 			return Response{}, err
 		}
+		calls.Add(1)
 		return res, nil
 	}
 }
 
-// notCalled is an exec that must never run.
+// notCalled is an exec that must never execute: its statement fails the
+// test if the server runs it. (Its Go code does run, up to that statement:
+// Execute learns that the key has a row in the round trip that carries it.)
 func notCalled(t *testing.T) UndoableWork {
-	return func(context.Context, UndoableTx) (Response, error) {
-		t.Errorf("exec ran, but the request must not execute")
-		return Response{}, errors.New("exec must not run")
+	return func(ctx context.Context, tx UndoableTx) (Response, error) {
+		_, err := tx.Exec(ctx, `SELECT 1 / $1::int`, 0)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "22012" {
+			t.Errorf("exec's statement executed, but the request must not execute")
+		}
+		if err == nil {
+			err = errors.New("exec must not execute")
+		}
+		return Response{}, err
 	}
 }
 
@@ -527,10 +539,10 @@ func TestExecuteRecordsDeterministicFailure(t *testing.T) {
 			var calls atomic.Int32
 			var want Response
 			exec := func(ctx context.Context, tx UndoableTx) (Response, error) {
-				calls.Add(1)
 				if _, err := tx.Exec(ctx, `INSERT INTO scratch (tenant_id, v) VALUES ($1, 'before the failure')`, h.tenant); err != nil {
 					return Response{}, err
 				}
+				calls.Add(1) // a run that executed (insertExec)
 				res, err := tt.fail(ctx, tx)
 				want = res
 				return res, err
@@ -587,10 +599,10 @@ func TestExecuteErrorRecordsNothing(t *testing.T) {
 			var calls atomic.Int32
 
 			_, replayed, err := store.Execute(t.Context(), c, func(ctx context.Context, tx UndoableTx) (Response, error) {
-				calls.Add(1)
 				if _, err := tx.Exec(ctx, `INSERT INTO scratch (tenant_id, v) VALUES ($1, 'failed')`, h.tenant); err != nil {
 					return Response{}, err
 				}
+				calls.Add(1) // a run that executed (insertExec)
 				return created(`{}`), tt.err
 			})
 			if !errors.Is(err, tt.err) {
@@ -644,10 +656,10 @@ func TestExecuteCancelledMidStatementIsUnavailable(t *testing.T) {
 	done := make(chan outcome, 1)
 	go func() {
 		res, replayed, err := store.Execute(ctx, c, func(ctx context.Context, tx UndoableTx) (Response, error) {
-			calls.Add(1)
 			if _, err := tx.Exec(ctx, `INSERT INTO scratch (tenant_id, v) VALUES ($1, 'cancelled')`, h.tenant); err != nil {
 				return Response{}, err
 			}
+			calls.Add(1) // a run that executed (insertExec)
 			close(sleeping)
 			if _, err := tx.Exec(ctx, `SELECT pg_sleep(300)`); err != nil {
 				return Response{}, err

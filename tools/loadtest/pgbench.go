@@ -140,37 +140,44 @@ func pgbenchVariants() []pgbenchVariant {
 		}
 		return ""
 	}
+	// The statement that stops the round trip when the key has a row
+	// (IdemKeyAbsent): a fresh key passes.
+	absent := "SELECT idem_key_absent(" + pgbenchTenant + ", " + pgbenchEndpoint + ", " + pgbenchKey + ");"
 	// create is the new shape, on table, with or without each piece: the
-	// pre-read in autocommit, then BEGIN, lock_timeout and the order, then
-	// the key row inserted completed and COMMIT; savepoint puts the order
-	// in a savepoint, as the create did until 2026-12-03.
-	create := func(table string, preReads, lockTimeouts, savepoint bool) string {
-		trips := [][]string{
-			{"BEGIN;", when(lockTimeouts, lockTimeout), when(savepoint, "SAVEPOINT sp_1;"), order},
-			{when(savepoint, "RELEASE SAVEPOINT sp_1;"), completed(table), "COMMIT;"},
+	// lookup (the pre-read and idem_key_absent) ahead of BEGIN, with the
+	// lock timeout and the order, then the key row inserted completed and
+	// COMMIT. savepoint puts the order in a savepoint, as the create did
+	// until 2026-12-03; separate sends the lookup in a round trip of its
+	// own, as it did until 2026-12-03 (without idem_key_absent then).
+	create := func(table string, lookup, lockTimeouts, savepoint, separate bool) string {
+		first := []string{"BEGIN READ WRITE;", when(lockTimeouts, lockTimeout), when(savepoint, "SAVEPOINT sp_1;"), order}
+		last := []string{when(savepoint, "RELEASE SAVEPOINT sp_1;"), completed(table), "COMMIT;"}
+		switch {
+		case lookup && separate:
+			return roundTrips([]string{preRead(table)}, first, last)
+		case lookup:
+			return roundTrips(append([]string{preRead(table), absent}, first...), last)
 		}
-		if preReads {
-			trips = append([][]string{{preRead(table)}}, trips...)
-		}
-		return roundTrips(trips...)
+		return roundTrips(first, last)
 	}
 	return []pgbenchVariant{
-		{"baseline", "BEGIN, insert the order, COMMIT, in 1 round trip", roundTrips([]string{"BEGIN;", order, "COMMIT;"})},
-		{"baseline-3rt", "the same in 3 round trips", roundTrips([]string{"BEGIN;", "SELECT 1;"}, []string{order}, []string{"SELECT 1;", "COMMIT;"})},
-		{"limit", "BEGIN, the order, the key row inserted completed, COMMIT: the floor", roundTrips([]string{"BEGIN;", order, limitCompleted, "COMMIT;"})},
-		{"create", "the API's create: pre-read, order, key row inserted completed last", create("idempotency_keys", true, true, false)},
-		{"no-lock-timeout", "... without the lock_timeout statement", create("idempotency_keys", true, false, false)},
-		{"savepoint", "... with the order in a savepoint (the create until 2026-12-03)", create("idempotency_keys", true, true, true)},
-		{"no-pre-read", "... without the pre-read (2 round trips)", create("idempotency_keys", false, true, false)},
-		{"no-fk", "... without the key table's foreign key to tenants", create("keys_nofk", true, true, false)},
-		{"no-checks", "... without the key table's CHECK constraints", create("keys_nochecks", true, true, false)},
+		{"baseline", "BEGIN, insert the order, COMMIT, in 1 round trip", roundTrips([]string{"BEGIN READ WRITE;", order, "COMMIT;"})},
+		{"baseline-3rt", "the same in 3 round trips", roundTrips([]string{"BEGIN READ WRITE;", "SELECT 1;"}, []string{order}, []string{"SELECT 1;", "COMMIT;"})},
+		{"limit", "BEGIN, the order, the key row inserted completed, COMMIT: the floor", roundTrips([]string{"BEGIN READ WRITE;", order, limitCompleted, "COMMIT;"})},
+		{"create", "the API's create: lookup ahead of BEGIN with the order, key row inserted completed last", create("idempotency_keys", true, true, false, false)},
+		{"no-lock-timeout", "... without the lock_timeout statement", create("idempotency_keys", true, false, false, false)},
+		{"savepoint", "... with the order in a savepoint (the create until 2026-12-03)", create("idempotency_keys", true, true, true, false)},
+		{"lookup-apart", "... with the pre-read in a round trip of its own (the create until 2026-12-03)", create("idempotency_keys", true, true, false, true)},
+		{"no-lookup", "... without the lookup (the pre-read and idem_key_absent)", create("idempotency_keys", false, true, false, false)},
+		{"no-fk", "... without the key table's foreign key to tenants", create("keys_nofk", true, true, false, false)},
+		{"no-checks", "... without the key table's CHECK constraints", create("keys_nochecks", true, true, false, false)},
 		{"claim-first", "the old shape: claim (and reclaim) first, order, UPDATE to completed", roundTrips(
-			[]string{"BEGIN;", lockTimeout, claim},
+			[]string{"BEGIN READ WRITE;", lockTimeout, claim},
 			[]string{"SAVEPOINT sp_1;", order},
 			[]string{"RELEASE SAVEPOINT sp_1;", complete, "COMMIT;"},
 		)},
 		{"advisory-lock", "advisory lock on the key and pre-read, order, key row inserted completed", roundTrips(
-			[]string{"BEGIN;", lockTimeout, advisory, preRead("idempotency_keys")},
+			[]string{"BEGIN READ WRITE;", lockTimeout, advisory, preRead("idempotency_keys")},
 			[]string{"SAVEPOINT sp_1;", order},
 			[]string{"RELEASE SAVEPOINT sp_1;", completed("idempotency_keys"), "COMMIT;"},
 		)},
@@ -372,7 +379,7 @@ func runPgbench(ctx context.Context, o options, stdout io.Writer) (err error) {
 	fmt.Fprintf(stdout, "  claim-first / limit          %-18s the old shape\n", claimFirstOverLimit.format(2))
 	fmt.Fprintf(stdout, "  create / claim-first         %-18s the new shape over the old\n", overClaimFirst.format(2))
 	for _, piece := range []struct{ name, variant string }{
-		{"the pre-read", "no-pre-read"},
+		{"the lookup", "no-lookup"},
 		{"lock_timeout", "no-lock-timeout"},
 		{"the foreign key", "no-fk"},
 		{"the CHECKs", "no-checks"},

@@ -13,6 +13,24 @@ import (
 	"github.com/google/uuid"
 )
 
+const idemKeyAbsent = `-- name: IdemKeyAbsent :exec
+SELECT idem_key_absent($1::uuid, $2::text, $3::text)
+`
+
+type IdemKeyAbsentParams struct {
+	TenantID uuid.UUID
+	Endpoint string
+	IdemKey  string
+}
+
+// Fails with SQLSTATE IK001 when the key has a row (migration 000019): the
+// one-transaction path sends it after IdemKeyGet, ahead of its BEGIN, so
+// that a key found stops the round trip before the request's statement.
+func (q *Queries) IdemKeyAbsent(ctx context.Context, arg IdemKeyAbsentParams) error {
+	_, err := q.db.Exec(ctx, idemKeyAbsent, arg.TenantID, arg.Endpoint, arg.IdemKey)
+	return err
+}
+
 const idemKeyAdvance = `-- name: IdemKeyAdvance :execrows
 UPDATE idempotency_keys
 SET recovery_point = $1,
@@ -353,10 +371,11 @@ type IdemKeyGetForUpdateRow struct {
 	ResultExpired  bool
 }
 
-// Locks the key row for the rest of a phase's transaction: a takeover
-// (which updates this row) waits for the phase to commit, or the phase
-// sees the takeover's new generation. lease_expired is read on the
-// database clock, which every API process shares.
+// Locks the row of a key that a multi-step claim found taken, for the rest
+// of the transaction that replays it or takes its lease over: two
+// takeovers wait for each other, and the second sees the first's new
+// generation. lease_expired is read on the database clock, which every
+// API process shares.
 func (q *Queries) IdemKeyGetForUpdate(ctx context.Context, arg IdemKeyGetForUpdateParams) (IdemKeyGetForUpdateRow, error) {
 	row := q.db.QueryRow(ctx, idemKeyGetForUpdate, arg.TenantID, arg.Endpoint, arg.IdemKey)
 	var i IdemKeyGetForUpdateRow
@@ -573,6 +592,31 @@ func (q *Queries) IdemKeyTakeOver(ctx context.Context, arg IdemKeyTakeOverParams
 	var i IdemKeyTakeOverRow
 	err := row.Scan(&i.LeaseGeneration, &i.RecoveryPoint, &i.ResourceID)
 	return i, err
+}
+
+const idemLeaseHeld = `-- name: IdemLeaseHeld :exec
+SELECT idem_lease_held($1::uuid, $2::text, $3::text, $4::bigint)
+`
+
+type IdemLeaseHeldParams struct {
+	TenantID   uuid.UUID
+	Endpoint   string
+	IdemKey    string
+	Generation int64
+}
+
+// A phase's fence (S3, migration 000019): locks the key row for the rest
+// of the transaction, and fails with SQLSTATE IK002 unless the lease of
+// this generation still holds the key. Queued behind BEGIN, it travels
+// with the phase's first statement, which a lost lease stops.
+func (q *Queries) IdemLeaseHeld(ctx context.Context, arg IdemLeaseHeldParams) error {
+	_, err := q.db.Exec(ctx, idemLeaseHeld,
+		arg.TenantID,
+		arg.Endpoint,
+		arg.IdemKey,
+		arg.Generation,
+	)
+	return err
 }
 
 const idemSetLockTimeout = `-- name: IdemSetLockTimeout :exec
