@@ -374,7 +374,7 @@ func (s *Store) execute(ctx context.Context, conn *pgxpool.Conn, c Claim, exec U
 			// exec failed before its first statement, so the lookup never
 			// went out. A key that has a row is still replayed (step 1):
 			// this run was not the request's to make.
-			_ = look.now(ctx, dbsqlc.New(conn), c)
+			_ = look.read(ctx, dbsqlc.New(conn), c)
 		}
 		return res, err
 	}
@@ -424,23 +424,11 @@ func (l *lookup) queue(ctx context.Context, tx pgx.Tx, c Claim) error {
 	if l.span == nil {
 		ctx, l.span = startSpan(ctx, spanLookup)
 	}
-	get := dbsqlc.IdemKeyGetParams{TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key}
-	if err := db.Ahead(tx, func(q db.DBTX) error {
-		row, err := dbsqlc.New(q).IdemKeyGet(ctx, get)
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			l.answered = true
-			return nil
-		case err != nil:
-			return err
-		}
-		l.answered, l.row = true, &row
-		return nil
-	}); err != nil {
+	if err := db.Ahead(tx, func(q db.DBTX) error { return l.read(ctx, dbsqlc.New(q), c) }); err != nil {
 		return err
 	}
 	return db.Ahead(tx, func(q db.DBTX) error {
-		err := dbsqlc.New(q).IdemKeyAbsent(ctx, dbsqlc.IdemKeyAbsentParams(get))
+		err := dbsqlc.New(q).IdemKeyAbsent(ctx, dbsqlc.IdemKeyAbsentParams{TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key})
 		if l.answered {
 			l.span.End() // the lookup's round trip is back
 		}
@@ -448,8 +436,9 @@ func (l *lookup) queue(ctx context.Context, tx pgx.Tx, c Claim) error {
 	})
 }
 
-// now is the lookup on its own, for a transaction that never sent it.
-func (l *lookup) now(ctx context.Context, q *dbsqlc.Queries, c Claim) error {
+// read reads the key's row: ahead of a transaction's BEGIN, or on its
+// own for a transaction that never sent it.
+func (l *lookup) read(ctx context.Context, q *dbsqlc.Queries, c Claim) error {
 	row, err := q.IdemKeyGet(ctx, dbsqlc.IdemKeyGetParams{TenantID: c.TenantID, Endpoint: c.Endpoint, IdemKey: c.Key})
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
