@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemref/payments/internal/db"
 )
@@ -167,6 +168,44 @@ func TestStatementsAheadOfBegin(t *testing.T) {
 		must(t, err)
 		if n != 1 {
 			t.Errorf("round trips after a failure ahead = %d, want 1: its statements were prepared again", n)
+		}
+	})
+
+	// Behind PgBouncer's transaction pooling the service runs in pgx's exec
+	// mode, where no statement may be prepared by name: the next server
+	// connection would not have it.
+	t.Run("NothingPreparedByNameInExecMode", func(t *testing.T) {
+		p := setup(t)
+		cfg, err := pgxpool.ParseConfig(p.direct.Config().ConnConfig.ConnString())
+		must(t, err)
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+		cfg.MaxConns = 1
+		pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+		must(t, err)
+		defer pool.Close()
+		var seen string
+		for range 2 {
+			err := db.WithPipelinedTx(t.Context(), pool, func(ctx context.Context, tx pgx.Tx) error {
+				if err := readAhead(tx, 7, &seen); err != nil {
+					return err
+				}
+				if err := failAhead(tx); err != nil {
+					return err
+				}
+				return insert(ctx, tx, 1, "one")
+			})
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != "22012" {
+				t.Fatalf("a failure ahead in exec mode: %v, want the failure (22012)", err)
+			}
+		}
+		var prepared int
+		must(t, pool.QueryRow(t.Context(), `SELECT count(*) FROM pg_prepared_statements`).Scan(&prepared))
+		if prepared != 0 {
+			t.Errorf("%d statements prepared by name on an exec-mode connection, want none", prepared)
+		}
+		if got := p.notes(t); len(got) != 0 {
+			t.Errorf("rows = %q, want none", got)
 		}
 	})
 

@@ -251,8 +251,16 @@ func (t *Tx) Ahead(stmt func(q DBTX) error) error {
 // prepared by name live outside that cache, and pgx runs a statement
 // prepared under its own text as such. Preparing costs a round trip once
 // per statement and connection, and a map lookup after that. (It runs
-// untraced: a span per lookup would say nothing.)
+// untraced: a span per lookup would say nothing.) Only in pgx's
+// cache_statement mode, the one that prepares statements on the server:
+// behind PgBouncer's transaction pooling (default_query_exec_mode=exec,
+// docs/deployment.md) a statement prepared on one server connection is
+// not there on the next, and in the modes without server-side statements
+// there is no statement cache for a failure to empty.
 func (t *Tx) prepare(ctx context.Context, b *pgx.Batch) error {
+	if !preparesOnServer(t.conn.Conn()) {
+		return nil
+	}
 	ctx = trace.ContextWithSpan(ctx, trace.SpanFromContext(context.Background()))
 	for _, q := range b.QueuedQueries {
 		if _, err := t.conn.Conn().Prepare(ctx, q.SQL, q.SQL); err != nil {
@@ -260,6 +268,19 @@ func (t *Tx) prepare(ctx context.Context, b *pgx.Batch) error {
 		}
 	}
 	return nil
+}
+
+// preparesOnServer reports whether conn runs in pgx's cache_statement mode,
+// read from its configuration once per connection.
+func preparesOnServer(conn *pgx.Conn) bool {
+	const key = "db.preparesOnServer"
+	data := conn.PgConn().CustomData()
+	if v, ok := data[key].(bool); ok {
+		return v
+	}
+	v := conn.Config().DefaultQueryExecMode == pgx.QueryExecModeCacheStatement
+	data[key] = v
+	return v
 }
 
 // Ahead is Tx.Ahead for a transaction that may or may not be pipelined;
