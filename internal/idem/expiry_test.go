@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"context"
 	"errors"
 	"sync/atomic"
 	"testing"
@@ -91,6 +92,34 @@ func TestExecuteAcrossTheTwoHorizons(t *testing.T) {
 			}
 		})
 	}
+}
+
+// E3: a key past its retention is unknown to a request that fails before
+// its first statement too (a validation failure): its lookup then goes out
+// with the failure's record, and the forgotten row gives way to the new
+// record instead of answering 409 to every retry.
+func TestExecuteRecordsAFailureOverAForgottenKey(t *testing.T) {
+	t.Parallel()
+	h := setup(t)
+	store := NewStore(h.pool, Config{})
+	c := h.claim(t, "key-1", `{"amount":100}`)
+	var calls atomic.Int32
+	if _, _, err := store.Execute(t.Context(), c, insertExec(&calls, h.tenant, "first", created(`{"id":"t_1"}`))); err != nil {
+		t.Fatal(err)
+	}
+	h.age(t, c, true, true)
+	want := problem(422, "validation_failed")
+	rejected := func(context.Context, UndoableTx) (Response, error) { return want, nil }
+	for _, wantReplayed := range []bool{false, true} {
+		res, replayed, err := store.Execute(t.Context(), c, rejected)
+		if err != nil || replayed != wantReplayed {
+			t.Fatalf("replayed %v, err %v; want replayed %v and the recorded failure", replayed, err, wantReplayed)
+		}
+		if diff := cmp.Diff(want, res, ignoreExpires); diff != "" {
+			t.Errorf("response (-want +got):\n%s", diff)
+		}
+	}
+	checkCompleted(t, h.onlyKeyRow(t), c, want)
 }
 
 // E3: a key still in progress is never claimed over, however old.
