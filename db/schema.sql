@@ -77,6 +77,18 @@ CREATE FUNCTION public.idem_result_expired(state text, expires_at timestamp with
     LANGUAGE sql STABLE PARALLEL SAFE
     AS $$ SELECT state = 'expired' OR (state = 'completed' AND idem_passed(expires_at)) $$;
 
+CREATE FUNCTION public.on_primary() RETURNS boolean
+    LANGUAGE plpgsql STABLE
+    AS $$
+BEGIN
+    IF pg_is_in_recovery() THEN
+        RAISE EXCEPTION 'this server is in recovery: idempotency keys are read on the primary only'
+            USING ERRCODE = '25006';
+    END IF;
+    RETURN true;
+END
+$$;
+
 CREATE FUNCTION public.outbox_notify() RETURNS trigger
     LANGUAGE plpgsql
     AS $$

@@ -52,12 +52,14 @@ SELECT lease_generation FROM reclaimed;
 -- response is no longer replayed (E3), whether the reaper has pruned it to
 -- a tombstone yet or not; forgotten: the key is past its retention and
 -- unknown, as if the reaper had deleted it. The horizons' rules are the
--- functions of migration 000014, shared by every query here.
+-- functions of migration 000014, shared by every query here. A replay
+-- comes from the primary only: on_primary() (migration 000020) fails on a
+-- server in recovery, before the scan, whether the key has a row or not.
 SELECT sqlc.embed(idempotency_keys),
        idem_result_expired(state, expires_at)::boolean AS result_expired,
        idem_forgotten(state, retain_until)::boolean AS forgotten
 FROM idempotency_keys
-WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key;
+WHERE on_primary() AND tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key;
 
 -- name: IdemKeyAbsent :exec
 -- Fails with SQLSTATE IK001 when the key has a row (migration 000019): the
@@ -188,13 +190,15 @@ FOR UPDATE SKIP LOCKED;
 
 -- name: IdemKeyStatus :one
 -- What became of a key (E4), for its client: never the stored body. The
--- horizons are read on the database clock, as the claim reads them.
+-- horizons are read on the database clock, as the claim reads them. Read
+-- on the primary only (on_primary(), as IdemKeyGet): a standby's "completed"
+-- or "unknown" may be what a failover is about to undo or has not seen.
 SELECT state, recovery_point, response_status, resource_id, resource_location,
        created_at, completed_at, expires_at, retain_until,
        idem_result_expired(state, expires_at)::boolean AS result_expired,
        idem_forgotten(state, retain_until)::boolean AS forgotten
 FROM idempotency_keys
-WHERE tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key;
+WHERE on_primary() AND tenant_id = @tenant_id AND endpoint = @endpoint AND idem_key = @idem_key;
 
 -- name: IdemKeyCountForTenant :one
 -- The tenant's key rows, for its budget (R6; internal/idem/budget.go): an

@@ -26,6 +26,9 @@ import (
 // once, the error is transient (503 with Retry-After: the retry lands on
 // the primary), and the connection is closed, so that the pool's next one
 // goes through target_session_attrs=read-write again.
+// A read that travels ahead of BEGIN (the idempotency key's lookup, P7)
+// refuses a standby itself: the key's queries start with on_primary()
+// (migration 000020), which fails with codeReadOnlyTransaction there.
 //
 // A COMMIT is never cancelled. With synchronous replication a COMMIT waits
 // until the standby has the transaction; a cancel request ends that wait

@@ -226,6 +226,8 @@ type UndoableWork func(ctx context.Context, tx UndoableTx) (Response, error)
 // database (exec's Go code runs until its first statement, which returns
 // the failure). exec must pass its statements' errors on, as it must
 // anyway; one that swallowed this one would find the transaction closed.
+// Since the lookup precedes BEGIN READ WRITE, it refuses a standby itself
+// (IdemKeyGet's on_primary()): a replay comes from the primary only.
 //
 // The claim comes last so that the key row is written once (P7): the
 // primary key still decides who owns the key, at the moment of the record.

@@ -72,11 +72,12 @@ var pgbenchKeyColumns = []string{
 func pgbenchVariants() []pgbenchVariant {
 	const lockTimeout = "SELECT set_config('lock_timeout', '2000ms', true);"
 	where := " WHERE tenant_id = " + pgbenchTenant + " AND endpoint = " + pgbenchEndpoint + " AND idem_key = " + pgbenchKey
-	// The pre-read (IdemKeyGet): a fresh key finds nothing.
+	// The pre-read (IdemKeyGet): a fresh key finds nothing. on_primary()
+	// is its one-time check that the server is not in recovery.
 	preRead := func(table string) string {
 		return "SELECT " + strings.Join(pgbenchKeyColumns, ", ") +
 			", idem_result_expired(state, expires_at)::boolean AS result_expired, idem_forgotten(state, retain_until)::boolean AS forgotten FROM " +
-			table + where + ";"
+			table + strings.Replace(where, " WHERE ", " WHERE on_primary() AND ", 1) + ";"
 	}
 	// The old claim (IdemKeyClaim as the one-transaction path called it:
 	// no lease), with its reclaim branch for a forgotten key (E3).

@@ -263,6 +263,10 @@ func TestPgbenchMirrorsTheQueries(t *testing.T) {
 			t.Errorf("the pre-read lacks IdemKeyGet's %q", c)
 		}
 	}
+	// It refuses a standby as IdemKeyGet does.
+	if strings.Contains(query("IdemKeyGet"), "on_primary()") != strings.Contains(preRead, "on_primary()") {
+		t.Error("the pre-read and IdemKeyGet differ on on_primary()")
+	}
 	// The statement that stops a replay's round trip is IdemKeyAbsent's.
 	if absent := statement(scripts["create"], "SELECT idem_key_absent("); !strings.Contains(query("IdemKeyAbsent"), "SELECT idem_key_absent(") {
 		t.Errorf("IdemKeyAbsent no longer calls idem_key_absent, which the create sends: %s", absent)

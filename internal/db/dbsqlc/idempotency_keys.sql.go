@@ -300,7 +300,7 @@ SELECT idempotency_keys.tenant_id, idempotency_keys.endpoint, idempotency_keys.i
        idem_result_expired(state, expires_at)::boolean AS result_expired,
        idem_forgotten(state, retain_until)::boolean AS forgotten
 FROM idempotency_keys
-WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
+WHERE on_primary() AND tenant_id = $1 AND endpoint = $2 AND idem_key = $3
 `
 
 type IdemKeyGetParams struct {
@@ -321,7 +321,9 @@ type IdemKeyGetRow struct {
 // response is no longer replayed (E3), whether the reaper has pruned it to
 // a tombstone yet or not; forgotten: the key is past its retention and
 // unknown, as if the reaper had deleted it. The horizons' rules are the
-// functions of migration 000014, shared by every query here.
+// functions of migration 000014, shared by every query here. A replay
+// comes from the primary only: on_primary() (migration 000020) fails on a
+// server in recovery, before the scan, whether the key has a row or not.
 func (q *Queries) IdemKeyGet(ctx context.Context, arg IdemKeyGetParams) (IdemKeyGetRow, error) {
 	row := q.db.QueryRow(ctx, idemKeyGet, arg.TenantID, arg.Endpoint, arg.IdemKey)
 	var i IdemKeyGetRow
@@ -512,7 +514,7 @@ SELECT state, recovery_point, response_status, resource_id, resource_location,
        idem_result_expired(state, expires_at)::boolean AS result_expired,
        idem_forgotten(state, retain_until)::boolean AS forgotten
 FROM idempotency_keys
-WHERE tenant_id = $1 AND endpoint = $2 AND idem_key = $3
+WHERE on_primary() AND tenant_id = $1 AND endpoint = $2 AND idem_key = $3
 `
 
 type IdemKeyStatusParams struct {
@@ -536,7 +538,9 @@ type IdemKeyStatusRow struct {
 }
 
 // What became of a key (E4), for its client: never the stored body. The
-// horizons are read on the database clock, as the claim reads them.
+// horizons are read on the database clock, as the claim reads them. Read
+// on the primary only (on_primary(), as IdemKeyGet): a standby's "completed"
+// or "unknown" may be what a failover is about to undo or has not seen.
 func (q *Queries) IdemKeyStatus(ctx context.Context, arg IdemKeyStatusParams) (IdemKeyStatusRow, error) {
 	row := q.db.QueryRow(ctx, idemKeyStatus, arg.TenantID, arg.Endpoint, arg.IdemKey)
 	var i IdemKeyStatusRow
