@@ -25,12 +25,16 @@ import (
 // the database is down: the pool connects lazily, so the service starts and
 // answers 503 until the database is back (L6), and /readyz reports it. Every
 // connection it opens encodes uuid.UUID natively (Configure), and its
-// statements are traced under the span of their request (tracing.go).
+// statements are traced under the span of their request (tracing.go), and
+// it ends when its server goes silent (deadpeer.go: tcp_user_timeout).
 // Options override what the URL says.
 func Open(ctx context.Context, databaseURL string, opts ...Option) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("parse DATABASE_URL: %w", redactErr(err))
+	}
+	if err := detectDeadPeers(&cfg.ConnConfig.Config); err != nil {
+		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
 	}
 	Configure(cfg)
 	for _, opt := range opts {

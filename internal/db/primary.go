@@ -41,7 +41,8 @@ import (
 // under context.WithoutCancel: it waits for the server's own answer, which
 // the standby's confirmation, the orchestrator's demotion of a cut-off
 // primary (the backend is terminated, and terminating reports no success)
-// or the connection's loss brings.
+// or the connection's loss brings; a server gone silent loses it within
+// tcp_user_timeout (deadpeer.go).
 
 // beginReadWrite begins every transaction the service runs on a pooled
 // connection: a server in recovery refuses it ("cannot set transaction
