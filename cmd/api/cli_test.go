@@ -423,7 +423,7 @@ const configurationDoc = "../../docs/configuration.md"
 func markdownRow(s setting) string {
 	link := regexp.MustCompile("`docs/([a-z-]+\\.md)`")
 	cell := func(text string) string { return link.ReplaceAllString(text, "[$1]($1)") }
-	return "| `" + s.name + "` | " + cell(s.defaultText()) + " | " + cell(s.about) + " |"
+	return "| `" + s.name + "` | " + cell(s.defaultText()) + " | " + cell(s.meaning()) + " |"
 }
 
 // The table in docs/configuration.md is settings, row by row, in its order.

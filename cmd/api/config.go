@@ -7,13 +7,16 @@ import (
 	"math"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/idemref/payments/internal/broker"
 	"github.com/idemref/payments/internal/clientaddr"
+	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/outbox"
 	"github.com/idemref/payments/internal/webhook"
 
@@ -157,7 +160,18 @@ type setting struct {
 	// parse reads the value into the configuration; its error says what
 	// is wanted ("want a positive duration such as 2s").
 	parse func(c *config, value string) error
+	// secret: the value is a credential, or a URL that may carry one (its
+	// password), so no error, log line or trace shows it (R8): an error
+	// names the variable and what is wrong with the value (flaws), never
+	// a character of it, and a log line shows a URL redacted.
+	secret bool
 }
+
+// The values of setting.secret, as the settings table reads.
+const (
+	shown  = false
+	hidden = true
+)
 
 // settings is every environment variable the configuration reads, with its
 // default and meaning: the one source of the defaults (loadConfig applies
@@ -166,130 +180,130 @@ type setting struct {
 var settings = []setting{
 	{"DATABASE_URL", "", "none: `serve` requires it; `make run` starts its own",
 		"`postgres://user:pass@host:5432/db?sslmode=...`; pool settings such as `pool_max_conns` go in the URL",
-		text(func(c *config) *string { return &c.DatabaseURL })},
+		postgresURL(func(c *config) *string { return &c.DatabaseURL }), hidden},
 	{"DATABASE_DIRECT_URL", "", "the value of `DATABASE_URL`",
 		"PostgreSQL without a pooler in transaction mode, for what needs a session: the outbox relay's `LISTEN` and the migrations' advisory lock; set it when `DATABASE_URL` goes through PgBouncer (see `docs/deployment.md`)",
-		text(func(c *config) *string { return &c.DatabaseDirectURL })},
+		postgresURL(func(c *config) *string { return &c.DatabaseDirectURL }), hidden},
 	{"ADDR", ":8080", "", "listen address",
-		text(func(c *config) *string { return &c.Addr })},
+		text(func(c *config) *string { return &c.Addr }), shown},
 	{"ADMIN_ADDR", "", "off: neither `/metrics` nor pprof is served; `make run` uses a port of 127.0.0.1",
 		"the admin listener: `/metrics` for Prometheus and `/debug/pprof/`, unauthenticated, so only on the operator's network, such as `127.0.0.1:9090` or a port only the scraper reaches (the public listener serves neither)",
-		hostPort(func(c *config) *string { return &c.AdminAddr })},
+		hostPort(func(c *config) *string { return &c.AdminAddr }), shown},
 	{"REQUEST_TIMEOUT", "20s", "",
 		"deadline of each request, database work and the processor call included (expired: rolled back or released, 503); must exceed `PROCESSOR_TIMEOUT`",
-		positive(func(c *config) *time.Duration { return &c.RequestTimeout })},
+		positive(func(c *config) *time.Duration { return &c.RequestTimeout }), shown},
 	{"IDEMPOTENCY_LOCK_TIMEOUT", duration(idem.DefaultLockTimeout), "",
 		"longest wait of a duplicate behind an uncommitted claim before its 409",
-		positive(func(c *config) *time.Duration { return &c.LockTimeout })},
+		positive(func(c *config) *time.Duration { return &c.LockTimeout }), shown},
 	{"IDEMPOTENCY_TTL", duration(idem.DefaultTTL), "", "how long a key's exact response is replayed",
-		positive(func(c *config) *time.Duration { return &c.IdempotencyTTL })},
+		positive(func(c *config) *time.Duration { return &c.IdempotencyTTL }), shown},
 	{"IDEMPOTENCY_KEY_RETENTION", duration(idem.DefaultKeyRetention), "",
 		"how long the key's tombstone is kept after that (from creation; at least the TTL)",
-		positive(func(c *config) *time.Duration { return &c.KeyRetention })},
+		positive(func(c *config) *time.Duration { return &c.KeyRetention }), shown},
 	{"REAPER_INTERVAL", duration(reaper.DefaultInterval), "",
 		"how often `serve` prunes and deletes expired records; `0` turns it off (`api reap` runs it alone)",
-		orOff(func(c *config) *time.Duration { return &c.ReaperInterval })},
+		orOff(func(c *config) *time.Duration { return &c.ReaperInterval }), shown},
 	{"REAPER_BATCH", strconv.Itoa(reaper.DefaultBatch), "", "rows per reaper batch",
-		atLeastOne(func(c *config) *int { return &c.ReaperBatch }, "a positive number of rows, such as 500")},
+		atLeastOne(func(c *config) *int { return &c.ReaperBatch }, "a positive number of rows, such as 500"), shown},
 	{"REAPER_DUTY", strconv.FormatFloat(reaper.DefaultDuty, 'f', -1, 64), "",
 		"the largest share of its time the reaper spends in batches: higher reaps faster and costs live traffic more",
-		parseReaperDuty},
+		parseReaperDuty, shown},
 	{"PROCESSOR", processorSimulator, "",
 		"the payment processor's adapter: `simulator` (ours, at `PROCESSOR_URL`) or `stripe` (Stripe through stripe-go, with `STRIPE_API_KEY`; see `docs/payments.md`)",
-		parseProcessor},
+		parseProcessor, shown},
 	{"PROCESSOR_URL", "", "`serve` and `completer`: `" + defaultProcessorURL + "`; `make run`: its own simulator",
 		"the payment processor (`go run ./tools/processor` serves the simulator at `" + defaultProcessorURL + "`)",
-		text(func(c *config) *string { return &c.ProcessorURL })},
+		parseProcessorURL, hidden},
 	{"STRIPE_API_KEY", "", "none: `PROCESSOR=stripe` requires it",
 		"Stripe's secret key (`sk_test_...` for test mode, `sk_live_...`, or a restricted `rk_...` key allowed to write PaymentIntents and Refunds); set only with `PROCESSOR=stripe`",
-		parseStripeAPIKey},
+		parseStripeAPIKey, hidden},
 	{"STRIPE_API_URL", stripeproc.DefaultURL, "",
 		"Stripe's API base URL; tests point it at stripe-mock or at recorded answers",
-		parseStripeURL},
+		parseStripeURL, hidden},
 	{"STRIPE_SEARCH_LAG", duration(stripeproc.DefaultSearchLag), "",
 		"how long Stripe's Search API may not show a new PaymentIntent (Stripe documents under a minute); added to `PROCESSOR_SETTLE_WINDOW` for Stripe, since an empty search is no proof before it passed",
-		positive(func(c *config) *time.Duration { return &c.StripeSearchLag })},
+		positive(func(c *config) *time.Duration { return &c.StripeSearchLag }), shown},
 	{"PROCESSOR_TIMEOUT", duration(processor.DefaultTimeout), "", "timeout of one processor call",
-		positive(func(c *config) *time.Duration { return &c.ProcessorTimeout })},
+		positive(func(c *config) *time.Duration { return &c.ProcessorTimeout }), shown},
 	{"PROCESSOR_WEBHOOK_RETRY_SPAN", duration(processor.DefaultWebhookRetrySpan), "",
 		"how long the processor keeps retrying a webhook, by its own schedule (Stripe's: 3 days; the simulator's: under 2 h); `MESSAGE_RETENTION` must exceed it",
-		positive(func(c *config) *time.Duration { return &c.WebhookRetrySpan })},
+		positive(func(c *config) *time.Duration { return &c.WebhookRetrySpan }), shown},
 	{"PROCESSOR_SETTLE_WINDOW", duration(payments.DefaultSettleWindow), "",
 		"how long after a processor call it may still land (the processor's longest execution, with room to spare; the simulator's is 30 s); no call is resent and nothing recorded as final until it has passed with nothing found; must exceed `PROCESSOR_TIMEOUT`",
-		positive(func(c *config) *time.Duration { return &c.SettleWindow })},
+		positive(func(c *config) *time.Duration { return &c.SettleWindow }), shown},
 	{"PAYMENT_LEASE", duration(idem.DefaultLease), "",
 		"how long a payment attempt owns its key before a retry or the completer may take over; must exceed `PROCESSOR_TIMEOUT`",
-		positive(func(c *config) *time.Duration { return &c.PaymentLease })},
+		positive(func(c *config) *time.Duration { return &c.PaymentLease }), shown},
 	{"COMPLETER_INTERVAL", "5s", "",
 		"how often `serve` looks for abandoned payments and runs the reconciliation sweep; `0` turns the in-process completer off (`api completer` runs it alone)",
-		orOff(func(c *config) *time.Duration { return &c.CompleterInterval })},
+		orOff(func(c *config) *time.Duration { return &c.CompleterInterval }), shown},
 	{"READ_HEADER_TIMEOUT", "5s", "", "`http.Server.ReadHeaderTimeout`",
-		positive(func(c *config) *time.Duration { return &c.ReadHeaderTimeout })},
+		positive(func(c *config) *time.Duration { return &c.ReadHeaderTimeout }), shown},
 	{"READ_TIMEOUT", "15s", "", "`http.Server.ReadTimeout`",
-		positive(func(c *config) *time.Duration { return &c.ReadTimeout })},
+		positive(func(c *config) *time.Duration { return &c.ReadTimeout }), shown},
 	{"WRITE_TIMEOUT", "30s", "", "`http.Server.WriteTimeout`",
-		positive(func(c *config) *time.Duration { return &c.WriteTimeout })},
+		positive(func(c *config) *time.Duration { return &c.WriteTimeout }), shown},
 	{"IDLE_TIMEOUT", "120s", "", "`http.Server.IdleTimeout`",
-		positive(func(c *config) *time.Duration { return &c.IdleTimeout })},
+		positive(func(c *config) *time.Duration { return &c.IdleTimeout }), shown},
 	{"SHUTDOWN_GRACE", "5s", "`make run`: `0`",
 		"on SIGTERM (or SIGINT), how long the listener keeps serving after `/readyz` turned 503, so that the load balancer stops sending first: as long as it takes to stop (Kubernetes: a few seconds for a terminating pod to leave its Service; a balancer that learns from health checks: their interval times the failures it needs); `0` closes the listener at once (see `docs/deployment.md`)",
-		orOff(func(c *config) *time.Duration { return &c.ShutdownGrace })},
+		orOff(func(c *config) *time.Duration { return &c.ShutdownGrace }), shown},
 	{"SHUTDOWN_TIMEOUT", "15s", "",
 		"after the grace, how long the requests in flight may take to finish (what still runs then is cut, and its retry recovers it), and then again the longest the outbox relay, the consumer, the completer and the reaper may take to stop at a safe point",
-		positive(func(c *config) *time.Duration { return &c.ShutdownTimeout })},
+		positive(func(c *config) *time.Duration { return &c.ShutdownTimeout }), shown},
 	{"RATE_LIMIT_RPS", strconv.FormatFloat(httpapi.DefaultRateLimit, 'f', -1, 64), "",
 		"requests per second per tenant and process; `0` turns the limit off",
-		parseRateLimit},
+		parseRateLimit, shown},
 	{"RATE_LIMIT_BURST", strconv.Itoa(httpapi.DefaultRateBurst), "", "requests a tenant may send at once",
-		atLeastOne(func(c *config) *int { return &c.RateLimit.Burst }, "a positive number of requests, such as 200")},
+		atLeastOne(func(c *config) *int { return &c.RateLimit.Burst }, "a positive number of requests, such as 200"), shown},
 	{"IDEMPOTENCY_KEY_BUDGET", strconv.Itoa(idem.DefaultKeyBudget), "",
 		"how many live idempotency keys one tenant may hold (R6); past it a request with a new key is `429 idempotency_key_budget_exceeded`; `0` turns the budget off",
-		parseKeyBudget},
+		parseKeyBudget, shown},
 	{"AUTH_CACHE_TTL", "10s", "",
 		"how long an API key that authenticated is trusted without a lookup, so also how long a revoked key keeps working in a process that cached it (see `docs/operations.md`); `0` looks up every request",
-		orOff(func(c *config) *time.Duration { return &c.AuthCacheTTL })},
+		orOff(func(c *config) *time.Duration { return &c.AuthCacheTTL }), shown},
 	{"MAX_CONNECTIONS", "1024", "", "open connections one process accepts at a time; one client address holds at most a quarter of them, a trusted proxy any number",
-		atLeastOne(func(c *config) *int { return &c.MaxConnections }, "a positive number, such as 1024")},
+		atLeastOne(func(c *config) *int { return &c.MaxConnections }, "a positive number, such as 1024"), shown},
 	{"TRUSTED_PROXIES", "", "none: every client is its TCP peer",
 		"comma-separated addresses or CIDR ranges of the proxies or load balancers in front of the API (such as `10.0.0.0/8`); from these peers only, the client is read from `TRUSTED_PROXY_HEADER` for the per-client budgets, and they are not held to one address's share of `MAX_CONNECTIONS` (see `docs/deployment.md`)",
-		parseTrustedProxies},
+		parseTrustedProxies, shown},
 	{"TRUSTED_PROXY_HEADER", string(clientaddr.XForwardedFor), "",
 		"the header the trusted proxies write the client's address into: `X-Forwarded-For` or `Forwarded` (RFC 7239); read from the right, past every trusted proxy, so what a client wrote there itself is ignored",
-		parseTrustedProxyHeader},
+		parseTrustedProxyHeader, shown},
 	{"EVENT_WORKERS", "true", "",
 		"`serve` runs the outbox relay and the orders consumer; `false` leaves them to the other API processes (the load benchmark's probe uses it)",
-		parseEventWorkers},
+		parseEventWorkers, shown},
 	{"NATS_URL", "", "none: `serve` requires it; `make run` starts an embedded server",
-		"NATS server with JetStream; `serve` requires it set, not reachable: it starts without the broker and connects when it comes (see `/readyz`)",
-		text(func(c *config) *string { return &c.NatsURL })},
+		"NATS server with JetStream, `nats://host:4222` (a cluster's servers comma-separated; `tls://`, `ws://` and `wss://` too); `serve` requires it set, not reachable: it starts without the broker and connects when it comes (see `/readyz`)",
+		parseNatsURL, hidden},
 	{"EVENTS_DUPLICATE_WINDOW", duration(broker.DefaultDuplicateWindow), "",
 		"the events stream's duplicates window: longer than `OUTBOX_CLAIM_HOLD` plus the 5 s publish timeout, so a relay's republish after a crash is dropped by the stream",
-		positive(func(c *config) *time.Duration { return &c.Broker.DuplicateWindow })},
+		positive(func(c *config) *time.Duration { return &c.Broker.DuplicateWindow }), shown},
 	{"EVENTS_ACK_WAIT", duration(broker.DefaultAckWait), "",
 		"how long a delivery may stay unacknowledged; the backoff doubles it per delivery",
-		positive(func(c *config) *time.Duration { return &c.Broker.AckWait })},
+		positive(func(c *config) *time.Duration { return &c.Broker.AckWait }), shown},
 	{"EVENTS_MAX_DELIVER", strconv.Itoa(broker.DefaultMaxDeliver), "", "deliveries before a message is dead-lettered",
-		atLeastOne(func(c *config) *int { return &c.Broker.MaxDeliver }, "a positive number of deliveries, such as 5")},
+		atLeastOne(func(c *config) *int { return &c.Broker.MaxDeliver }, "a positive number of deliveries, such as 5"), shown},
 	{"EVENTS_REPLICAS", "1", "",
 		"how many NATS servers keep each stream: `3` in a cluster of three, so losing one server loses no acknowledged event (see `docs/deployment.md`)",
-		parseEventsReplicas},
+		parseEventsReplicas, shown},
 	{"OUTBOX_CLAIM_HOLD", duration(outbox.DefaultClaimHold), "",
 		"how long a relay's claim on outbox rows lasts; a dead relay's rows are published by another after it, and a batch publishes for at most four fifths of it",
-		positive(func(c *config) *time.Duration { return &c.OutboxClaimHold })},
+		positive(func(c *config) *time.Duration { return &c.OutboxClaimHold }), shown},
 	{"MESSAGE_RETENTION", duration(DefaultMessageRetention), "",
 		"how long processed message ids and published outbox rows are kept; must exceed the broker's redelivery horizon and the processor's webhook retry span",
-		positive(func(c *config) *time.Duration { return &c.MessageRetention })},
+		positive(func(c *config) *time.Duration { return &c.MessageRetention }), shown},
 	{"WEBHOOK_SECRETS", "", "none; `make run`: a development secret",
 		"comma-separated processor webhook secrets (two during a rotation); none rejects every webhook",
-		parseWebhookSecrets},
+		parseWebhookSecrets, hidden},
 	{"WEBHOOK_SCHEME", string(webhook.SchemeProcessor), "",
 		"how the processor signs webhooks: `processor` (`Processor-Signature: t=...,v1=<hex>`, Stripe's form) or `standard` (Standard Webhooks: `webhook-id`, `webhook-timestamp`, `webhook-signature: v1,<base64>`, with `whsec_<base64>` secrets, checked at start)",
-		parseWebhookScheme},
+		parseWebhookScheme, shown},
 	{"WEBHOOK_TOLERANCE", duration(webhook.DefaultTolerance), "",
 		"how far a webhook signature's timestamp may be from now",
-		positive(func(c *config) *time.Duration { return &c.WebhookTolerance })},
+		positive(func(c *config) *time.Duration { return &c.WebhookTolerance }), shown},
 	{"LOG_LEVEL", "info", "", "`debug`, `info`, `warn`, `error` (JSON logs on stderr)",
-		parseLogLevel},
+		parseLogLevel, shown},
 }
 
 // duration writes d as a variable would be set to it: 24h, 2m, 30s.
@@ -319,6 +333,15 @@ func (s setting) defaultText() string {
 	return "`" + s.def + "` (" + s.unset + ")"
 }
 
+// meaning is what the documentation says a setting does: about, and for
+// a secret that it is never printed.
+func (s setting) meaning() string {
+	if s.secret {
+		return s.about + "; secret: never printed"
+	}
+	return s.about
+}
+
 // configurationHelp is settings as api help prints it, in plain text: each
 // variable and its default on one line, its meaning wrapped below.
 func configurationHelp() string {
@@ -339,7 +362,7 @@ func configurationHelp() string {
 			}
 			fmt.Fprintf(&b, "  %-*s  %s\n", width, name, line)
 		}
-		for _, line := range wrap(plain(s.about), 72) {
+		for _, line := range wrap(plain(s.meaning()), 72) {
 			b.WriteString("      " + line + "\n")
 		}
 	}
@@ -388,10 +411,43 @@ func loadConfig(getenv func(string) string) (config, error) {
 			v = s.def
 		}
 		if err := s.parse(&cfg, v); err != nil {
+			if s.secret {
+				return config{}, fmt.Errorf("%s: %w%s", s.name, err, flaws(v))
+			}
 			return config{}, fmt.Errorf("%s=%q: %w", s.name, v, err)
 		}
 	}
 	return cfg, cfg.check()
+}
+
+// flaws says what is off in a secret's value without a character of it:
+// the usual ways a value read from a file or pasted goes wrong. "" when
+// none is seen.
+func flaws(v string) string {
+	var found []string
+	trimmed := strings.TrimSpace(v)
+	switch {
+	case strings.HasSuffix(v, "\n"):
+		found = append(found, "a trailing newline")
+	case strings.TrimRightFunc(v, unicode.IsSpace) != v:
+		found = append(found, "trailing white space")
+	}
+	if strings.TrimLeftFunc(v, unicode.IsSpace) != v {
+		found = append(found, "leading white space")
+	}
+	if strings.ContainsFunc(trimmed, unicode.IsSpace) {
+		found = append(found, "white space inside")
+	}
+	if len(trimmed) >= 2 && strings.ContainsRune(`"'`, rune(trimmed[0])) && trimmed[len(trimmed)-1] == trimmed[0] {
+		found = append(found, "quotes around it")
+	}
+	if strings.ContainsFunc(v, func(r rune) bool { return unicode.IsControl(r) && !unicode.IsSpace(r) }) {
+		found = append(found, "control characters")
+	}
+	if len(found) == 0 {
+		return ""
+	}
+	return "; the value has " + strings.Join(found, " and ")
 }
 
 // check applies the rules between variables; here they are only given
@@ -443,6 +499,21 @@ func (cfg config) checkProcessor() error {
 
 func text(field func(*config) *string) func(*config, string) error {
 	return func(c *config, v string) error {
+		*field(c) = v
+		return nil
+	}
+}
+
+// postgresURL reads a PostgreSQL URL, or "" (unset), checked as pgx
+// reads it, so that its error comes now, naming the variable, and says
+// nothing of the URL (db.ParseConfig).
+func postgresURL(field func(*config) *string) func(*config, string) error {
+	return func(c *config, v string) error {
+		if v != "" {
+			if _, err := db.ParseConfig(v); err != nil {
+				return err
+			}
+		}
 		*field(c) = v
 		return nil
 	}
@@ -596,18 +667,60 @@ func parseProcessor(c *config, v string) error {
 }
 
 // parseStripeAPIKey reads a secret or restricted key. A publishable key
-// (pk_) cannot charge, and a key with spaces was pasted wrong.
+// (pk_) cannot charge, and a key with white space was pasted wrong, or
+// read from a file with its newline; loadConfig's error says which.
 func parseStripeAPIKey(c *config, v string) error {
-	if v != "" && (!strings.HasPrefix(v, "sk_") && !strings.HasPrefix(v, "rk_") || strings.ContainsAny(v, " \t\r\n")) {
-		return errors.New("want a Stripe secret key sk_test_... or sk_live_..., or a restricted key rk_... (a publishable pk_ key cannot charge)")
+	switch {
+	case v == "":
+	case strings.HasPrefix(v, "pk_"):
+		return errors.New("want a Stripe secret key beginning sk_test_ or sk_live_, or a restricted key rk_ (a publishable pk_ key cannot charge)")
+	case !strings.HasPrefix(v, "sk_") && !strings.HasPrefix(v, "rk_"):
+		return errors.New("want a Stripe secret key beginning sk_test_ or sk_live_, or a restricted key rk_ (this one begins otherwise)")
+	case strings.ContainsFunc(v, unicode.IsSpace):
+		return errors.New("want a Stripe secret key beginning sk_test_ or sk_live_, or a restricted key rk_, without white space")
 	}
 	c.StripeAPIKey = v
 	return nil
 }
 
-func parseStripeURL(c *config, v string) error {
+// baseURL reads an http or https URL with a host: a processor's.
+func baseURL(v string) (*url.URL, bool) {
 	u, err := url.Parse(v)
-	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
+	return u, err == nil && (u.Scheme == "https" || u.Scheme == "http") && u.Host != ""
+}
+
+// parseProcessorURL reads the simulator's URL, or "" (the default of each
+// command): checked now, since net/http's error for a URL it cannot parse
+// quotes it, and a password with it.
+func parseProcessorURL(c *config, v string) error {
+	if _, ok := baseURL(v); v != "" && !ok {
+		return errors.New("want the processor's base URL, such as " + defaultProcessorURL)
+	}
+	c.ProcessorURL = v
+	return nil
+}
+
+// parseNatsURL reads NATS_URL as nats.Connect does: comma-separated
+// servers. Checked now, since the client's error for a URL it cannot
+// parse quotes it. The scheme is required, though the client would add
+// nats:// itself: without it a value set by mistake, a token, would be
+// taken for a host name, and logged.
+func parseNatsURL(c *config, v string) error {
+	if v == "" {
+		return nil
+	}
+	for server := range strings.SplitSeq(v, ",") {
+		u, err := url.Parse(strings.TrimSpace(server))
+		if err != nil || !slices.Contains([]string{"nats", "tls", "ws", "wss"}, u.Scheme) || u.Hostname() == "" {
+			return errors.New("want NATS servers such as nats://host:4222, comma-separated, a user or password in one percent-encoded")
+		}
+	}
+	c.NatsURL = v
+	return nil
+}
+
+func parseStripeURL(c *config, v string) error {
+	if u, ok := baseURL(v); !ok || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
 		return errors.New("want a base URL such as https://api.stripe.com or http://127.0.0.1:12111 (stripe-mock), without a path")
 	}
 	c.StripeURL = v

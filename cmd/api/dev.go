@@ -26,6 +26,7 @@ import (
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/dbmigrate"
 	"github.com/idemref/payments/internal/events"
+	"github.com/idemref/payments/internal/messaging"
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/tooling/natstmp"
 	"github.com/idemref/payments/internal/tooling/pgtmp"
@@ -186,7 +187,8 @@ func dev(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer)
 			// The simulator's webhooks go to this API, signed with its secret.
 			sim.Simulator.SetWebhooks(processorsim.WebhookConfig{URL: "http://" + loopback(addr) + "/v1/webhooks/processor", Secrets: cfg.WebhookSecrets, Scheme: cfg.WebhookScheme})
 		}
-		fmt.Fprint(stdout, devBanner(addr, admin, key, created, psql, cfg.ProcessorURL, cfg.NatsURL, exported))
+		// URLs given by the developer are shown without their credentials (R8).
+		fmt.Fprint(stdout, devBanner(addr, admin, key, created, psql, messaging.RedactURL(cfg.ProcessorURL), messaging.RedactURL(cfg.NatsURL), exported))
 	})
 }
 

@@ -400,13 +400,7 @@ func TestDevTracesEveryRequest(t *testing.T) {
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGINT)
-		select {
-		case <-exited:
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
+		stopProcess(cmd, exited, syscall.SIGINT)
 		if t.Failed() {
 			t.Logf("api dev printed:\n%s\nand logged:\n%s", stdout.String(), stderr.String())
 		}

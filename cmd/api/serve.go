@@ -353,12 +353,13 @@ func directPool(ctx context.Context, pool *pgxpool.Pool, cfg config) (direct *pg
 	return direct, direct.Close, nil
 }
 
-// processorTarget says which processor the process calls, for its log.
+// processorTarget says which processor the process calls, for its log:
+// the URL without its credentials (R8).
 func processorTarget(cfg config) string {
 	if cfg.Processor == processorStripe {
-		return "stripe " + cfg.StripeURL
+		return "stripe " + messaging.RedactURL(cfg.StripeURL)
 	}
-	return cfg.ProcessorURL
+	return messaging.RedactURL(cfg.ProcessorURL)
 }
 
 // newProcessor is the adapter PROCESSOR names (S7).

@@ -12,7 +12,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
+	"net/url"
+	"strings"
 	"syscall"
 
 	"github.com/jackc/pgx/v5"
@@ -29,9 +32,9 @@ import (
 // it ends when its server goes silent (deadpeer.go: tcp_user_timeout).
 // Options override what the URL says.
 func Open(ctx context.Context, databaseURL string, opts ...Option) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(databaseURL)
+	cfg, err := ParseConfig(databaseURL)
 	if err != nil {
-		return nil, fmt.Errorf("parse DATABASE_URL: %w", redactErr(err))
+		return nil, fmt.Errorf("parse the database URL: %w", err)
 	}
 	if err := detectDeadPeers(&cfg.ConnConfig.Config); err != nil {
 		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
@@ -56,14 +59,28 @@ func MaxConns(n int32) Option {
 	return func(c *pgxpool.Config) { c.MaxConns = n }
 }
 
-// redactErr drops the parse error's wrapped detail, which can echo the URL
-// and with it a password.
-func redactErr(err error) error {
-	var pe *pgconn.ParseConfigError
-	if errors.As(err, &pe) {
-		return errors.New(pe.Error())
+// ParseConfig is pgxpool.ParseConfig with an error that never quotes
+// databaseURL (R8): pgx's error quotes it with a password masked on a best
+// effort only, and the errors it wraps may quote a part of it.
+func ParseConfig(databaseURL string) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(databaseURL)
+	if err == nil {
+		return cfg, nil
 	}
-	return err
+	var fileErr *fs.PathError
+	if errors.As(err, &fileErr) {
+		return nil, fmt.Errorf("a file it names cannot be read: %w", fileErr)
+	}
+	// pgx's own parser says little more than that it failed: net/url
+	// failing too (which pgx does not ask first) points at the syntax.
+	_, urlErr := url.Parse(databaseURL)
+	switch {
+	case !strings.HasPrefix(databaseURL, "postgres://") && !strings.HasPrefix(databaseURL, "postgresql://"):
+		return nil, errors.New("want a URL such as postgres://user:password@host:5432/db?sslmode=require")
+	case urlErr != nil:
+		return nil, errors.New("it does not parse as a URL: a user or password holding @ : / ? # % or white space is percent-encoded (%40 for @), and a port is a number")
+	}
+	return nil, errors.New("pgx refuses a parameter or its value, such as sslmode (disable, require, verify-full...) or pool_max_conns (a number)")
 }
 
 // Beginner is what WithTx needs: a pool, a connection or a transaction

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -239,11 +240,20 @@ func retry(ctx context.Context, cfg Config, what string, step func() error) bool
 	}
 }
 
-// RedactURL drops a URL's password, for logs.
+// RedactURL masks a URL's credentials, for logs (R8), in each URL of a
+// comma-separated list such as NATS_URL: the password, or the user when
+// it is alone, which NATS reads as a token (nats://token@host).
 func RedactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparsable URL)"
+	urls := strings.Split(raw, ",")
+	for i, s := range urls {
+		u, err := url.Parse(strings.TrimSpace(s))
+		if err != nil {
+			return "(unparsable URL)"
+		}
+		if _, hasPassword := u.User.Password(); u.User != nil && !hasPassword {
+			u.User = url.User("xxxxx")
+		}
+		urls[i] = u.Redacted()
 	}
-	return u.Redacted()
+	return strings.Join(urls, ",")
 }

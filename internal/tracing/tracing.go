@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 
 	"go.opentelemetry.io/otel"
@@ -53,6 +54,16 @@ func Enabled(getenv func(string) string) bool {
 	return getenv("OTEL_EXPORTER_OTLP_ENDPOINT") != "" || getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") != ""
 }
 
+// SecretVariables are the variables of OpenTelemetry's exporter that may
+// carry a credential: headers such as Authorization=Bearer..., and
+// endpoint URLs, which may hold a password. Setup checks them itself
+// (checkExporterEnv), so that no error or log line shows their values
+// (R8).
+var SecretVariables = []string{
+	"OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+	"OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+}
+
 // Setup installs the propagator (W3C trace context and baggage) always,
 // and, when Enabled, a tracer provider exporting over OTLP/HTTP as the
 // OTEL_EXPORTER_OTLP_* variables say, sampling as OTEL_TRACES_SAMPLER
@@ -69,6 +80,9 @@ func Setup(ctx context.Context, getenv func(string) string, version string) (shu
 	if p := getenv("OTEL_EXPORTER_OTLP_PROTOCOL"); p != "" && p != "http/protobuf" {
 		return nil, fmt.Errorf("OTEL_EXPORTER_OTLP_PROTOCOL=%q: this build exports traces over http/protobuf only", p)
 	}
+	if err := checkExporterEnv(getenv); err != nil {
+		return nil, err
+	}
 	exporter, err := otlptracehttp.New(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("tracing: OTLP exporter: %w", err)
@@ -84,4 +98,57 @@ func Setup(ctx context.Context, getenv func(string) string, version string) (shu
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exporter), sdktrace.WithResource(res))
 	otel.SetTracerProvider(tp)
 	return tp.Shutdown, nil
+}
+
+// checkExporterEnv checks SecretVariables before the SDK reads them: the
+// SDK logs a header or a URL it cannot parse with its value, to stderr,
+// and goes on without it. Its error names the variable and what is wrong,
+// never the value.
+func checkExporterEnv(getenv func(string) string) error {
+	for _, name := range SecretVariables {
+		v := getenv(name)
+		if v == "" {
+			continue
+		}
+		err := checkEndpoint(v)
+		if strings.HasSuffix(name, "_HEADERS") {
+			err = checkHeaders(v)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func checkEndpoint(v string) error {
+	if u, err := url.Parse(v); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return errors.New("want the collector's URL, such as http://127.0.0.1:4318, a user or password in it percent-encoded")
+	}
+	return nil
+}
+
+// checkHeaders checks key=value pairs, comma-separated, as the SDK reads
+// them: the key a header name, the value percent-decoded.
+func checkHeaders(v string) error {
+	for i, pair := range strings.Split(v, ",") {
+		key, value, ok := strings.Cut(pair, "=")
+		if !ok {
+			return fmt.Errorf("entry %d has no '=': want comma-separated key=value pairs, such as Authorization=Bearer%%20<token>", i+1)
+		}
+		if !isHeaderName(strings.TrimSpace(key)) {
+			return fmt.Errorf("entry %d's key is not a header name", i+1)
+		}
+		if _, err := url.PathUnescape(value); err != nil {
+			return fmt.Errorf("entry %d's value is not percent-encoded right: a %% starts two hex digits (a %% itself is %%25)", i+1)
+		}
+	}
+	return nil
+}
+
+// isHeaderName: a token of RFC 9110, as the SDK requires.
+func isHeaderName(key string) bool {
+	return key != "" && !strings.ContainsFunc(key, func(r rune) bool {
+		return !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || strings.ContainsRune("!#$%&'*+-.^_`|~", r))
+	})
 }
