@@ -187,8 +187,8 @@ func dev(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer)
 			// The simulator's webhooks go to this API, signed with its secret.
 			sim.Simulator.SetWebhooks(processorsim.WebhookConfig{URL: "http://" + loopback(addr) + "/v1/webhooks/processor", Secrets: cfg.WebhookSecrets, Scheme: cfg.WebhookScheme})
 		}
-		// URLs given by the developer are shown without their credentials (R8).
-		fmt.Fprint(stdout, devBanner(addr, admin, key, created, psql, messaging.RedactURL(cfg.ProcessorURL), messaging.RedactURL(cfg.NatsURL), exported))
+		// A NATS_URL given by the developer may carry credentials (R8).
+		fmt.Fprint(stdout, devBanner(addr, admin, key, created, psql, processorBanner(cfg), messaging.RedactURL(cfg.NatsURL), exported))
 	})
 }
 
@@ -270,7 +270,31 @@ func loopback(addr string) string {
 	return net.JoinHostPort(host, port)
 }
 
-func devBanner(addr, admin, key string, created bool, psql, processorURL, natsURL string, tracesExported bool) string {
+// bannerProcessor is what the banner says of the processor: a line on
+// where it is, an export line for the shell ("": none), and where its
+// webhooks come from.
+type bannerProcessor struct{ about, export, webhooks string }
+
+// processorBanner is the simulator's lines, with its calls and faults
+// under $SIM/_sim, or Stripe's, which has no such thing and whose webhooks
+// reach this API through the Stripe CLI. URLs are shown without their
+// credentials (R8).
+func processorBanner(cfg config) bannerProcessor {
+	if cfg.Processor == processorStripe {
+		return bannerProcessor{
+			about:    "Processor: Stripe at " + messaging.RedactURL(cfg.StripeURL) + " with STRIPE_API_KEY (its payments show in the Stripe Dashboard)",
+			webhooks: "Stripe's webhooks reach $API/v1/webhooks/processor through stripe listen --forward-to $API/v1/webhooks/processor, with WEBHOOK_SECRETS set to the whsec_ secret it prints",
+		}
+	}
+	sim := messaging.RedactURL(cfg.ProcessorURL)
+	return bannerProcessor{
+		about:    "Processor simulator on " + sim + " (see its calls: curl " + sim + "/_sim/calls)",
+		export:   "  export SIM=" + sim + "   # the processor (its faults and calls under /_sim)",
+		webhooks: "The processor's signed webhooks arrive at $API/v1/webhooks/processor",
+	}
+}
+
+func devBanner(addr, admin, key string, created bool, psql string, processor bannerProcessor, natsURL string, tracesExported bool) string {
 	base := "http://" + loopback(addr)
 	adminBase := "http://" + loopback(admin)
 	auth := `-H "Authorization: Bearer $API_KEY" -H 'Content-Type: application/json'`
@@ -290,12 +314,16 @@ func devBanner(addr, admin, key string, created bool, psql, processorURL, natsUR
 		"",
 		"Payments API (development mode) on " + base,
 		"API reference in your browser: " + base + "/docs (the contract itself: " + base + "/openapi.yaml)",
-		"Processor simulator on " + processorURL + " (see its calls: curl " + processorURL + "/_sim/calls)",
+		processor.about,
 		tenantLine(created),
 		"",
 		"  export API=" + base,
 		"  export API_KEY=" + key,
-		"  export SIM=" + processorURL + "   # the processor (its faults and calls under /_sim)",
+	}
+	if processor.export != "" {
+		lines = append(lines, processor.export)
+	}
+	rest := []string{
 		"",
 		psqlLine(psql),
 		"Create an order (201 Created):",
@@ -325,7 +353,7 @@ func devBanner(addr, admin, key string, created bool, psql, processorURL, natsUR
 		"orders consumer applies it to the order, so ORDER_ID shows status paid and amount_paid a moment after the 201.",
 		"This process logs every event (\"event on the stream\"); with the nats CLI:",
 		"  nats --server " + natsURL + " sub 'payments.events.>'",
-		"The processor's signed webhooks arrive at $API/v1/webhooks/processor; the order as the consumer left it:",
+		processor.webhooks + "; the order as the consumer left it:",
 		`  curl -s $API/v1/orders/$ORDER_ID -H "Authorization: Bearer $API_KEY"`,
 		"Relay and consumer metrics, on the admin listener (ADMIN_ADDR; the profiler is there too, at /debug/pprof/):",
 		"  curl -s " + adminBase + "/metrics | grep -E '^(outbox|consumer)_'",
@@ -335,7 +363,7 @@ func devBanner(addr, admin, key string, created bool, psql, processorURL, natsUR
 		"Press Ctrl-C to stop.",
 		"",
 	}
-	return strings.Join(lines, "\n")
+	return strings.Join(append(lines, rest...), "\n")
 }
 
 // addrFree reports, naming ADDR, when the address the API would listen on
