@@ -37,7 +37,7 @@ func Open(ctx context.Context, databaseURL string, opts ...Option) (*pgxpool.Poo
 		return nil, fmt.Errorf("parse the database URL: %w", err)
 	}
 	if err := detectDeadPeers(&cfg.ConnConfig.Config); err != nil {
-		return nil, fmt.Errorf("parse DATABASE_URL: %w", err)
+		return nil, fmt.Errorf("parse the database URL: %w", err)
 	}
 	Configure(cfg)
 	for _, opt := range opts {
