@@ -26,9 +26,11 @@ import (
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
+	"github.com/idemref/payments/internal/processor/stripeproc"
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/tooling/pgwire"
 	"github.com/idemref/payments/internal/tooling/processorsim"
+	"github.com/idemref/payments/internal/tooling/stripefake"
 	"github.com/idemref/payments/internal/tooling/testdb"
 	"github.com/idemref/payments/internal/tooling/testkit"
 	"github.com/idemref/payments/internal/webhook"
@@ -69,6 +71,9 @@ type bundle struct {
 	// withProcessor, and payments the service that calls it; nil otherwise.
 	sim      *processorsim.Simulator
 	payments *payments.Service
+	// stripe is the Stripe fake the server calls, through the Stripe
+	// adapter, when setup was given withStripe; nil otherwise.
+	stripe *stripefake.Server
 	// wire counts the server's round trips to PostgreSQL when setup was
 	// given withWireCounter; nil otherwise.
 	wire *pgwire.Proxy
@@ -77,6 +82,7 @@ type bundle struct {
 type setupOptions struct {
 	proxy        bool
 	processor    bool
+	stripe       bool
 	settleWindow time.Duration
 	rateLimit    httpapi.RateLimit
 	wireCounter  bool
@@ -108,6 +114,14 @@ func withProxy() setupOption { return func(o *setupOptions) { o.proxy = true } }
 // simulator in this process, over real HTTP, and wires the payments service
 // to it as cmd/api does.
 func withProcessor() setupOption { return func(o *setupOptions) { o.processor = true } }
+
+// withStripe serves the payments endpoints through the Stripe adapter,
+// against the Stripe fake (e.stripe) over real HTTP. Webhooks are verified
+// the Stripe way (Stripe-Signature) with webhookSecret.
+func withStripe() setupOption { return func(o *setupOptions) { o.stripe = true } }
+
+// stripeAPIKey is the secret key the server's Stripe adapter sends.
+const stripeAPIKey = "sk_test_server"
 
 // withWebhooks has the simulator deliver its webhooks to the server,
 // signed with secrets. The server verifies with webhookSecret only.
@@ -232,6 +246,12 @@ func setup(t *testing.T, opts ...setupOption) *bundle {
 		t.Cleanup(simSrv.Close) // runs after the API server's Close: no call is cut short
 		e.payments = payments.NewService(serverPool, store,
 			processor.NewClient(simSrv.URL, processorTimeout), httpapi.Renderer{}, logger,
+			payments.Config{SettleWindow: o.settleWindow})
+	}
+	if o.stripe {
+		e.stripe = stripefake.Start(t)
+		adapter := stripeproc.New(stripeproc.Config{APIKey: stripeAPIKey, URL: e.stripe.URL, Timeout: processorTimeout, SearchLag: time.Millisecond})
+		e.payments = payments.NewService(serverPool, store, adapter, httpapi.Renderer{}, logger,
 			payments.Config{SettleWindow: o.settleWindow})
 	}
 	serverSecret := webhookSecret

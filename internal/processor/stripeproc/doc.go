@@ -61,5 +61,6 @@
 // charge.failed, charge.refunded is charge.refunded; every other type is
 // recorded under "stripe:<type>" with no effect (Stripe's own
 // charge.succeeded names a ch_ Charge, not the PaymentIntent the payment
-// knows, and must not be taken for ours).
+// knows, and must not be taken for ours), and so is a charge.refunded
+// about a charge with no PaymentIntent (a legacy charge on the account).
 package stripeproc

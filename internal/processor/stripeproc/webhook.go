@@ -73,7 +73,11 @@ func (a *Adapter) VerifyWebhook(payload []byte, h http.Header, v webhook.Verifie
 			return processor.Event{}, errorf("%s: %v", se.Type, err)
 		}
 		if c.PaymentIntent == nil || c.PaymentIntent.ID == "" {
-			return processor.Event{}, errorf("%s: the charge names no payment intent", se.Type)
+			// A charge made without a PaymentIntent (a legacy charge on the
+			// same account) is none of ours, yet a well-formed event:
+			// recorded with no effect, or Stripe redelivers it for days.
+			ev.Type = IgnoredPrefix + se.Type
+			return ev, nil
 		}
 		ev.Data.Object = processor.Charge{
 			ID: c.PaymentIntent.ID, Object: "charge", Amount: c.Amount, Currency: string(c.Currency),
