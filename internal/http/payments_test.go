@@ -792,6 +792,10 @@ func TestPayProcessorFailure(t *testing.T) {
 		{name: "TooEarly", fault: processorsim.Fault{Kind: processorsim.FaultStatus, Status: http.StatusTooEarly}, code: httpapi.CodeOutcomeUnknown, unknown: true},
 		{name: "LostResponse", fault: processorsim.Fault{Kind: processorsim.FaultLostResponse}, code: httpapi.CodeOutcomeUnknown, charged: true, unknown: true},
 		{name: "RateLimited", fault: processorsim.Fault{Kind: processorsim.FaultStatus, Status: http.StatusTooManyRequests, RetryAfter: 2 * time.Second}, code: httpapi.CodeProcessorUnavailable, held: true},
+		// S8: the processor refusing our own credentials is not the
+		// payment's outcome: nothing ran, and the retry pays.
+		{name: "Unauthorized", fault: processorsim.Fault{Kind: processorsim.FaultStatus, Status: http.StatusUnauthorized}, code: httpapi.CodeProcessorUnavailable},
+		{name: "Forbidden", fault: processorsim.Fault{Kind: processorsim.FaultStatus, Status: http.StatusForbidden}, code: httpapi.CodeProcessorUnavailable},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

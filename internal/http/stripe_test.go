@@ -3,6 +3,7 @@ package httpapi_test
 import (
 	"encoding/json"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -75,5 +76,102 @@ func TestStripeChargeRefundedWithoutAPaymentIntentIsRecorded(t *testing.T) {
 	}
 	if diff := cmp.Diff(before, e.moneyRows(t)); diff != "" {
 		t.Errorf("payments and refunds changed (-before +after):\n%s", diff)
+	}
+}
+
+// S8: Stripe refusing our own configuration (a revoked secret key, a
+// restricted key without the permission, a base URL Stripe has no
+// endpoint at) is never a payment's or a refund's outcome. The client gets
+// 503 processor_unavailable with Retry-After and nothing of Stripe's
+// message; the payment is not failed and the key not completed. Once the
+// configuration is fixed, the same client retry pays, and refunds,
+// exactly once.
+func TestStripeRefusingOurConfigurationFailsNothing(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name    string
+		refusal stripefake.Answer
+	}{
+		{"RevokedKey", stripefake.Unauthorized},
+		{"KeyWithoutPermission", stripefake.Forbidden},
+		{"UnrecognizedURL", stripefake.UnrecognizedURL},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			e := setup(t, withStripe())
+			o := e.newOrder(t, e.a, "config")
+			const payKey, refundKey = "pay-config", "refund-config"
+			body := payBody(o.Id.String(), stripefake.PaymentMethodVisa)
+
+			e.stripe.Refuse(tt.refusal)
+			e.wantRefusal(t, e.pay(t, e.a.Key, payKey, body))
+			row := e.onePayment(t, o.Id.String())
+			if row.Status != "charge_sent" || row.ChargeID != "" || row.DeclineCode != "" {
+				t.Errorf("payment = %+v, want charge_sent: nothing happened to it", row)
+			}
+			e.wantKeyState(t, e.a.ID, endpointPayments, payKey, keyState{State: "in_progress", RecoveryPoint: "charge_sent", ResourceID: row.ID})
+
+			e.stripe.Lift()
+			retry := e.pay(t, e.a.Key, payKey, body)
+			wantStatus(t, retry, http.StatusCreated)
+			if p := decodePayment(t, retry); p.Id.String() != row.ID || p.Status != "succeeded" {
+				t.Errorf("the retry answered %+v, want payment %s succeeded", p, row.ID)
+			}
+			intents := e.stripe.PaymentIntents()
+			if len(intents) != 1 || intents[0].Metadata[stripeproc.MetadataKey] != chargeKey(e.a.ID, payKey) {
+				t.Fatalf("PaymentIntents = %+v, want exactly one, under the payment's derived key", intents)
+			}
+			e.wantStripeCalls(t, "/v1/payment_intents", tt.refusal.Status, http.StatusOK)
+			e.wantKeyState(t, e.a.ID, endpointPayments, payKey, completed(http.StatusCreated, row.ID))
+
+			e.stripe.Refuse(tt.refusal)
+			e.wantRefusal(t, e.refund(t, e.a.Key, refundKey, row.ID, refundBody(1000)))
+			refunds := e.refundRows(t, row.ID)
+			if len(refunds) != 1 || refunds[0].Status == "failed" || refunds[0].ProcessorRefundID != "" {
+				t.Errorf("refunds = %+v, want one, not failed: nothing happened to it", refunds)
+			}
+			if len(refunds) == 1 {
+				e.wantKeyState(t, e.a.ID, endpointRefunds, refundKey, keyState{State: "in_progress", RecoveryPoint: "refund_sent", ResourceID: refunds[0].ID})
+			}
+
+			e.stripe.Lift()
+			wantStatus(t, e.refund(t, e.a.Key, refundKey, row.ID, refundBody(1000)), http.StatusCreated)
+			if got := e.stripe.Refunds(); len(got) != 1 || got[0].Amount != 1000 || got[0].PaymentIntent != intents[0].ID {
+				t.Errorf("refunds at Stripe = %+v, want one of 1000 on %s", got, intents[0].ID)
+			}
+			e.wantStripeCalls(t, "/v1/refunds", tt.refusal.Status, http.StatusOK)
+		})
+	}
+}
+
+// wantRefusal checks the answer to a request Stripe refused for our
+// configuration: 503 processor_unavailable, Retry-After, and neither
+// Stripe's message nor anything about our key.
+func (e *bundle) wantRefusal(t *testing.T, res response) {
+	t.Helper()
+	wantProblem(t, res, http.StatusServiceUnavailable, "processor_unavailable")
+	if res.header.Get("Retry-After") == "" {
+		t.Error("no Retry-After")
+	}
+	wantRetryAfter(t, res)
+	for _, leak := range []string{"API Key", "1234", "permission", "Unrecognized", "sk_", "rk_", "stripe"} {
+		if strings.Contains(string(res.body), leak) {
+			t.Errorf("the answer carries %q: %s", leak, res.body)
+		}
+	}
+}
+
+// wantStripeCalls checks the statuses of the POSTs to path the fake
+// recorded, in order.
+func (e *bundle) wantStripeCalls(t *testing.T, path string, statuses ...int) {
+	t.Helper()
+	var got []int
+	for _, c := range e.stripe.Calls() {
+		if c.Method == http.MethodPost && c.Path == path {
+			got = append(got, c.Status)
+		}
+	}
+	if diff := cmp.Diff(statuses, got); diff != "" {
+		t.Errorf("POST %s calls at Stripe by status (-want +got):\n%s", path, diff)
 	}
 }

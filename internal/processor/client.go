@@ -190,7 +190,10 @@ func (c *Client) roundTrip(req *http.Request, op string, out any) error {
 	if resp.StatusCode >= 300 {
 		apiErr = decodeError(body)
 	}
-	class := classify(resp.StatusCode, apiErr)
+	class, ours := classify(resp.StatusCode, apiErr)
+	if ours {
+		return MisconfiguredError(op, resp.StatusCode)
+	}
 	if class != ClassFinal {
 		return &UnsettledError{
 			Class: class, Op: op, Status: resp.StatusCode,
@@ -223,29 +226,34 @@ func (c *Client) roundTrip(req *http.Request, op string, out any) error {
 
 // classify is the one classification of processor answers (S6), the table
 // of the package documentation. Only ClassFinal may complete a key or mark
-// a payment failed.
-func classify(status int, e APIError) Class {
+// a payment failed. ours says the answer refused our own configuration
+// (S8, Misconfigured): then the class is ClassNotExecuted.
+func classify(status int, e APIError) (class Class, ours bool) {
 	switch {
 	case status >= 200 && status < 300:
-		return ClassFinal // the charge or refund, as it is
+		return ClassFinal, false // the charge or refund, as it is
 	case status == http.StatusPaymentRequired:
-		return ClassFinal // a decline: the same card is declined again
+		return ClassFinal, false // a decline: the same card is declined again
 	case status == http.StatusTooManyRequests:
-		return ClassNotExecuted // rate limited before anything ran
+		return ClassNotExecuted, false // rate limited before anything ran
 	case status == http.StatusConflict:
 		// Another call with this key is still running: this one did
 		// nothing, but that one may yet succeed, so the outcome is open.
-		return ClassOutcomeUnknown
+		return ClassOutcomeUnknown, false
 	case status == http.StatusRequestTimeout, status == http.StatusTooEarly, status >= 500:
-		return ClassOutcomeUnknown // the processor may have started, or finish later
+		return ClassOutcomeUnknown, false // the processor may have started, or finish later
+	case Misconfigured(status, e.Code):
+		// Our key or URL, refused before anything ran: never the
+		// request's outcome, and a retry executes once it is fixed.
+		return ClassNotExecuted, true
 	case status >= 400 && e.Type == ErrorTypeIdempotency:
 		// The key was first used with other parameters: whatever ran
 		// under it is not what this answer says. Look it up.
-		return ClassOutcomeUnknown
+		return ClassOutcomeUnknown, false
 	case status >= 400:
-		return ClassFinal // the request itself is wrong: amount, charge, method
+		return ClassFinal, false // the request itself is wrong: amount, charge, method
 	}
-	return ClassOutcomeUnknown // 1xx and 3xx are not part of the API
+	return ClassOutcomeUnknown, false // 1xx and 3xx are not part of the API
 }
 
 // SendFailureClass classifies a call that got no HTTP answer. Only a

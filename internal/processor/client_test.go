@@ -6,11 +6,13 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // The simulator's tests cover the client against the real wire; these pin
@@ -27,6 +29,8 @@ func TestClientClassifiesAnswers(t *testing.T) {
 		wantDecline    *DeclineError
 		wantRequest    *RequestError
 		wantRetryAfter time.Duration
+		// ours: the answer refused our own configuration (S8).
+		ours bool
 	}{
 		{name: "SuccessIsFinal", handler: reply(200, `{"id":"ch_1","amount":1000,"status":"succeeded"}`), wantClass: ClassFinal},
 		{
@@ -49,10 +53,21 @@ func TestClientClassifiesAnswers(t *testing.T) {
 		},
 		{
 			name:        "PlainTextClientErrorKeepsItsBody",
-			handler:     reply(404, "404 page not found\n"),
+			handler:     reply(400, "400 bad request\n"),
 			wantClass:   ClassFinal,
-			wantRequest: &RequestError{Status: 404, Message: "404 page not found"},
+			wantRequest: &RequestError{Status: 400, Message: "400 bad request"},
 		},
+		{
+			name:        "MissingChargeIsFinal",
+			handler:     reply(404, `{"error":{"type":"invalid_request_error","code":"resource_missing","param":"id","message":"No such charge: 'ch_9'"}}`),
+			wantClass:   ClassFinal,
+			wantRequest: &RequestError{Status: 404, Type: "invalid_request_error", Code: "resource_missing", Message: "No such charge: 'ch_9'"},
+		},
+		// S8: our own configuration refused, never the request's outcome.
+		{name: "UnauthorizedIsOurs", handler: reply(401, `{"error":{"type":"invalid_request_error","message":"Invalid API key provided: ****1234"}}`), wantClass: ClassNotExecuted, ours: true},
+		{name: "ForbiddenIsOurs", handler: reply(403, `{"error":{"type":"invalid_request_error","message":"This key may not create charges."}}`), wantClass: ClassNotExecuted, ours: true},
+		{name: "UnrecognizedURLIsOurs", handler: reply(404, `{"error":{"type":"invalid_request_error","message":"Unrecognized request URL (POST /api/v1/charges)."}}`), wantClass: ClassNotExecuted, ours: true},
+		{name: "PlainTextNotFoundIsOurs", handler: reply(404, "404 page not found\n"), wantClass: ClassNotExecuted, ours: true},
 		{name: "KeyReusedIsUnknown", handler: reply(400, `{"error":{"type":"idempotency_error","code":"idempotency_key_reused","message":"other parameters"}}`), wantClass: ClassOutcomeUnknown},
 		{name: "KeyInUseIsUnknown", handler: reply(409, `{"error":{"type":"idempotency_error","code":"idempotency_key_in_use","message":"in progress"}}`), wantClass: ClassOutcomeUnknown},
 		{name: "RateLimitedIsNotExecuted", handler: replyWith(429, "2", `{"error":{"type":"rate_limit_error","message":"slow down"}}`), wantClass: ClassNotExecuted, wantRetryAfter: 2 * time.Second},
@@ -87,6 +102,12 @@ func TestClientClassifiesAnswers(t *testing.T) {
 			if got := errors.Is(err, ErrNotExecuted); got != (tt.wantClass == ClassNotExecuted) {
 				t.Errorf("errors.Is(%v, ErrNotExecuted) = %v", err, got)
 			}
+			if got := errors.Is(err, ErrMisconfigured); got != tt.ours {
+				t.Errorf("errors.Is(%v, ErrMisconfigured) = %v", err, got)
+			}
+			if tt.ours && strings.Contains(err.Error(), "1234") {
+				t.Errorf("%v carries the processor's message, which may name our key", err)
+			}
 			if got := RetryAfterOf(err); got != tt.wantRetryAfter {
 				t.Errorf("RetryAfterOf = %v, want %v", got, tt.wantRetryAfter)
 			}
@@ -108,6 +129,55 @@ func TestClientClassifiesAnswers(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A refusal of our configuration is counted on its own, beside its
+// not_executed call, so an alert can page on it (S8). Not parallel: it
+// reads process-wide counters.
+func TestClientCountsRefusalsOfOurConfiguration(t *testing.T) {
+	srv := httptest.NewServer(reply(401, `{"error":{"type":"invalid_request_error","message":"Invalid API key."}}`))
+	t.Cleanup(srv.Close)
+	const op = "POST /v1/charges"
+	refused := func() float64 { return counter(t, "processor_misconfigured_calls_total", "op", op) }
+	notExecuted := func() float64 { return counter(t, "processor_calls_total", "op", op, "class", "not_executed") }
+	beforeRefused, beforeNotExecuted := refused(), notExecuted()
+	_, _ = NewClient(srv.URL, 0).CreateCharge(context.Background(), ChargeRequest{Amount: 1, Currency: "EUR", PaymentMethod: "pm_card_visa"}, "k1")
+	if got := refused() - beforeRefused; got != 1 {
+		t.Errorf("processor_misconfigured_calls_total{op=%q} rose by %v, want 1", op, got)
+	}
+	if got := notExecuted() - beforeNotExecuted; got != 1 {
+		t.Errorf("processor_calls_total{op=%q,class=not_executed} rose by %v, want 1", op, got)
+	}
+}
+
+// counter reads the counter name{labels...} (name, value pairs) from
+// the default registry.
+func counter(t *testing.T, name string, labels ...string) float64 {
+	t.Helper()
+	families, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range f.GetMetric() {
+			got := map[string]string{}
+			for _, l := range m.GetLabel() {
+				got[l.GetName()] = l.GetValue()
+			}
+			for i := 0; i < len(labels); i += 2 {
+				if got[labels[i]] != labels[i+1] {
+					continue metrics
+				}
+			}
+			return m.GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no series %s%v", name, labels)
+	return 0
 }
 
 // A refused connection proves nothing was sent: not executed, unlike a

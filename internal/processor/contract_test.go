@@ -30,6 +30,8 @@ func TestSimulatorClientPassesTheContract(t *testing.T) {
 			switch f {
 			case processorcontract.FaultRateLimited:
 				sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: processorsim.FaultStatus, Status: 429})
+			case processorcontract.FaultUnauthorized:
+				sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: processorsim.FaultStatus, Status: 401})
 			case processorcontract.FaultServerError:
 				sim.InjectFault(processorsim.Fault{Path: processorsim.PathCharges, Kind: processorsim.FaultServerError})
 			case processorcontract.FaultKeyInUse:

@@ -14,6 +14,7 @@
 //	answer                                         class            error
 //	2xx                                            final            nil
 //	402 card declined                              final            *DeclineError
+//	401, 403, 404 but resource_missing (ours)      not executed     *UnsettledError, ErrMisconfigured
 //	other 4xx about the request (400, 404, 422)    final            *RequestError
 //	429 rate limited                               not executed     *UnsettledError, ErrNotExecuted
 //	connection refused (nothing was sent)          not executed     *UnsettledError, ErrNotExecuted
@@ -22,6 +23,11 @@
 //	408, 425, 5xx, 1xx, 3xx                        outcome unknown  *UnsettledError, ErrOutcomeUnknown
 //	timeout, reset or EOF after sending            outcome unknown  *UnsettledError, ErrOutcomeUnknown
 //	2xx whose body cannot be read                  outcome unknown  *UnsettledError, ErrOutcomeUnknown
+//
+// A 401, a 403 or a 404 that names no missing object refuses our own
+// configuration (the secret key, the URL), never the request (S8,
+// Misconfigured): the payment machine treats it as any call not executed,
+// and processor_misconfigured_calls_total counts it for an alert.
 //
 // "Not executed" means this call did nothing; a call sent before it may
 // still land. "Outcome unknown" means the charge may exist, may appear

@@ -3,6 +3,7 @@ package processor
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"time"
 )
 
@@ -46,6 +47,9 @@ var (
 	ErrNotExecuted = errors.New("processor: the call was not executed")
 	// ErrOutcomeUnknown matches an UnsettledError of ClassOutcomeUnknown.
 	ErrOutcomeUnknown = errors.New("processor: the outcome of the call is unknown")
+	// ErrMisconfigured matches an UnsettledError whose answer refused our
+	// own configuration rather than the request (S8): see Misconfigured.
+	ErrMisconfigured = errors.New("processor: our configuration was refused (check the secret key and the URL)")
 )
 
 // UnsettledError is a call that got no final answer. The charge or refund
@@ -97,6 +101,32 @@ func ClassOf(err error) Class {
 		return unsettled.Class
 	}
 	return ClassNotExecuted
+}
+
+// Misconfigured reports whether an error answer refused our own
+// configuration rather than the request (S8): a 401 (the secret key is
+// wrong, rolled or revoked), a 403 (a key without the permission the call
+// needs), or a 404 that names no missing object (anything but
+// resource_missing: an unrecognized URL, a wrong base URL, a proxy's
+// page). Each adapter's classification asks it about every 4xx. A 404
+// resource_missing is about the charge the request names: its outcome.
+func Misconfigured(status int, code string) bool {
+	switch status {
+	case http.StatusUnauthorized, http.StatusForbidden:
+		return true
+	case http.StatusNotFound:
+		return code != CodeResourceMissing
+	}
+	return false
+}
+
+// MisconfiguredError is the error of an answer Misconfigured: not
+// executed (nothing ran, and a retry once the configuration is fixed
+// executes), never a payment's outcome, and matching ErrMisconfigured. It
+// keeps the status only: the processor's message may name our key, and no
+// secret goes into an error or a log line.
+func MisconfiguredError(op string, status int) *UnsettledError {
+	return &UnsettledError{Class: ClassNotExecuted, Op: op, Status: status, Err: ErrMisconfigured}
 }
 
 // RetryAfterOf returns the Retry-After the processor sent with err, or 0.

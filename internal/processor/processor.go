@@ -80,14 +80,19 @@ func (c *Client) VerifyWebhook(payload []byte, h http.Header, v webhook.Verifier
 
 // CountCall counts one call of an adapter by operation (for example
 // "POST /v1/payment_intents") and the class of its answer, in
-// processor_calls_total.
+// processor_calls_total, and a refusal of our configuration also in
+// processor_misconfigured_calls_total.
 func CountCall(op string, err error) {
 	callsTotal.WithLabelValues(op, ClassOf(err).String()).Inc()
+	if errors.Is(err, ErrMisconfigured) {
+		misconfiguredTotal.WithLabelValues(op).Inc()
+	}
 }
 
 // InitCallMetrics starts the series of an adapter's operations at zero.
 func InitCallMetrics(ops ...string) {
 	for _, op := range ops {
+		misconfiguredTotal.WithLabelValues(op)
 		for _, class := range []Class{ClassFinal, ClassNotExecuted, ClassOutcomeUnknown} {
 			callsTotal.WithLabelValues(op, class.String())
 		}

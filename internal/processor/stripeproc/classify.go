@@ -78,7 +78,10 @@ func classified(op string, ans *answer, err error) error {
 	if !isStripe {
 		se = nil
 	}
-	class := classify(ans.status, ans.header, se)
+	class, ours := classify(ans.status, ans.header, se)
+	if ours {
+		return processor.MisconfiguredError(op, ans.status)
+	}
 	if class != processor.ClassFinal || ans.status < 300 {
 		if class == processor.ClassFinal {
 			// A 2xx that did not read as a complete object: executed, but
@@ -109,34 +112,45 @@ func classified(op string, ans *answer, err error) error {
 // classify is the one classification of Stripe's answers (S6, S7): status
 // and headers of the HTTP answer, and its error object when it had one
 // (nil otherwise). Only ClassFinal may complete a key or fail a payment.
-func classify(status int, h http.Header, se *stripe.Error) processor.Class {
+// ours says the answer refused our own configuration (S8,
+// processor.Misconfigured): then the class is ClassNotExecuted.
+func classify(status int, h http.Header, se *stripe.Error) (class processor.Class, ours bool) {
+	var code string
+	if se != nil {
+		code = string(se.Code)
+	}
 	switch {
 	case status >= 200 && status < 300:
-		return processor.ClassFinal
+		return processor.ClassFinal, false
 	case status == http.StatusTooManyRequests:
 		// rate_limit, or lock_timeout on a contended object: refused
 		// before anything ran.
-		return processor.ClassNotExecuted
+		return processor.ClassNotExecuted, false
 	case status == http.StatusConflict:
 		// A request with this key is still running: this one did nothing,
 		// that one may yet succeed.
-		return processor.ClassOutcomeUnknown
+		return processor.ClassOutcomeUnknown, false
 	case status == http.StatusRequestTimeout, status == http.StatusTooEarly, status >= 500:
 		// Stripe may have started; a 500 is even replayed to the same key,
 		// so only a lookup tells. Stripe-Should-Retry changes nothing here.
-		return processor.ClassOutcomeUnknown
+		return processor.ClassOutcomeUnknown, false
+	case processor.Misconfigured(status, code):
+		// 401 Invalid API Key, 403 a restricted key's missing permission,
+		// 404 Unrecognized request URL: our key or URL, refused before
+		// anything ran. A retry executes once it is fixed.
+		return processor.ClassNotExecuted, true
 	case se != nil && se.Type == stripe.ErrorTypeIdempotency:
 		// The key was first used with other parameters: whatever ran under
 		// it is not what this answer says. Look it up.
-		return processor.ClassOutcomeUnknown
+		return processor.ClassOutcomeUnknown, false
 	case h.Get(ShouldRetryHeader) == "true":
 		// Stripe says a resend may be answered otherwise: this answer is
 		// not the outcome.
-		return processor.ClassOutcomeUnknown
+		return processor.ClassOutcomeUnknown, false
 	case status >= 400:
-		return processor.ClassFinal // a decline (402), or the request itself is wrong
+		return processor.ClassFinal, false // a decline (402), or the request itself is wrong
 	}
-	return processor.ClassOutcomeUnknown // 1xx, 3xx: not part of the API
+	return processor.ClassOutcomeUnknown, false // 1xx, 3xx: not part of the API
 }
 
 // retryAfter reads Retry-After in seconds, 0 when absent or unreadable.

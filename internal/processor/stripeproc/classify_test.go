@@ -163,3 +163,73 @@ func TestStripeChargeCarriesTheKeyTwice(t *testing.T) {
 		t.Errorf("search = %s %q", search.Path, q)
 	}
 }
+
+// S8: Stripe refusing our own configuration (a wrong or revoked secret
+// key, a restricted key without the permission, a base URL Stripe has no
+// endpoint at) is never the request's outcome: every call is not
+// executed, matches processor.ErrMisconfigured, and its error carries
+// nothing of Stripe's message (which names our key). A 404 about a
+// PaymentIntent that does not exist is the request's own answer: final.
+func TestStripeRefusingOurConfigurationIsNotExecuted(t *testing.T) {
+	t.Parallel()
+	fake := stripefake.Start(t)
+	charge := processor.ChargeRequest{Amount: 1000, Currency: "EUR", PaymentMethod: stripefake.PaymentMethodVisa}
+	calls := map[string]func(a *stripeproc.Adapter) error{
+		"CreateCharge": func(a *stripeproc.Adapter) error {
+			_, err := a.CreateCharge(t.Context(), charge, "k-config")
+			return err
+		},
+		"Refund": func(a *stripeproc.Adapter) error {
+			_, err := a.Refund(t.Context(), processor.RefundRequest{Charge: "pi_fake000001"}, "k-config-refund")
+			return err
+		},
+		"ChargesByIdempotencyKey": func(a *stripeproc.Adapter) error {
+			_, err := a.ChargesByIdempotencyKey(t.Context(), "k-config")
+			return err
+		},
+		"RefundsByCharge": func(a *stripeproc.Adapter) error {
+			_, err := a.RefundsByCharge(t.Context(), "pi_fake000001")
+			return err
+		},
+	}
+	for _, tt := range []struct {
+		name   string
+		config stripeproc.Config
+		refuse *stripefake.Answer
+	}{
+		{name: "WrongKey", config: stripeproc.Config{APIKey: "sk_live_wrongkey9876", URL: fake.URL}},
+		{name: "KeyWithoutPermission", config: stripeproc.Config{APIKey: testKey, URL: fake.URL}, refuse: &stripefake.Forbidden},
+		{name: "UnrecognizedURL", config: stripeproc.Config{APIKey: testKey, URL: fake.URL + "/stripe"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.refuse != nil {
+				fake.Refuse(*tt.refuse)
+				defer fake.Lift()
+			}
+			a := stripeproc.New(tt.config)
+			for op, call := range calls {
+				err := call(a)
+				if got := processor.ClassOf(err); got != processor.ClassNotExecuted || !errors.Is(err, processor.ErrMisconfigured) {
+					t.Errorf("%s: %v is %s, want not_executed and processor.ErrMisconfigured", op, err, got)
+				}
+				if err == nil {
+					continue
+				}
+				for _, leak := range []string{"API Key", "9876", "permission", "Unrecognized"} {
+					if strings.Contains(err.Error(), leak) {
+						t.Errorf("%s: the error %q carries Stripe's message (%q)", op, err, leak)
+					}
+				}
+			}
+		})
+	}
+	if n := len(fake.PaymentIntents()); n != 0 {
+		t.Errorf("%d PaymentIntents created, want none", n)
+	}
+
+	_, err := stripeproc.New(stripeproc.Config{APIKey: testKey, URL: fake.URL}).Refund(t.Context(), processor.RefundRequest{Charge: "pi_missing"}, "k-missing")
+	var rejected *processor.RequestError
+	if !errors.As(err, &rejected) || rejected.Code != "resource_missing" {
+		t.Errorf("refund of a PaymentIntent that does not exist = %v, want the final resource_missing", err)
+	}
+}

@@ -31,9 +31,10 @@ func TestStripeAdapterPassesTheContract(t *testing.T) {
 		Declined:  stripefake.PaymentMethodDeclined,
 		Fail: func(t *testing.T, f processorcontract.Fault, _ processor.ChargeRequest, _ string) {
 			answer := map[processorcontract.Fault]stripefake.Answer{
-				processorcontract.FaultRateLimited: stripefake.RateLimited,
-				processorcontract.FaultServerError: stripefake.ServerError,
-				processorcontract.FaultKeyInUse:    stripefake.KeyInUse,
+				processorcontract.FaultRateLimited:  stripefake.RateLimited,
+				processorcontract.FaultServerError:  stripefake.ServerError,
+				processorcontract.FaultKeyInUse:     stripefake.KeyInUse,
+				processorcontract.FaultUnauthorized: stripefake.Unauthorized,
 			}[f]
 			fake.Queue("/v1/payment_intents", stripefake.Before, answer)
 		},

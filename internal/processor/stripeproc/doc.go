@@ -31,6 +31,7 @@
 //	2xx, PaymentIntent requires_payment_method/canceled  final            *DeclineError
 //	2xx, any other PaymentIntent status (processing)     outcome unknown  *UnsettledError
 //	402 card_error                                       final            *DeclineError
+//	401, 403, 404 but resource_missing (our key or URL)  not executed     *UnsettledError, ErrMisconfigured
 //	other 4xx invalid_request_error                      final            *RequestError
 //	429 (rate_limit, lock_timeout)                       not executed     *UnsettledError
 //	409 (a request with the same key is running)         outcome unknown  *UnsettledError
@@ -46,6 +47,13 @@
 // an answer less final: a 4xx Stripe would have us retry is not the
 // outcome, and a 5xx it would not (Stripe replays a 500 to the same key)
 // is still unknown: only a lookup tells.
+//
+// A 401 (Invalid API Key: wrong, rolled or revoked), a 403 (a restricted
+// key without the permission) and a 404 that is not resource_missing
+// (Unrecognized request URL: a wrong STRIPE_API_URL) refuse our own
+// configuration, never the request (S8, processor.Misconfigured): not
+// executed, and the error keeps none of Stripe's message, which names the
+// key's last characters.
 //
 // stripe-go retries by itself (twice by default); the adapter sets
 // MaxNetworkRetries to 0, so every answer reaches classify and the payment

@@ -10,7 +10,8 @@
 // adapter's LookupLag); the same key makes no second charge or refund; a
 // decline is final and leaves a failed charge a lookup finds; a rate limit
 // is "not executed", a 5xx and a same-key call in flight are "outcome
-// unknown" (S6); a signed webhook of a succeeded charge reads as
+// unknown" (S6); a refused secret key is "not executed" and ours to fix
+// (processor.ErrMisconfigured, S8); a signed webhook of a succeeded charge reads as
 // charge.succeeded naming the charge and its key, and a tampered one is
 // refused.
 package processorcontract
@@ -41,6 +42,9 @@ const (
 	FaultServerError
 	// FaultKeyInUse: another call with the same key is still running.
 	FaultKeyInUse
+	// FaultUnauthorized: a 401, the processor refusing our secret key
+	// (S8); nothing executed, and the request is not its cause.
+	FaultUnauthorized
 )
 
 // Harness is one adapter and what the suite needs to drive it.
@@ -160,6 +164,7 @@ func Run(t *testing.T, h Harness) {
 		{"ARateLimitIsNotExecuted", FaultRateLimited, processor.ClassNotExecuted},
 		{"AServerErrorIsAnUnknownOutcome", FaultServerError, processor.ClassOutcomeUnknown},
 		{"ASameKeyCallInFlightIsAnUnknownOutcome", FaultKeyInUse, processor.ClassOutcomeUnknown},
+		{"ARefusedSecretKeyIsNotExecuted", FaultUnauthorized, processor.ClassNotExecuted},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			key, req := newKey(), request(h.Approved)
@@ -168,11 +173,14 @@ func Run(t *testing.T, h Harness) {
 			if got := processor.ClassOf(err); got != tt.want {
 				t.Errorf("class of %v = %s, want %s", err, got, tt.want)
 			}
-			if tt.fault == FaultRateLimited {
+			if tt.fault == FaultUnauthorized && !errors.Is(err, processor.ErrMisconfigured) {
+				t.Errorf("%v does not match processor.ErrMisconfigured: a refused key is ours to fix, never the request's outcome", err)
+			}
+			if tt.want == processor.ClassNotExecuted {
 				// Not executed means not executed: nothing to find.
 				time.Sleep(p.LookupLag())
 				if got, err := p.ChargesByIdempotencyKey(t.Context(), key); err != nil || len(got) != 0 {
-					t.Errorf("after a rate limit the lookup = %v, %v; want nothing", got, err)
+					t.Errorf("after a call not executed the lookup = %v, %v; want nothing", got, err)
 				}
 			}
 		})

@@ -32,8 +32,9 @@
 //   - Faults, one-shot per call and queued per path. Answered before the
 //     call is accepted, without executing or storing anything: no answer
 //     at all (FaultTimeout), a 500 (FaultServerError), or any answer that
-//     is not an outcome (FaultStatus: 408, 425, 429 with Retry-After and a
-//     rate_limit_error, 500, 502, 503, 504). After acceptance: executed
+//     is not an outcome (FaultStatus: 401 and 403 refusing the caller's
+//     key, 408, 425, 429 with Retry-After and a rate_limit_error, 500,
+//     502, 503, 504). After acceptance: executed
 //     but the connection closed before any response (FaultLostResponse);
 //     held with the key in flight, then executed, unless the client gave
 //     up meanwhile (FaultLatency); held whether or not the client is

@@ -57,9 +57,12 @@ const (
 const MaxExecution = 30 * time.Second
 
 // faultStatuses are the statuses FaultStatus can answer with. None of them
-// is an outcome: 429 says the call was not executed, the others leave it
-// unknown to the caller.
+// is an outcome: 429 says the call was not executed, 401 and 403 refuse
+// the caller's credentials (its own configuration: not executed either),
+// the others leave it unknown to the caller.
 var faultStatuses = []int{
+	http.StatusUnauthorized,        // 401
+	http.StatusForbidden,           // 403
 	http.StatusRequestTimeout,      // 408
 	http.StatusTooEarly,            // 425
 	http.StatusTooManyRequests,     // 429
@@ -140,6 +143,11 @@ func faultOutcome(f Fault) outcome {
 			out.retryAfter = defaultRetryAfter
 		}
 		return out
+	}
+	if f.Status == http.StatusUnauthorized || f.Status == http.StatusForbidden {
+		return errorOutcome(f.Status, processor.APIError{
+			Type: processor.ErrorTypeInvalidRequest, Message: fmt.Sprintf("The API key was refused (injected status %d fault).", f.Status),
+		})
 	}
 	injected := string(f.Kind)
 	if f.Kind == FaultStatus {

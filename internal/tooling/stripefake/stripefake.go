@@ -3,8 +3,11 @@
 // stripeproc): the endpoints the adapter calls, with enough state for the
 // contract suite (PaymentIntents, refunds, deduplication by
 // Idempotency-Key as Stripe does it for 24 hours), the Search API's lag,
-// and one-shot recorded answers (a decline, an idempotency error, a 409, a
-// rate limit, a 500) served before or after the call executes.
+// one-shot recorded answers (a decline, an idempotency error, a 409, a
+// rate limit, a 500) served before or after the call executes, and
+// Stripe refusing our configuration: a 401 for any key but a test-mode
+// secret key, a 404 Unrecognized request URL for any other path, and
+// Refuse, which answers every call alike until Lift.
 //
 // stripe-mock checks the shape of the adapter's requests against Stripe's
 // OpenAPI specification, but it is stateless and cannot fail; this server
@@ -63,6 +66,17 @@ var (
 	InvalidRequest = Answer{Status: 400, Body: `{"error":{"type":"invalid_request_error","code":"parameter_invalid_integer","param":"amount","message":"Invalid integer: -1"}}`}
 	// BadGateway: a proxy's plain-text 502.
 	BadGateway = Answer{Status: 502, Body: "<html>502 Bad Gateway</html>"}
+	// Unauthorized: the secret key is wrong, rolled or revoked. Stripe
+	// names the key it got, masked but for its last four characters.
+	Unauthorized = Answer{Status: 401, Body: `{"error":{"type":"invalid_request_error","message":"Invalid API Key provided: sk_test_****************1234"}}`}
+	// Forbidden: a restricted key without the permission the call needs.
+	Forbidden = Answer{Status: 403, Body: `{"error":{"type":"invalid_request_error","message":"The provided key 'rk_test_*********************1234' does not have the required permissions for this endpoint on account 'acct_1Fake'. Having the 'rak_payment_intent_write' permission would allow this request to continue."}}`}
+	// UnrecognizedURL: the request went to a path Stripe has no endpoint
+	// at (a wrong base URL).
+	UnrecognizedURL = Answer{Status: 404, Body: `{"error":{"type":"invalid_request_error","message":"Unrecognized request URL (POST: /v1/payment_intents). Please see https://stripe.com/docs or we can help at https://support.stripe.com/."}}`}
+	// ResourceMissing: the PaymentIntent a call names does not exist; the
+	// request's own answer, unlike UnrecognizedURL.
+	ResourceMissing = Answer{Status: 404, Body: `{"error":{"type":"invalid_request_error","code":"resource_missing","param":"payment_intent","message":"No such payment_intent"}}`}
 )
 
 // PaymentIntent is a PaymentIntent as the server keeps it.
@@ -123,9 +137,12 @@ type Server struct {
 	refunds    []*Refund
 	replays    map[string]stored
 	once       map[string][]oneShot // by path
-	calls      []Call
-	seq        int
-	now        func() time.Time
+	// refusal answers every call until lifted: a configuration Stripe
+	// refuses (Refuse).
+	refusal *Answer
+	calls   []Call
+	seq     int
+	now     func() time.Time
 }
 
 type stored struct {
@@ -172,6 +189,22 @@ func (s *Server) Queue(path string, when When, a Answer) {
 	s.once[path] = append(s.once[path], oneShot{when, a})
 }
 
+// Refuse answers every call with a, before anything executes, until
+// Lift: Stripe refusing our configuration (Unauthorized for a revoked
+// key, Forbidden, UnrecognizedURL) until an operator fixes it.
+func (s *Server) Refuse(a Answer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.refusal = &a
+}
+
+// Lift ends Refuse: calls execute again.
+func (s *Server) Lift() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.refusal = nil
+}
+
 // Calls returns every call received so far.
 func (s *Server) Calls() []Call {
 	s.mu.Lock()
@@ -186,6 +219,17 @@ func (s *Server) PaymentIntents() []PaymentIntent {
 	out := make([]PaymentIntent, 0, len(s.intents))
 	for _, pi := range s.intents {
 		out = append(out, *pi)
+	}
+	return out
+}
+
+// Refunds returns every refund created so far.
+func (s *Server) Refunds() []Refund {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Refund, 0, len(s.refunds))
+	for _, re := range s.refunds {
+		out = append(out, *re)
 	}
 	return out
 }
@@ -214,8 +258,12 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 
 // handle answers one call, under s.mu.
 func (s *Server) handle(r *http.Request, call Call) (int, http.Header, []byte) {
-	if !strings.HasPrefix(r.Header.Get("Authorization"), "Bearer sk_test_") {
-		return 401, nil, []byte(`{"error":{"type":"invalid_request_error","message":"Invalid API Key provided."}}`)
+	if key, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); !strings.HasPrefix(key, "sk_test_") {
+		body, _ := json.Marshal(map[string]any{"error": map[string]any{"type": "invalid_request_error", "message": "Invalid API Key provided: " + masked(key)}})
+		return 401, nil, body
+	}
+	if s.refusal != nil {
+		return s.refusal.Status, s.refusal.Header, []byte(s.refusal.Body)
 	}
 	var shot *oneShot
 	if q := s.once[r.URL.Path]; len(q) > 0 {
@@ -234,7 +282,9 @@ func (s *Server) handle(r *http.Request, call Call) (int, http.Header, []byte) {
 	case r.Method == http.MethodGet && r.URL.Path == "/v1/refunds":
 		status, body = s.listRefunds(r.Form)
 	default:
-		status, body = 404, []byte(`{"error":{"type":"invalid_request_error","message":"Unrecognized request URL."}}`)
+		body, _ = json.Marshal(map[string]any{"error": map[string]any{"type": "invalid_request_error",
+			"message": fmt.Sprintf("Unrecognized request URL (%s: %s). Please see https://stripe.com/docs or we can help at https://support.stripe.com/.", r.Method, r.URL.Path)}})
+		status = http.StatusNotFound
 	}
 	if shot != nil {
 		return shot.answer.Status, shot.answer.Header, []byte(shot.answer.Body)
@@ -307,7 +357,7 @@ func (s *Server) createRefund(f url.Values) (int, []byte) {
 		}
 	}
 	if pi == nil {
-		return 404, []byte(`{"error":{"type":"invalid_request_error","code":"resource_missing","param":"payment_intent","message":"No such payment_intent"}}`)
+		return ResourceMissing.Status, []byte(ResourceMissing.Body)
 	}
 	left := pi.Amount - pi.AmountRefunded
 	if pi.Status != "succeeded" || left <= 0 {
@@ -413,4 +463,12 @@ func metadataOf(f url.Values) map[string]string {
 		}
 	}
 	return md
+}
+
+// masked shows a key as Stripe's 401 does: its last four characters.
+func masked(key string) string {
+	if len(key) <= 4 {
+		return strings.Repeat("*", len(key))
+	}
+	return strings.Repeat("*", len(key)-4) + key[len(key)-4:]
 }
