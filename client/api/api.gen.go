@@ -385,7 +385,7 @@ type Payment struct {
 	CreatedAt     time.Time      `json:"created_at"`
 	Currency      string         `json:"currency"`
 
-	// DeclineCode Why the card was declined, for a `declined` payment; otherwise `null`.
+	// DeclineCode Why the card was declined, for a `declined` payment (`abandoned` when the processor stopped the charge to wait for an action nobody takes, such as authentication, and it was canceled); otherwise `null`.
 	DeclineCode *string `json:"decline_code"`
 
 	// Id An RFC 9562 UUID in the one textual form the API writes and reads:
@@ -490,7 +490,7 @@ type Problem struct {
 	// a request may still be running.
 	CommitWindowSeconds *int64 `json:"commit_window_seconds,omitempty"`
 
-	// DeclineCode Present with `card_declined`; the processor's reason, for example `generic_decline` or `insufficient_funds`.
+	// DeclineCode Present with `card_declined`; the processor's reason, for example `generic_decline`, `insufficient_funds`, or `abandoned` (a charge stopped to wait for an action nobody takes, and canceled).
 	DeclineCode *string `json:"decline_code,omitempty"`
 
 	// Detail Human-readable explanation specific to this occurrence.
@@ -2119,7 +2119,10 @@ type ClientInterface interface {
 	//   payment's `compensations`.
 	// - Processor rate limit (`429`, nothing executed):
 	//   `503 processor_unavailable` with the processor's `Retry-After`; the
-	//   retry after that delay charges at once.
+	//   retry after that delay charges at once. The processor refusing
+	//   this deployment's secret key or URL is the same answer (nothing
+	//   executed, nothing recorded, the payment not failed); the retry
+	//   charges once an operator has fixed the configuration.
 	// - The client never comes back: a background completer takes over the
 	//   key once its lease expires and finishes the payment from its
 	//   recovery point; a later retry replays the recorded response.
@@ -2189,7 +2192,10 @@ type ClientInterface interface {
 	//   payment's `compensations`.
 	// - Processor rate limit (`429`, nothing executed):
 	//   `503 processor_unavailable` with the processor's `Retry-After`; the
-	//   retry after that delay charges at once.
+	//   retry after that delay charges at once. The processor refusing
+	//   this deployment's secret key or URL is the same answer (nothing
+	//   executed, nothing recorded, the payment not failed); the retry
+	//   charges once an operator has fixed the configuration.
 	// - The client never comes back: a background completer takes over the
 	//   key once its lease expires and finishes the payment from its
 	//   recovery point; a later retry replays the recorded response.
@@ -2250,8 +2256,9 @@ type ClientInterface interface {
 	// `refund_sent`; the retry with the same key looks the refund up and
 	// resends it under the same derived key only once nothing was found
 	// and the settle window has passed since the last call, so money is
-	// never sent back twice even by a processor that ignores keys. A `429`
-	// is `503 processor_unavailable`. Leases, fencing,
+	// never sent back twice even by a processor that ignores keys. A `429`,
+	// or the processor refusing this deployment's secret key or URL, is
+	// `503 processor_unavailable`. Leases, fencing,
 	// replays, `409 idempotency_key_in_use`, `422 idempotency_key_reused`
 	// and the completer work as for `POST /v1/payments`.
 	//
@@ -2295,8 +2302,9 @@ type ClientInterface interface {
 	// `refund_sent`; the retry with the same key looks the refund up and
 	// resends it under the same derived key only once nothing was found
 	// and the settle window has passed since the last call, so money is
-	// never sent back twice even by a processor that ignores keys. A `429`
-	// is `503 processor_unavailable`. Leases, fencing,
+	// never sent back twice even by a processor that ignores keys. A `429`,
+	// or the processor refusing this deployment's secret key or URL, is
+	// `503 processor_unavailable`. Leases, fencing,
 	// replays, `409 idempotency_key_in_use`, `422 idempotency_key_reused`
 	// and the completer work as for `POST /v1/payments`.
 	//
@@ -2727,7 +2735,10 @@ func (c *Client) ListPayments(ctx context.Context, params *ListPaymentsParams, r
 //     payment's `compensations`.
 //   - Processor rate limit (`429`, nothing executed):
 //     `503 processor_unavailable` with the processor's `Retry-After`; the
-//     retry after that delay charges at once.
+//     retry after that delay charges at once. The processor refusing
+//     this deployment's secret key or URL is the same answer (nothing
+//     executed, nothing recorded, the payment not failed); the retry
+//     charges once an operator has fixed the configuration.
 //   - The client never comes back: a background completer takes over the
 //     key once its lease expires and finishes the payment from its
 //     recovery point; a later retry replays the recorded response.
@@ -2807,7 +2818,10 @@ func (c *Client) CreatePaymentWithBody(ctx context.Context, params *CreatePaymen
 //     payment's `compensations`.
 //   - Processor rate limit (`429`, nothing executed):
 //     `503 processor_unavailable` with the processor's `Retry-After`; the
-//     retry after that delay charges at once.
+//     retry after that delay charges at once. The processor refusing
+//     this deployment's secret key or URL is the same answer (nothing
+//     executed, nothing recorded, the payment not failed); the retry
+//     charges once an operator has fixed the configuration.
 //   - The client never comes back: a background completer takes over the
 //     key once its lease expires and finishes the payment from its
 //     recovery point; a later retry replays the recorded response.
@@ -2888,8 +2902,9 @@ func (c *Client) GetPayment(ctx context.Context, id PaymentId, reqEditors ...Req
 // `refund_sent`; the retry with the same key looks the refund up and
 // resends it under the same derived key only once nothing was found
 // and the settle window has passed since the last call, so money is
-// never sent back twice even by a processor that ignores keys. A `429`
-// is `503 processor_unavailable`. Leases, fencing,
+// never sent back twice even by a processor that ignores keys. A `429`,
+// or the processor refusing this deployment's secret key or URL, is
+// `503 processor_unavailable`. Leases, fencing,
 // replays, `409 idempotency_key_in_use`, `422 idempotency_key_reused`
 // and the completer work as for `POST /v1/payments`.
 //
@@ -2943,8 +2958,9 @@ func (c *Client) CreateRefundWithBody(ctx context.Context, id PaymentId, params 
 // `refund_sent`; the retry with the same key looks the refund up and
 // resends it under the same derived key only once nothing was found
 // and the settle window has passed since the last call, so money is
-// never sent back twice even by a processor that ignores keys. A `429`
-// is `503 processor_unavailable`. Leases, fencing,
+// never sent back twice even by a processor that ignores keys. A `429`,
+// or the processor refusing this deployment's secret key or URL, is
+// `503 processor_unavailable`. Leases, fencing,
 // replays, `409 idempotency_key_in_use`, `422 idempotency_key_reused`
 // and the completer work as for `POST /v1/payments`.
 //
@@ -3955,7 +3971,10 @@ type ClientWithResponsesInterface interface {
 	//   payment's `compensations`.
 	// - Processor rate limit (`429`, nothing executed):
 	//   `503 processor_unavailable` with the processor's `Retry-After`; the
-	//   retry after that delay charges at once.
+	//   retry after that delay charges at once. The processor refusing
+	//   this deployment's secret key or URL is the same answer (nothing
+	//   executed, nothing recorded, the payment not failed); the retry
+	//   charges once an operator has fixed the configuration.
 	// - The client never comes back: a background completer takes over the
 	//   key once its lease expires and finishes the payment from its
 	//   recovery point; a later retry replays the recorded response.
@@ -4025,7 +4044,10 @@ type ClientWithResponsesInterface interface {
 	//   payment's `compensations`.
 	// - Processor rate limit (`429`, nothing executed):
 	//   `503 processor_unavailable` with the processor's `Retry-After`; the
-	//   retry after that delay charges at once.
+	//   retry after that delay charges at once. The processor refusing
+	//   this deployment's secret key or URL is the same answer (nothing
+	//   executed, nothing recorded, the payment not failed); the retry
+	//   charges once an operator has fixed the configuration.
 	// - The client never comes back: a background completer takes over the
 	//   key once its lease expires and finishes the payment from its
 	//   recovery point; a later retry replays the recorded response.
@@ -4088,8 +4110,9 @@ type ClientWithResponsesInterface interface {
 	// `refund_sent`; the retry with the same key looks the refund up and
 	// resends it under the same derived key only once nothing was found
 	// and the settle window has passed since the last call, so money is
-	// never sent back twice even by a processor that ignores keys. A `429`
-	// is `503 processor_unavailable`. Leases, fencing,
+	// never sent back twice even by a processor that ignores keys. A `429`,
+	// or the processor refusing this deployment's secret key or URL, is
+	// `503 processor_unavailable`. Leases, fencing,
 	// replays, `409 idempotency_key_in_use`, `422 idempotency_key_reused`
 	// and the completer work as for `POST /v1/payments`.
 	//
@@ -4133,8 +4156,9 @@ type ClientWithResponsesInterface interface {
 	// `refund_sent`; the retry with the same key looks the refund up and
 	// resends it under the same derived key only once nothing was found
 	// and the settle window has passed since the last call, so money is
-	// never sent back twice even by a processor that ignores keys. A `429`
-	// is `503 processor_unavailable`. Leases, fencing,
+	// never sent back twice even by a processor that ignores keys. A `429`,
+	// or the processor refusing this deployment's secret key or URL, is
+	// `503 processor_unavailable`. Leases, fencing,
 	// replays, `409 idempotency_key_in_use`, `422 idempotency_key_reused`
 	// and the completer work as for `POST /v1/payments`.
 	//
@@ -6533,7 +6557,10 @@ func (c *ClientWithResponses) ListPaymentsWithResponse(ctx context.Context, para
 //     payment's `compensations`.
 //   - Processor rate limit (`429`, nothing executed):
 //     `503 processor_unavailable` with the processor's `Retry-After`; the
-//     retry after that delay charges at once.
+//     retry after that delay charges at once. The processor refusing
+//     this deployment's secret key or URL is the same answer (nothing
+//     executed, nothing recorded, the payment not failed); the retry
+//     charges once an operator has fixed the configuration.
 //   - The client never comes back: a background completer takes over the
 //     key once its lease expires and finishes the payment from its
 //     recovery point; a later retry replays the recorded response.
@@ -6609,7 +6636,10 @@ func (c *ClientWithResponses) CreatePaymentWithBodyWithResponse(ctx context.Cont
 //     payment's `compensations`.
 //   - Processor rate limit (`429`, nothing executed):
 //     `503 processor_unavailable` with the processor's `Retry-After`; the
-//     retry after that delay charges at once.
+//     retry after that delay charges at once. The processor refusing
+//     this deployment's secret key or URL is the same answer (nothing
+//     executed, nothing recorded, the payment not failed); the retry
+//     charges once an operator has fixed the configuration.
 //   - The client never comes back: a background completer takes over the
 //     key once its lease expires and finishes the payment from its
 //     recovery point; a later retry replays the recorded response.
@@ -6684,8 +6714,9 @@ func (c *ClientWithResponses) GetPaymentWithResponse(ctx context.Context, id Pay
 // `refund_sent`; the retry with the same key looks the refund up and
 // resends it under the same derived key only once nothing was found
 // and the settle window has passed since the last call, so money is
-// never sent back twice even by a processor that ignores keys. A `429`
-// is `503 processor_unavailable`. Leases, fencing,
+// never sent back twice even by a processor that ignores keys. A `429`,
+// or the processor refusing this deployment's secret key or URL, is
+// `503 processor_unavailable`. Leases, fencing,
 // replays, `409 idempotency_key_in_use`, `422 idempotency_key_reused`
 // and the completer work as for `POST /v1/payments`.
 //
@@ -6735,8 +6766,9 @@ func (c *ClientWithResponses) CreateRefundWithBodyWithResponse(ctx context.Conte
 // `refund_sent`; the retry with the same key looks the refund up and
 // resends it under the same derived key only once nothing was found
 // and the settle window has passed since the last call, so money is
-// never sent back twice even by a processor that ignores keys. A `429`
-// is `503 processor_unavailable`. Leases, fencing,
+// never sent back twice even by a processor that ignores keys. A `429`,
+// or the processor refusing this deployment's secret key or URL, is
+// `503 processor_unavailable`. Leases, fencing,
 // replays, `409 idempotency_key_in_use`, `422 idempotency_key_reused`
 // and the completer work as for `POST /v1/payments`.
 //

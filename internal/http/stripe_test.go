@@ -175,3 +175,54 @@ func (e *bundle) wantStripeCalls(t *testing.T, path string, statuses ...int) {
 		t.Errorf("POST %s calls at Stripe by status (-want +got):\n%s", path, diff)
 	}
 }
+
+// A PaymentIntent that stops after its confirm at a state waiting for an
+// action nobody here takes would keep its payment at charge_sent, polled
+// forever. Through the API it is a decline: answered at once, or found by
+// the retry's lookup after the answer was lost; either way the
+// PaymentIntent is canceled, the payment declined and the key completed.
+func TestStripePaymentIntentThatStopsIsDeclined(t *testing.T) {
+	t.Parallel()
+	e := setup(t, withStripe())
+
+	t.Run("Answered", func(t *testing.T) {
+		o := e.newOrder(t, e.a, "stops")
+		e.stripe.StopNext("requires_action")
+		res := e.pay(t, e.a.Key, "pay-stops", payBody(o.Id.String(), stripefake.PaymentMethodVisa))
+		if p := wantProblem(t, res, http.StatusPaymentRequired, "card_declined"); p.DeclineCode == nil || *p.DeclineCode != "abandoned" {
+			t.Errorf("decline_code = %v, want abandoned", p.DeclineCode)
+		}
+		e.wantStoppedAndDeclined(t, o.Id.String(), "pay-stops")
+	})
+	t.Run("FoundByTheLookup", func(t *testing.T) {
+		o := e.newOrder(t, e.a, "stops-lost")
+		body := payBody(o.Id.String(), stripefake.PaymentMethodVisa)
+		e.stripe.StopNext("requires_capture")
+		e.stripe.Queue("/v1/payment_intents", stripefake.After, stripefake.ServerError)
+		wantProblem(t, e.pay(t, e.a.Key, "pay-stops-lost", body), http.StatusServiceUnavailable, "processor_outcome_unknown")
+		e.passSettleWindow(t, e.a.ID, endpointPayments, "pay-stops-lost")
+		wantProblem(t, e.pay(t, e.a.Key, "pay-stops-lost", body), http.StatusPaymentRequired, "card_declined")
+		e.wantStoppedAndDeclined(t, o.Id.String(), "pay-stops-lost")
+	})
+}
+
+// wantStoppedAndDeclined checks a payment whose PaymentIntent stopped:
+// one PaymentIntent under its key, canceled; the payment declined with
+// it; the key completed with the 402.
+func (e *bundle) wantStoppedAndDeclined(t *testing.T, orderID, key string) {
+	t.Helper()
+	var mine []stripefake.PaymentIntent
+	for _, pi := range e.stripe.PaymentIntents() {
+		if pi.Metadata[stripeproc.MetadataKey] == chargeKey(e.a.ID, key) {
+			mine = append(mine, pi)
+		}
+	}
+	if len(mine) != 1 || mine[0].Status != "canceled" {
+		t.Fatalf("PaymentIntents under the key: %+v, want one, canceled", mine)
+	}
+	row := e.onePayment(t, orderID)
+	if row.Status != "declined" || row.ChargeID != mine[0].ID || row.DeclineCode != "abandoned" {
+		t.Errorf("payment = %+v, want declined (abandoned) with %s", row, mine[0].ID)
+	}
+	e.wantKeyState(t, e.a.ID, endpointPayments, key, completed(http.StatusPaymentRequired, row.ID))
+}

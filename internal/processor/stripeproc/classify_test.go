@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/idemref/payments/internal/processor"
 	"github.com/idemref/payments/internal/processor/stripeproc"
@@ -159,6 +160,10 @@ func TestStripeChargeCarriesTheKeyTwice(t *testing.T) {
 	if create.Form.Get("confirm") != "true" || create.Form.Get("off_session") != "true" || create.Form.Get("currency") != "eur" {
 		t.Errorf("create form = %v, want confirm, off_session, currency eur", create.Form)
 	}
+	// Neither requires_action nor requires_capture may be left behind.
+	if create.Form.Get("error_on_requires_action") != "true" || create.Form.Get("capture_method") != "automatic" {
+		t.Errorf("create form = %v, want error_on_requires_action and capture_method automatic", create.Form)
+	}
 	if q := search.Form.Get("query"); q != "metadata['idempotency_key']:'derived-1'" || !strings.HasPrefix(search.Path, "/v1/payment_intents/search") {
 		t.Errorf("search = %s %q", search.Path, q)
 	}
@@ -231,5 +236,70 @@ func TestStripeRefusingOurConfigurationIsNotExecuted(t *testing.T) {
 	var rejected *processor.RequestError
 	if !errors.As(err, &rejected) || rejected.Code != "resource_missing" {
 		t.Errorf("refund of a PaymentIntent that does not exist = %v, want the final resource_missing", err)
+	}
+}
+
+// A PaymentIntent that stops after its confirm at a state waiting for an
+// action nobody here takes (requires_action, requires_capture,
+// requires_confirmation) would read as pending forever. The adapter
+// cancels it and answers a decline: at once when the create's answer
+// shows it, and from the lookup after an answer was lost.
+func TestStripeStoppedPaymentIntentEndsAsADecline(t *testing.T) {
+	t.Parallel()
+	for _, status := range []string{"requires_action", "requires_capture", "requires_confirmation"} {
+		t.Run(status, func(t *testing.T) {
+			t.Parallel()
+			fake := stripefake.Start(t)
+			a := stripeproc.New(stripeproc.Config{APIKey: testKey, URL: fake.URL, SearchLag: time.Millisecond})
+			req := processor.ChargeRequest{Amount: 1000, Currency: "EUR", PaymentMethod: stripefake.PaymentMethodVisa}
+
+			fake.StopNext(status)
+			_, err := a.CreateCharge(t.Context(), req, "k-answered")
+			pi := fake.PaymentIntents()[0]
+			var declined *processor.DeclineError
+			if !errors.As(err, &declined) || declined.ChargeID != pi.ID || declined.DeclineCode != "abandoned" || processor.ClassOf(err) != processor.ClassFinal {
+				t.Errorf("CreateCharge = %v, want a final decline (abandoned) of %s", err, pi.ID)
+			}
+			if pi.Status != "canceled" || pi.CancellationReason != "abandoned" {
+				t.Errorf("PaymentIntent %s is %s (%q), want canceled as abandoned", pi.ID, pi.Status, pi.CancellationReason)
+			}
+
+			fake.StopNext(status)
+			fake.Queue("/v1/payment_intents", stripefake.After, stripefake.ServerError)
+			if _, err := a.CreateCharge(t.Context(), req, "k-lost"); processor.ClassOf(err) != processor.ClassOutcomeUnknown {
+				t.Fatalf("CreateCharge behind a 500 = %v, want an unknown outcome", err)
+			}
+			time.Sleep(2 * time.Millisecond) // the search's lag
+			charges, err := a.ChargesByIdempotencyKey(t.Context(), "k-lost")
+			lost := fake.PaymentIntents()[1]
+			if err != nil || len(charges) != 1 || charges[0].ID != lost.ID || charges[0].Status != processor.StatusFailed || charges[0].DeclineCode != "abandoned" {
+				t.Errorf("lookup = %+v, %v; want %s failed (abandoned)", charges, err, lost.ID)
+			}
+			if lost.Status != "canceled" {
+				t.Errorf("PaymentIntent %s is %s, want canceled", lost.ID, lost.Status)
+			}
+			if n := len(fake.PaymentIntents()); n != 2 {
+				t.Errorf("%d PaymentIntents, want 2: nothing is created again", n)
+			}
+		})
+	}
+}
+
+// A stopped PaymentIntent whose cancel gets no answer is not a decline:
+// it may still be whatever it was, so the outcome stays unknown until a
+// lookup cancels it.
+func TestStripeStoppedPaymentIntentWithoutACancelIsUnknown(t *testing.T) {
+	t.Parallel()
+	fake := stripefake.Start(t)
+	a := stripeproc.New(stripeproc.Config{APIKey: testKey, URL: fake.URL, SearchLag: time.Millisecond})
+	fake.StopNext("requires_action")
+	fake.Queue("/v1/payment_intents/pi_fake000001/cancel", stripefake.Before, stripefake.ServerError)
+	_, err := a.CreateCharge(t.Context(), processor.ChargeRequest{Amount: 1000, Currency: "EUR", PaymentMethod: stripefake.PaymentMethodVisa}, "k-stuck")
+	if got := processor.ClassOf(err); got != processor.ClassOutcomeUnknown {
+		t.Errorf("CreateCharge with its cancel unanswered = %v (%s), want an unknown outcome", err, got)
+	}
+	time.Sleep(2 * time.Millisecond) // the search's lag
+	if charges, err := a.ChargesByIdempotencyKey(t.Context(), "k-stuck"); err != nil || len(charges) != 1 || charges[0].Status != processor.StatusFailed {
+		t.Errorf("lookup = %+v, %v; want the PaymentIntent, canceled: failed", charges, err)
 	}
 }

@@ -29,6 +29,9 @@
 //	answer                                               class            error
 //	2xx, PaymentIntent succeeded                         final            nil
 //	2xx, PaymentIntent requires_payment_method/canceled  final            *DeclineError
+//	2xx, PaymentIntent stopped (requires_action,
+//	requires_capture, requires_confirmation): canceled   final            *DeclineError (abandoned)
+//	  ... and its cancel got no 2xx                      outcome unknown  *UnsettledError
 //	2xx, any other PaymentIntent status (processing)     outcome unknown  *UnsettledError
 //	402 card_error                                       final            *DeclineError
 //	401, 403, 404 but resource_missing (our key or URL)  not executed     *UnsettledError, ErrMisconfigured
@@ -59,6 +62,28 @@
 // MaxNetworkRetries to 0, so every answer reaches classify and the payment
 // machine decides what follows. Nor does net/http resend a POST on a
 // reused connection that closed (noResend).
+//
+// # PaymentIntents that stop
+//
+// A PaymentIntent confirmed in its create can still stop at a state that
+// waits for an action: requires_action (the customer must authenticate),
+// requires_capture (authorized, to be captured), requires_confirmation.
+// Read as "processing", such a payment would sit at charge_sent for ever,
+// the completer polling it, since nobody here takes those actions: the
+// customer is not there, and nothing captures or confirms later. So:
+//
+//   - The create asks for none of them: off_session and
+//     error_on_requires_action (Stripe declines, 402, instead of stopping
+//     at requires_action), capture_method automatic (explicit, whatever
+//     the account's or the API version's default).
+//   - One that stops anyway, seen in the create's answer or in a lookup,
+//     is canceled at once (cancellation_reason abandoned) and read as a
+//     decline with decline code "abandoned": no money moved, and it can
+//     never move now. No settle window is waited: these states do not
+//     end by themselves, so waiting would only delay the same cancel. A
+//     cancel without a 2xx leaves the outcome unknown, and the next lookup
+//     cancels again; a cancel refused because it succeeded meanwhile shows
+//     as succeeded in that lookup.
 //
 // # Webhooks
 //

@@ -30,6 +30,7 @@ const MetadataKey = "idempotency_key"
 // Operations, as processor_calls_total counts them.
 const (
 	opCharge   = "POST /v1/payment_intents"
+	opCancel   = "POST /v1/payment_intents/{id}/cancel"
 	opSearch   = "GET /v1/payment_intents/search"
 	opRefund   = "POST /v1/refunds"
 	opRefunds  = "GET /v1/refunds"
@@ -37,7 +38,7 @@ const (
 	maxObjects = 100 * 1000 // a bound on one lookup, as the simulator's client pages at most 1000 times
 )
 
-func init() { processor.InitCallMetrics(opCharge, opSearch, opRefund, opRefunds) }
+func init() { processor.InitCallMetrics(opCharge, opCancel, opSearch, opRefund, opRefunds) }
 
 // Config configures an Adapter.
 type Config struct {
@@ -112,18 +113,23 @@ func (a *Adapter) CreateCharge(ctx context.Context, req processor.ChargeRequest,
 		// Card only, confirmed now, without the customer present: a card
 		// that needs authentication is declined (authentication_required)
 		// instead of waiting in requires_action for a customer who is not
-		// there.
-		PaymentMethodTypes: []*string{stripe.String("card")},
-		Confirm:            stripe.Bool(true),
-		OffSession:         stripe.Bool(true),
-		Metadata:           metadata,
+		// there, and error_on_requires_action says so for any other
+		// action. Captured at once, explicitly: requires_capture would
+		// wait for a capture nobody sends. See "PaymentIntents that stop"
+		// in the package documentation.
+		PaymentMethodTypes:    []*string{stripe.String("card")},
+		Confirm:               stripe.Bool(true),
+		OffSession:            stripe.Bool(true),
+		ErrorOnRequiresAction: stripe.Bool(true),
+		CaptureMethod:         stripe.String(string(stripe.PaymentIntentCaptureMethodAutomatic)),
+		Metadata:              metadata,
 	}
 	params.SetIdempotencyKey(idempotencyKey)
 	ctx, ans := withAnswer(ctx)
 	pi, err := a.sc.V1PaymentIntents.Create(ctx, params)
 	var ch processor.Charge
 	if err == nil {
-		ch, err = chargeOf(pi)
+		ch, err = a.ended(ctx, pi)
 		switch {
 		case err != nil:
 		case ch.Status == processor.StatusFailed:
@@ -170,7 +176,8 @@ func (a *Adapter) Refund(ctx context.Context, req processor.RefundRequest, idemp
 // ChargesByIdempotencyKey searches the PaymentIntents whose metadata holds
 // key, every page, oldest first. The search lags (LookupLag): an empty
 // answer is "none yet". A PaymentIntent still processing is an
-// *UnsettledError: it landed, but has no outcome to act on yet.
+// *UnsettledError: it landed, but has no outcome to act on yet. One that
+// stopped waiting for an action is canceled first (ended): a decline.
 func (a *Adapter) ChargesByIdempotencyKey(ctx context.Context, key string) (_ []processor.Charge, err error) {
 	defer func() { processor.CountCall(opSearch, err) }()
 	params := &stripe.PaymentIntentSearchParams{}
@@ -184,14 +191,14 @@ func (a *Adapter) ChargesByIdempotencyKey(ctx context.Context, key string) (_ []
 		if err != nil {
 			return nil, classified(opSearch, ans, err)
 		}
-		ch, err := chargeOf(pi)
-		if err != nil {
-			return nil, classified(opSearch, ans, err)
-		}
-		if ch.IdempotencyKey != key {
+		if pi.Metadata[MetadataKey] != key {
 			// A search is a query language, not an equality: keep only
 			// exact matches.
 			continue
+		}
+		ch, err := a.ended(ctx, pi)
+		if err != nil {
+			return nil, classified(opSearch, ans, err)
 		}
 		if len(charges) == maxObjects {
 			return nil, &processor.UnsettledError{Class: processor.ClassNotExecuted, Op: opSearch, Err: fmt.Errorf("more than %d payment intents", maxObjects)}
@@ -264,12 +271,49 @@ func chargeOf(pi *stripe.PaymentIntent) (processor.Charge, error) {
 				ch.DeclineCode = string(e.Code)
 			}
 		}
+		if ch.DeclineCode == "" {
+			// Canceled with no payment error: why it was canceled
+			// ("abandoned" when it stopped, see ended).
+			ch.DeclineCode = string(pi.CancellationReason)
+		}
 	case "":
 		return processor.Charge{}, errIncomplete
 	default:
 		ch.Status = processor.StatusPending
 	}
 	return ch, nil
+}
+
+// stopped are the PaymentIntent states that wait for an action nobody
+// here takes: the customer is not there to authenticate
+// (requires_action), capture is automatic (requires_capture), the confirm
+// was sent with the create (requires_confirmation). Left alone, such a
+// PaymentIntent reads as pending for ever.
+var stopped = []stripe.PaymentIntentStatus{
+	stripe.PaymentIntentStatusRequiresAction,
+	stripe.PaymentIntentStatusRequiresCapture,
+	stripe.PaymentIntentStatusRequiresConfirmation,
+}
+
+// ended maps pi onto a charge as chargeOf does, after canceling it when
+// it stopped: no money moved, and canceled it is a decline, final. A
+// cancel without a 2xx leaves it as it was, an error that reads as an
+// unknown outcome: the next lookup finds it and cancels again.
+func (a *Adapter) ended(ctx context.Context, pi *stripe.PaymentIntent) (processor.Charge, error) {
+	if pi == nil || !slices.Contains(stopped, pi.Status) {
+		return chargeOf(pi)
+	}
+	params := &stripe.PaymentIntentCancelParams{CancellationReason: stripe.String(string(stripe.PaymentIntentCancellationReasonAbandoned))}
+	cctx, ans := withAnswer(ctx)
+	canceled, err := a.sc.V1PaymentIntents.Cancel(cctx, pi.ID, params)
+	err = classified(opCancel, ans, err)
+	processor.CountCall(opCancel, err)
+	if err != nil {
+		// Its text only: the cancel's class (a refused key, say) is not
+		// the call's, and it was counted as the cancel's.
+		return processor.Charge{}, errors.New("payment intent " + pi.ID + " stopped at " + string(pi.Status) + ", and its cancel failed: " + err.Error())
+	}
+	return chargeOf(canceled)
 }
 
 // refundOf maps a Stripe refund; requires_action is pending (the money

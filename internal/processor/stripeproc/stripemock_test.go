@@ -2,8 +2,11 @@ package stripeproc_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -47,6 +50,11 @@ func TestStripeMockAcceptsEveryCall(t *testing.T) {
 	requireFinal(t, "Refund of all that is left", err)
 	_, err = a.ChargesByIdempotencyKey(ctx, "derived-charge-key")
 	requireFinal(t, "ChargesByIdempotencyKey", err)
+	// The cancel of a PaymentIntent that stopped: stripe-mock's fixture
+	// never stops, so its answer to this create is made to.
+	stopping := stripeproc.New(stripeproc.Config{APIKey: "sk_test_123", URL: url, Transport: stopAtRequiresAction{rec}})
+	_, err = stopping.CreateCharge(ctx, processor.ChargeRequest{Amount: 1000, Currency: "EUR", PaymentMethod: "pm_card_visa"}, "derived-stopped-key")
+	requireFinal(t, "CreateCharge that stops, then its cancel", err)
 	_, err = a.RefundsByCharge(ctx, "pi_123")
 	requireFinal(t, "RefundsByCharge", err)
 
@@ -55,12 +63,15 @@ func TestStripeMockAcceptsEveryCall(t *testing.T) {
 		if x.status < 200 || x.status > 299 {
 			t.Errorf("stripe-mock refused %s %s: %d", x.method, x.path, x.status)
 		}
+		if id, ok := strings.CutPrefix(x.path, "/v1/payment_intents/"); ok && strings.HasSuffix(id, "/cancel") {
+			x.path = "/v1/payment_intents/{id}/cancel"
+		}
 		if e := x.method + " " + x.path; !slices.Contains(endpoints, e) {
 			endpoints = append(endpoints, e)
 		}
 	}
 	slices.Sort(endpoints)
-	want := []string{"GET /v1/payment_intents/search", "GET /v1/refunds", "POST /v1/payment_intents", "POST /v1/refunds"}
+	want := []string{"GET /v1/payment_intents/search", "GET /v1/refunds", "POST /v1/payment_intents", "POST /v1/payment_intents/{id}/cancel", "POST /v1/refunds"}
 	if !slices.Equal(endpoints, want) {
 		t.Errorf("endpoints called = %q, want %q", endpoints, want)
 	}
@@ -86,6 +97,30 @@ func requireFinal(t *testing.T, call string, err error) {
 	if c := processor.ClassOf(err); c != processor.ClassFinal {
 		t.Errorf("%s against stripe-mock: %v (class %s), want a final answer", call, err, c)
 	}
+}
+
+// stopAtRequiresAction rewrites the status of the PaymentIntent a create
+// answers to requires_action, as if it had stopped there.
+type stopAtRequiresAction struct{ next http.RoundTripper }
+
+func (s stopAtRequiresAction) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := s.next.RoundTrip(r)
+	if err != nil || r.Method != http.MethodPost || r.URL.Path != "/v1/payment_intents" {
+		return resp, err
+	}
+	defer resp.Body.Close()
+	var pi map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&pi); err != nil {
+		return nil, err
+	}
+	pi["status"] = "requires_action"
+	body, err := json.Marshal(pi)
+	if err != nil {
+		return nil, err
+	}
+	resp.Body, resp.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+	resp.Header.Del("Content-Length")
+	return resp, nil
 }
 
 // exchanges records each request's method, path and answer status.

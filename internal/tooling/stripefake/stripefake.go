@@ -90,7 +90,9 @@ type PaymentIntent struct {
 	Created        int64             `json:"created"`
 	AmountRefunded int64             `json:"-"`
 	DeclineCode    string            `json:"-"`
-	createdAt      time.Time
+	// CancellationReason is the reason a cancel gave.
+	CancellationReason string `json:"cancellation_reason,omitempty"`
+	createdAt          time.Time
 }
 
 // Refund is a refund as the server keeps it.
@@ -140,9 +142,11 @@ type Server struct {
 	// refusal answers every call until lifted: a configuration Stripe
 	// refuses (Refuse).
 	refusal *Answer
-	calls   []Call
-	seq     int
-	now     func() time.Time
+	// stopAt is the status the next PaymentIntent stops at ("": none).
+	stopAt string
+	calls  []Call
+	seq    int
+	now    func() time.Time
 }
 
 type stored struct {
@@ -187,6 +191,17 @@ func (s *Server) Queue(path string, when When, a Answer) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.once[path] = append(s.once[path], oneShot{when, a})
+}
+
+// StopNext makes the next PaymentIntent created stop at status after its
+// confirm, whatever its parameters: requires_action (the card asks for
+// authentication), requires_capture (authorized, not captured) or
+// requires_confirmation. Such a PaymentIntent waits for an action; only a
+// cancel (POST /v1/payment_intents/{id}/cancel) ends it.
+func (s *Server) StopNext(status string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stopAt = status
 }
 
 // Refuse answers every call with a, before anything executes, until
@@ -277,6 +292,8 @@ func (s *Server) handle(r *http.Request, call Call) (int, http.Header, []byte) {
 	switch {
 	case r.Method == http.MethodPost && (r.URL.Path == "/v1/payment_intents" || r.URL.Path == "/v1/refunds"):
 		status, body = s.mutation(r, call)
+	case r.Method == http.MethodPost && cancelPath.MatchString(r.URL.Path):
+		status, body = s.cancelIntent(cancelPath.FindStringSubmatch(r.URL.Path)[1], r.PostForm)
 	case r.Method == http.MethodGet && r.URL.Path == "/v1/payment_intents/search":
 		status, body = s.search(r.Form)
 	case r.Method == http.MethodGet && r.URL.Path == "/v1/refunds":
@@ -331,20 +348,43 @@ func (s *Server) createIntent(f url.Values) (int, []byte) {
 		ID: fmt.Sprintf("pi_fake%06d", s.seq), Amount: amount, Currency: f.Get("currency"), PaymentMethod: f.Get("payment_method"),
 		Status: "succeeded", Metadata: metadataOf(f), Created: now.Unix(), createdAt: now,
 	}
-	switch pi.PaymentMethod {
-	case PaymentMethodDeclined:
+	switch {
+	case s.stopAt != "":
+		pi.Status, s.stopAt = s.stopAt, ""
+	case pi.PaymentMethod == PaymentMethodDeclined:
 		pi.Status, pi.DeclineCode = "requires_payment_method", "generic_decline"
-	case PaymentMethodInsufficientFunds:
+	case pi.PaymentMethod == PaymentMethodInsufficientFunds:
 		pi.Status, pi.DeclineCode = "requires_payment_method", "insufficient_funds"
 	}
 	s.intents = append(s.intents, pi)
-	if pi.Status != "succeeded" {
+	if pi.DeclineCode != "" {
 		body, _ := json.Marshal(map[string]any{"error": map[string]any{
 			"type": "card_error", "code": "card_declined", "decline_code": pi.DeclineCode,
 			"message": "Your card was declined.", "charge": "ch_" + pi.ID[3:], "payment_intent": intentJSON(pi, false),
 		}})
 		return 402, body
 	}
+	body, _ := json.Marshal(intentJSON(pi, false))
+	return 200, body
+}
+
+// cancelPath is POST /v1/payment_intents/{id}/cancel.
+var cancelPath = regexp.MustCompile(`^/v1/payment_intents/([^/]+)/cancel$`)
+
+// cancelIntent cancels a PaymentIntent that has not succeeded, as Stripe
+// does; a succeeded or canceled one cannot be.
+func (s *Server) cancelIntent(id string, f url.Values) (int, []byte) {
+	i := slices.IndexFunc(s.intents, func(pi *PaymentIntent) bool { return pi.ID == id })
+	if i < 0 {
+		return ResourceMissing.Status, []byte(ResourceMissing.Body)
+	}
+	pi := s.intents[i]
+	if pi.Status == "succeeded" || pi.Status == "canceled" {
+		body, _ := json.Marshal(map[string]any{"error": map[string]any{"type": "invalid_request_error", "code": "payment_intent_unexpected_state",
+			"message": "You cannot cancel this PaymentIntent because it has a status of " + pi.Status + "."}})
+		return 400, body
+	}
+	pi.Status, pi.CancellationReason = "canceled", f.Get("cancellation_reason")
 	body, _ := json.Marshal(intentJSON(pi, false))
 	return 200, body
 }
@@ -439,9 +479,13 @@ func intentJSON(pi *PaymentIntent, expand bool) map[string]any {
 		"payment_method": pi.PaymentMethod, "status": pi.Status, "metadata": pi.Metadata, "created": pi.Created,
 		"amount_received": 0, "latest_charge": "ch_" + pi.ID[3:], "last_payment_error": nil,
 	}
+	if pi.CancellationReason != "" {
+		out["cancellation_reason"] = pi.CancellationReason
+	}
 	if pi.Status == "succeeded" {
 		out["amount_received"] = pi.Amount
-	} else {
+	}
+	if pi.DeclineCode != "" {
 		out["last_payment_error"] = map[string]any{"type": "card_error", "code": "card_declined", "decline_code": pi.DeclineCode, "message": "Your card was declined."}
 	}
 	if expand {
