@@ -228,23 +228,18 @@ func (s *Server) Calls() []Call {
 }
 
 // PaymentIntents returns every PaymentIntent created so far.
-func (s *Server) PaymentIntents() []PaymentIntent {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]PaymentIntent, 0, len(s.intents))
-	for _, pi := range s.intents {
-		out = append(out, *pi)
-	}
-	return out
-}
+func (s *Server) PaymentIntents() []PaymentIntent { return copies(s, &s.intents) }
 
 // Refunds returns every refund created so far.
-func (s *Server) Refunds() []Refund {
+func (s *Server) Refunds() []Refund { return copies(s, &s.refunds) }
+
+// copies copies the objects *list points at, read under s.mu.
+func copies[T any](s *Server, list *[]*T) []T {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]Refund, 0, len(s.refunds))
-	for _, re := range s.refunds {
-		out = append(out, *re)
+	out := make([]T, 0, len(*list))
+	for _, v := range *list {
+		out = append(out, *v)
 	}
 	return out
 }
