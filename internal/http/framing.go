@@ -49,8 +49,6 @@ const (
 var (
 	errHeadersTooLarge = &bodyError{http.StatusRequestHeaderFieldsTooLarge, CodeHeadersTooLarge, "Request header fields too large",
 		fmt.Errorf("the header block is limited to %d bytes and %d lines", MaxHeaderBytes, MaxHeaderLines)}
-	errChunked = &bodyError{http.StatusBadRequest, CodeAmbiguousFraming, "Ambiguous message framing",
-		errors.New("a body framed by Transfer-Encoding is refused, with or without a Content-Length: send the body with one Content-Length and no Transfer-Encoding")}
 	errContentTypes = &bodyError{http.StatusBadRequest, CodeAmbiguousFraming, "Ambiguous message framing",
 		errors.New("send one Content-Type header, not several")}
 )
@@ -58,20 +56,25 @@ var (
 // requestFraming refuses, before anything reads the request:
 //
 //   - a header block past MaxHeaderBytes or MaxHeaderLines: 431;
-//   - a body framed by Transfer-Encoding: 400 ambiguous_framing. net/http
-//     deletes a Content-Length sent beside "Transfer-Encoding: chunked"
-//     before any handler runs (the chunked coding wins, RFC 9112 section
-//     6.3), so a request with both, which a proxy in front may have framed
-//     by its Content-Length (request smuggling), cannot be told from one
-//     with the coding alone: both are refused. A body of this API is at
-//     most MaxBodyBytes of JSON, whose length a client knows;
 //   - several Content-Type lines: 400 ambiguous_framing, never a choice
 //     between them.
 //
 // Each refusal closes the connection, so that bytes after the request
 // (which a proxy may have meant as part of it) are never read as another
-// request. So does the answer to any HTTP/1.0 request with a body: net/http
-// ignores Transfer-Encoding on HTTP/1.0 and frames the body by its
+// request.
+//
+// A body framed by Transfer-Encoding: chunked is served, under the same
+// MaxBodyBytes, since ordinary clients stream a body of unknown length
+// that way (Python's requests with a generator, Node's fetch with a
+// stream, Go with an io.Pipe, curl -T -), and closes the connection after
+// its answer. net/http deletes a Content-Length sent beside the coding
+// before any handler runs (the chunked coding wins, RFC 9112 section 6.3),
+// so a request with both, which a proxy in front may have framed by its
+// Content-Length (request smuggling), cannot be told from one with the
+// coding alone: whatever such a proxy meant to follow the chunked body is
+// never read as a request, since nothing after it is read at all. So does
+// the answer to any HTTP/1.0 request with a body: net/http ignores
+// Transfer-Encoding on HTTP/1.0 and frames the body by its
 // Content-Length, and RFC 9112 section 6.1 asks a server to close such a
 // connection, since a proxy may have framed it by the coding.
 func requestFraming(next http.Handler) http.Handler {
@@ -80,8 +83,6 @@ func requestFraming(next http.Handler) http.Handler {
 		switch size, lines := headerBlock(r); {
 		case size > MaxHeaderBytes || lines > MaxHeaderLines:
 			err = errHeadersTooLarge
-		case len(r.TransferEncoding) > 0:
-			err = errChunked
 		case len(r.Header.Values("Content-Type")) > 1:
 			err = errContentTypes
 		}
@@ -90,7 +91,7 @@ func requestFraming(next http.Handler) http.Handler {
 			writeError(w, r, err)
 			return
 		}
-		if r.ProtoMajor == 1 && r.ProtoMinor == 0 && r.ContentLength != 0 {
+		if len(r.TransferEncoding) > 0 || (r.ProtoMajor == 1 && r.ProtoMinor == 0 && r.ContentLength != 0) {
 			w.Header().Set("Connection", "close")
 		}
 		next.ServeHTTP(w, r)

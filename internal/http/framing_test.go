@@ -169,45 +169,51 @@ func TestFramingRefusesAmbiguousRequests(t *testing.T) {
 	var cases []framingCase
 	add := func(c framingCase) { cases = append(cases, c) }
 
+	// A body framed by the chunked coding is served by the coding, and the
+	// connection closed after the answer: net/http drops a Content-Length
+	// sent beside it before any handler runs, so chunked alone cannot be
+	// told from chunked with a Content-Length that a proxy in front may
+	// have framed the request by, and nothing after the chunked body is
+	// ever read as a request.
+	//
 	// CL.TE: a proxy that reads Content-Length forwards one request; a
-	// server that reads the chunked coding ends the body early and serves
-	// the rest as a request of its own.
+	// server that reads the chunked coding ends the body early and would
+	// serve the rest as a request of its own: one order, not two.
 	{
 		body := order()
 		head := []string{"Host: api", auth, key(), ctJSON}
 		tail := smuggled()
 		add(framingCase{name: "ContentLengthAndChunked", request: rawRequest(post,
 			append(head, "Content-Length: "+strconv.Itoa(len(chunked(body))+len(tail)), "Transfer-Encoding: chunked"), chunked(body)+tail),
-			status: 400, code: ambiguous, closes: true})
+			status: 201, closes: true, writes: writesOrder})
 	}
 	// TE.CL: the other way round; a short Content-Length before the
-	// chunked coding.
+	// chunked coding. The chunk is a whole request, which is no JSON.
 	{
 		tail := smuggled()
 		head := []string{"Host: api", auth, key(), ctJSON}
 		add(framingCase{name: "ChunkedAndShortContentLength", request: rawRequest(post,
 			append(head, "Transfer-Encoding: chunked", "Content-Length: 4"), chunked(tail)),
-			status: 400, code: ambiguous, closes: true})
+			status: 400, code: "invalid_json", closes: true})
 	}
 	// The coding's name in another case, as some proxies do not match it.
 	{
 		body := order()
 		add(framingCase{name: "ContentLengthAndChunkedUpperCase", request: rawRequest(post,
 			[]string{"Host: api", auth, key(), ctJSON, cl(chunked(body)), "Transfer-Encoding: CHUNKED"}, chunked(body)),
-			status: 400, code: ambiguous, closes: true})
+			status: 201, closes: true, writes: writesOrder})
 	}
-	// Chunked alone: the server cannot tell it from chunked with a
-	// Content-Length (net/http drops the Content-Length before any handler
-	// runs), so it is refused alike.
+	// Chunked alone, as clients stream a body whose length they do not
+	// know, followed by a request on the same connection.
 	{
 		body := order()
 		add(framingCase{name: "ChunkedWithoutContentLength", request: rawRequest(post,
-			[]string{"Host: api", auth, key(), ctJSON, "Transfer-Encoding: chunked"}, chunked(body)),
-			status: 400, code: ambiguous, closes: true})
+			[]string{"Host: api", auth, key(), ctJSON, "Transfer-Encoding: chunked"}, chunked(body)+smuggled()),
+			status: 201, closes: true, writes: writesOrder})
 	}
 	add(framingCase{name: "ChunkedOnGet", request: rawRequest("GET /v1/orders HTTP/1.1",
 		[]string{"Host: api", auth, "Transfer-Encoding: chunked"}, "0\r\n\r\n"),
-		status: 400, code: ambiguous, closes: true})
+		status: 200, closes: true})
 
 	// Two Content-Type lines: which one counts is a choice, and a proxy
 	// (or a WAF inspecting the body) may make the other one.
@@ -280,13 +286,7 @@ func TestFramingRefusesAmbiguousRequests(t *testing.T) {
 				t.Error("the server kept the connection open after the answer; it must close it")
 			}
 
-			after := e.rowCounts(t, tables)
-			got := map[string]int{}
-			for name, n := range after {
-				if d := n - before[name]; d != 0 {
-					got[name] = d
-				}
-			}
+			got := e.rowDelta(t, tables, before)
 			want := maps.Clone(c.writes)
 			if want == nil {
 				want = map[string]int{}
