@@ -107,14 +107,19 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 	// Closed when the drain begins: /readyz answers 503 from then on.
 	draining := make(chan struct{})
 	handler := httpapi.NewHandler(httpapi.Config{
-		Pool:             pool,
-		Idem:             store,
-		Payments:         paymentsSvc,
-		Logger:           logger,
-		RequestTimeout:   cfg.RequestTimeout,
-		RateLimit:        cfg.RateLimit,
-		AuthCacheTTL:     cfg.AuthCacheTTL,
-		Clients:          cfg.Clients,
+		Pool:           pool,
+		Idem:           store,
+		Payments:       paymentsSvc,
+		Logger:         logger,
+		RequestTimeout: cfg.RequestTimeout,
+		RateLimit:      cfg.RateLimit,
+		AuthCacheTTL:   cfg.AuthCacheTTL,
+		Clients:        cfg.Clients,
+		// A client's share of the requests in flight is its share of the
+		// connections: a direct client can hold no more anyway, and a
+		// client behind a trusted proxy (exempt from the listener's share)
+		// no more than one direct client could.
+		ClientShare:      connlimit.Share(cfg.MaxConnections),
 		OpenAPI:          apispec.OpenAPI,
 		WebhookSecrets:   cfg.WebhookSecrets,
 		WebhookTolerance: cfg.WebhookTolerance,

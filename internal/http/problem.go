@@ -276,6 +276,12 @@ func (s sentinelProblem) problem(err error) Problem {
 // sentinelProblems answers the sentinel errors, first match wins.
 var sentinelProblems = []sentinelProblem{
 	{
+		errs:   []error{errClientShare},
+		status: http.StatusTooManyRequests, code: CodeRateLimited, title: "Too many requests",
+		detail:     "This client has as many requests in flight as one client may (a request still sending its body counts). Nothing was recorded: retry after the Retry-After delay, with the same Idempotency-Key.",
+		retryAfter: retryAfterSeconds,
+	},
+	{
 		errs:   []error{idem.ErrKeyBudgetExceeded},
 		status: http.StatusTooManyRequests, code: CodeKeyBudgetExceeded, title: "Idempotency key budget exceeded",
 		detail:     "This tenant holds as many live idempotency keys as its budget allows, so a request with a new key is refused. Nothing was recorded. Keys it holds still replay; the budget frees up as old keys pass their retention.",

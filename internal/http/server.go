@@ -47,6 +47,10 @@ type Config struct {
 	// AuthLookupsTotal bounds the same lookups from every client together
 	// (see lookupBudget); a zero Rate takes DefaultAuthLookupsTotal.
 	AuthLookupsTotal RateLimit
+	// ClientShare is how many requests one client (as Clients names it)
+	// may have in flight at once; past it, 429 at once and the connection
+	// closed (clientShare). Zero turns it off.
+	ClientShare int
 	// Clients tells who a request comes from, behind the proxies it
 	// trusts (TRUSTED_PROXIES); nil: the TCP peer.
 	Clients *clientaddr.Resolver
@@ -117,6 +121,7 @@ func NewHandler(cfg Config) http.Handler {
 	r := chi.NewRouter()
 	r.Use(requestContext(cfg.Logger, cfg.RequestTimeout))
 	r.Use(requestFraming)
+	r.Use(newClientShare(cfg.Clients, cfg.ClientShare).middleware)
 	r.Use(headAsGet)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) { writeError(w, r, errRouteNotFound) })
 	var allow *chi.Mux // built from the finished router, below
