@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -20,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	apispec "github.com/idemref/payments"
+	"github.com/idemref/payments/internal/clientaddr"
 	"github.com/idemref/payments/internal/db"
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
@@ -46,15 +48,22 @@ func (c *queryCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryE
 // of failed key lookups per client and in total, and a tenant's valid key.
 func floodServer(tb testing.TB, lookups, total httpapi.RateLimit) (url string, queries *queryCounter, validKey string) {
 	tb.Helper()
+	return floodServerWith(tb, httpapi.Config{AuthLookups: lookups, AuthLookupsTotal: total, AuthCacheTTL: 10 * time.Second})
+}
+
+// floodServerWith is floodServer with the budgets, the auth cache and the
+// trusted proxies of cfg.
+func floodServerWith(tb testing.TB, cfg httpapi.Config) (url string, queries *queryCounter, validKey string) {
+	tb.Helper()
 	_, dbURL := testdb.NewPool(tb)
-	cfg, err := pgxpool.ParseConfig(dbURL)
+	poolCfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	db.Configure(cfg)
+	db.Configure(poolCfg)
 	queries = &queryCounter{}
-	cfg.ConnConfig.Tracer = queries
-	pool, err := pgxpool.NewWithConfig(tb.Context(), cfg)
+	poolCfg.ConnConfig.Tracer = queries
+	pool, err := pgxpool.NewWithConfig(tb.Context(), poolCfg)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -62,11 +71,9 @@ func floodServer(tb testing.TB, lookups, total httpapi.RateLimit) (url string, q
 	if _, validKey, err = tenants.Create(tb.Context(), pool, "flood "+uuid.NewString()); err != nil {
 		tb.Fatal(err)
 	}
-	srv := httptest.NewServer(httpapi.NewHandler(httpapi.Config{
-		Pool: pool, Idem: idem.NewStore(pool, idem.Config{}), Logger: slog.New(slog.DiscardHandler),
-		RequestTimeout: 10 * time.Second, OpenAPI: apispec.OpenAPI, AuthCacheTTL: 10 * time.Second, AuthLookups: lookups,
-		AuthLookupsTotal: total,
-	}))
+	cfg.Pool, cfg.Idem, cfg.Logger = pool, idem.NewStore(pool, idem.Config{}), slog.New(slog.DiscardHandler)
+	cfg.RequestTimeout, cfg.OpenAPI = 10*time.Second, apispec.OpenAPI
+	srv := httptest.NewServer(httpapi.NewHandler(cfg))
 	tb.Cleanup(srv.Close)
 	return srv.URL, queries, validKey
 }
@@ -90,17 +97,31 @@ func clientFrom(local string) *http.Client {
 
 func getOrders(t testing.TB, client *http.Client, url, apiKey string) response {
 	t.Helper()
+	res, err := fetchOrders(client, url, apiKey, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// fetchOrders is GET /v1/orders with apiKey, and X-Forwarded-For when
+// forwardedFor is not empty (a trusted proxy naming its client).
+func fetchOrders(client *http.Client, url, apiKey, forwardedFor string) (response, error) {
 	req, err := http.NewRequest(http.MethodGet, url+"/v1/orders", nil)
 	if err != nil {
-		t.Fatal(err)
+		return response{}, err
 	}
 	req.Header.Set("Authorization", "Bearer "+apiKey)
+	if forwardedFor != "" {
+		req.Header.Set("X-Forwarded-For", forwardedFor)
+	}
 	res, err := client.Do(req)
 	if err != nil {
-		t.Fatal(err)
+		return response{}, err
 	}
+	_, _ = io.Copy(io.Discard, res.Body)
 	res.Body.Close()
-	return response{status: res.StatusCode, header: res.Header}
+	return response{status: res.StatusCode, header: res.Header}, nil
 }
 
 func TestUnknownKeysCostNoQueryOnceTheAddressIsThrottled(t *testing.T) {
@@ -191,6 +212,175 @@ func TestUnknownKeysFromManyAddressesCostABoundedTotal(t *testing.T) {
 	if res := getOrders(t, clientFrom("127.0.2.1"), url, valid); res.status != http.StatusOK {
 		t.Errorf("a valid key from an address that sent no unknown key, during the flood = %d, want 200", res.status)
 	}
+}
+
+// R5 at any concurrency: the budgets bound the lookups that find no tenant
+// however many requests are in flight at once. A budget checked before the
+// lookup and charged after it lets through every request in flight while
+// one token is left, at the burst and again at each token the budget
+// refills. Here made-up keys, each new, go flat out for two seconds over 1,
+// 4, 16 and 64 connections, from one address and from 50 (named by a
+// trusted proxy), with the default budgets; the statements the API's pool
+// sent (each one a lookup) stay within what the budgets allow for the time
+// the flood took, plus a few for its rounding.
+func TestUnknownKeyBudgetHoldsAtAnyConcurrency(t *testing.T) {
+	t.Parallel()
+	proxies := trustLoopbackProxy(t)
+	cfg := httpapi.Config{AuthCacheTTL: 10 * time.Second, Clients: proxies}
+	perClient, total := httpapi.DefaultAuthLookups, httpapi.DefaultAuthLookupsTotal
+	const duration, addresses, slack = 2 * time.Second, 50, 3
+	for _, conns := range []int{1, 4, 16, 64} {
+		t.Run(fmt.Sprintf("OneAddress/%dConnections", conns), func(t *testing.T) {
+			url, queries, _ := floodServerWith(t, cfg)
+			attacker := clientFrom("127.0.0.5")
+			f := madeUpKeyFlood(t, url, queries, duration, conns, func(int) (*http.Client, string) { return attacker, "" })
+			// The address's budget: a burst, then a rate.
+			f.check(t, "one address", conns, float64(perClient.Burst)+perClient.Rate*f.elapsed.Seconds()+slack)
+		})
+		t.Run(fmt.Sprintf("FiftyAddresses/%dConnections", conns), func(t *testing.T) {
+			url, queries, _ := floodServerWith(t, cfg)
+			proxy := clientFrom("127.0.0.1")
+			f := madeUpKeyFlood(t, url, queries, duration, conns, func(i int) (*http.Client, string) {
+				return proxy, fmt.Sprintf("198.51.100.%d", 1+i%addresses)
+			})
+			// The total's burst and rate, and past it one lookup per address
+			// that had sent no unknown key yet.
+			f.check(t, "50 addresses", conns, float64(total.Burst)+total.Rate*f.elapsed.Seconds()+addresses+slack)
+		})
+	}
+}
+
+// R5 under a wide flood: a client flagged for an unknown key stays flagged
+// for its whole window (10 minutes), however many other addresses flood
+// meanwhile, and memory stays bounded. Here the budget remembers at most 8
+// clients and its per-client buckets refill in a millisecond, so a bound
+// kept by dropping the buckets that refilled forgets every flagged client
+// as soon as new ones come. Past the bound, the clients it has no room for
+// share one budget, as one client: one lookup between them, then flagged
+// together.
+func TestFlaggedClientsStayFlaggedUnderAWideFlood(t *testing.T) {
+	t.Parallel()
+	proxies := trustLoopbackProxy(t)
+	cfg := httpapi.Config{AuthCacheTTL: 10 * time.Second, Clients: proxies,
+		AuthLookups: httpapi.RateLimit{Rate: 1000, Burst: 1},
+		// A total that does not refill while the test runs, spent by the
+		// first lookup: past it, only a client never flagged is looked up.
+		AuthLookupsTotal: httpapi.RateLimit{Rate: 0.0001, Burst: 1}}
+	httpapi.LimitLookupClients(&cfg, 8)
+	url, queries, _ := floodServerWith(t, cfg)
+	proxy := clientFrom("127.0.0.1")
+	// send sends one made-up key from each of the IPv6 clients first to
+	// last (each its own /64) and returns the lookups they cost.
+	send := func(first, last int) int64 {
+		t.Helper()
+		before := queries.n.Load()
+		for i := first; i <= last; i++ {
+			res, err := fetchOrders(proxy, url, unknownKey(), fmt.Sprintf("2001:db8:%x::1", i))
+			if err != nil || (res.status != http.StatusUnauthorized && res.status != http.StatusTooManyRequests) {
+				t.Fatalf("a made-up key = %d %v, want 401 or 429", res.status, err)
+			}
+		}
+		return queries.n.Load() - before
+	}
+	if n := send(1, 8); n != 8 {
+		t.Fatalf("8 new clients cost %d lookups, want one each", n)
+	}
+	time.Sleep(20 * time.Millisecond) // every client's bucket has refilled
+	if n := send(9, 16); n != 1 {
+		t.Errorf("8 more new clients, past the bound, cost %d lookups, want 1 between them", n)
+	}
+	if n := send(1, 8); n != 0 {
+		t.Errorf("the 8 flagged clients again, after 8 others came, cost %d lookups, want 0: they were forgotten", n)
+	}
+}
+
+// R5: the budgets never refuse a tenant's valid key for the lookups of its
+// own requests in flight, however many. With every request looked up
+// (AUTH_CACHE_TTL=0, as after a restart) and the total spent by a flood
+// from elsewhere, one client sends a valid key over 64 connections at
+// once: every request is served.
+func TestValidKeyIsServedAtAnyConcurrency(t *testing.T) {
+	t.Parallel()
+	proxies := trustLoopbackProxy(t)
+	url, _, valid := floodServerWith(t, httpapi.Config{Clients: proxies,
+		AuthLookupsTotal: httpapi.RateLimit{Rate: 0.0001, Burst: 1}})
+	proxy := clientFrom("127.0.0.1")
+	if res, err := fetchOrders(proxy, url, unknownKey(), "198.51.100.1"); err != nil || res.status != http.StatusUnauthorized {
+		t.Fatalf("the made-up key that spends the total = %d %v, want 401", res.status, err)
+	}
+	var served, refused atomic.Int64
+	var wg sync.WaitGroup
+	for range 64 {
+		wg.Go(func() {
+			for range 5 {
+				res, err := fetchOrders(proxy, url, valid, "198.51.100.2")
+				switch {
+				case err != nil:
+					t.Error(err)
+					return
+				case res.status == http.StatusOK:
+					served.Add(1)
+				default:
+					refused.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if served.Load() != 320 {
+		t.Errorf("320 requests with a valid key over 64 connections: %d served, %d not; want every one served", served.Load(), refused.Load())
+	}
+}
+
+// trustLoopbackProxy trusts 127.0.0.1 as a proxy that appends its client
+// to X-Forwarded-For, so a test names clients the way a balancer does.
+func trustLoopbackProxy(t *testing.T) *clientaddr.Resolver {
+	t.Helper()
+	proxies, err := clientaddr.Parse("127.0.0.1", clientaddr.XForwardedFor)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return proxies
+}
+
+// flood is what a madeUpKeyFlood sent and what it cost.
+type flood struct {
+	requests, lookups int64
+	elapsed           time.Duration
+}
+
+func (f flood) check(t *testing.T, from string, conns int, allowed float64) {
+	t.Helper()
+	t.Logf("%d made-up keys from %s over %d connections in %s: %d lookups, %.1f per 1,000 (allowed %.0f)",
+		f.requests, from, conns, f.elapsed.Round(time.Millisecond), f.lookups, float64(f.lookups)*1000/float64(f.requests), allowed)
+	if float64(f.lookups) > allowed {
+		t.Errorf("%d made-up keys from %s over %d connections cost %d lookups, want at most %.0f", f.requests, from, conns, f.lookups, allowed)
+	}
+}
+
+// madeUpKeyFlood sends made-up keys, each new, over conns connections at
+// once for d: request i through the client and with the X-Forwarded-For
+// (none when empty) that from(i) gives. Every answer must be 401 or 429.
+// The lookups are the statements the API's pool sent meanwhile.
+func madeUpKeyFlood(t *testing.T, url string, queries *queryCounter, d time.Duration, conns int, from func(i int) (*http.Client, string)) flood {
+	t.Helper()
+	before, start := queries.n.Load(), time.Now()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range conns {
+		wg.Go(func() {
+			for time.Since(start) < d {
+				client, forwardedFor := from(int(next.Add(1)) - 1)
+				res, err := fetchOrders(client, url, unknownKey(), forwardedFor)
+				if err != nil || (res.status != http.StatusUnauthorized && res.status != http.StatusTooManyRequests) {
+					t.Errorf("a made-up key = %d %v, want 401 or 429", res.status, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return flood{requests: next.Load(), lookups: queries.n.Load() - before, elapsed: time.Since(start)}
 }
 
 // BenchmarkUnknownKeyFlood: eight clients on one address send well-formed

@@ -179,25 +179,7 @@ func (a *api) authenticate(next http.Handler) http.Handler {
 		}
 		tenantID, found, err := a.auth.Cached(key)
 		if !found {
-			// Only the database can tell, at the price of a query. Each
-			// lookup that finds no tenant is charged to the client, and to
-			// every client together (R5); a client past its budget, or a
-			// suspect one past the total, is answered before any query. A
-			// key that authenticates costs nothing, so only a flood of keys
-			// nobody knows is held back, whatever AUTH_CACHE_TTL. The
-			// client is the one behind a trusted proxy, never the proxy
-			// (internal/clientaddr): behind a balancer, one abusive client
-			// must not spend every tenant's budget.
-			client := clientaddr.Key(a.clients.Client(r))
-			if throttled, refused := a.authLookups.refuse(client); refused {
-				authLookupsRefusedTotal.Inc()
-				writeError(w, r, throttled)
-				return
-			}
-			tenantID, err = a.auth.Authenticate(r.Context(), key)
-			if errors.Is(err, tenants.ErrUnauthenticated) {
-				a.authLookups.failed(client)
-			}
+			tenantID, err = a.lookUp(r, key)
 		}
 		switch {
 		case errors.Is(err, tenants.ErrUnauthenticated):
@@ -211,6 +193,35 @@ func (a *api) authenticate(next http.Handler) http.Handler {
 		ctx = context.WithValue(ctx, ctxLogger, loggerFrom(ctx).With(slog.String("tenant_id", tenantID.String())))
 		next.ServeHTTP(w, r.WithContext(ctx))
 	})
+}
+
+// lookUp asks the database for the tenant of a key the cache does not
+// know. Only the database can tell, at the price of a query. Each lookup is
+// charged to the client, and to every client together, before it runs, and
+// kept only if it found no tenant (R5); a client past its budget, or a
+// suspect one past the total, is answered before any query. A key that
+// authenticates costs nothing, so only a flood of keys nobody knows is held
+// back, whatever AUTH_CACHE_TTL. The client is the one behind a trusted
+// proxy, never the proxy (internal/clientaddr): behind a balancer, one
+// abusive client must not spend every tenant's budget.
+func (a *api) lookUp(r *http.Request, key string) (tenantID uuid.UUID, err error) {
+	turn, err := a.authLookups.begin(r.Context(), clientaddr.Key(a.clients.Client(r)))
+	var throttled *authThrottledError
+	if errors.As(err, &throttled) {
+		authLookupsRefusedTotal.Inc()
+	}
+	if err != nil {
+		return uuid.Nil, err
+	}
+	var found bool
+	// Ended however the lookup ends, a panic included: a turn never ended
+	// would hold every later lookup of the client.
+	defer func() { turn.end(!found && errors.Is(err, tenants.ErrUnauthenticated)) }()
+	// The lookup this request waited behind may have cached its key.
+	if tenantID, found, err = a.auth.Cached(key); !found {
+		tenantID, err = a.auth.Authenticate(r.Context(), key)
+	}
+	return tenantID, err
 }
 
 // noStore marks every response under /v1 Cache-Control: no-store (R2):

@@ -32,31 +32,25 @@ const (
 	DefaultRateBurst = 200
 )
 
-// limiter holds one token bucket (golang.org/x/time/rate) per key that
-// sent a request: a tenant (authenticated first, so the map is bounded by
-// the number of tenants) or a client (bounded by maxBuckets).
+// limiter holds one token bucket (golang.org/x/time/rate) per tenant that
+// sent a request (authenticated first, so the map is bounded by the number
+// of tenants, and by maxBuckets).
 type limiter[K comparable] struct {
 	limit rate.Limit
 	burst int
 	now   func() time.Time
 
 	mu      sync.Mutex
-	buckets map[K]*bucket
-}
-
-type bucket struct {
-	*rate.Limiter
-	charged time.Time // the last take
+	buckets map[K]*rate.Limiter
 }
 
 // maxBuckets bounds a limiter's map. Past it, buckets that refilled are
 // dropped (a full bucket and no bucket mean the same), and if that is not
-// enough the map starts over: a client with more addresses than this gets
-// fresh buckets, memory stays bounded.
+// enough the map starts over: memory stays bounded.
 const maxBuckets = 100_000
 
 func newLimiter[K comparable](cfg RateLimit) *limiter[K] {
-	return &limiter[K]{limit: rate.Limit(cfg.Rate), burst: max(cfg.Burst, 1), now: time.Now, buckets: map[K]*bucket{}}
+	return &limiter[K]{limit: rate.Limit(cfg.Rate), burst: max(cfg.Burst, 1), now: time.Now, buckets: map[K]*rate.Limiter{}}
 }
 
 // take takes one token from key's bucket. It returns whether it got one,
@@ -70,27 +64,12 @@ func (l *limiter[K]) take(key K) (ok bool, remaining int, next time.Duration) {
 		if len(l.buckets) >= maxBuckets {
 			l.pruneLocked(now)
 		}
-		b = &bucket{Limiter: rate.NewLimiter(l.limit, l.burst)}
+		b = rate.NewLimiter(l.limit, l.burst)
 		l.buckets[key] = b
 	}
-	b.charged = now
 	ok = b.AllowN(now, 1)
 	tokens := b.TokensAt(now)
 	return ok, int(tokens), l.untilOne(tokens)
-}
-
-// empty reports, without taking anything, whether key's bucket has no
-// whole token left, and how long until it has one.
-func (l *limiter[K]) empty(key K) (bool, time.Duration) {
-	now := l.now()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	b, found := l.buckets[key]
-	if !found {
-		return false, 0
-	}
-	tokens := b.TokensAt(now)
-	return tokens < 1, l.untilOne(tokens)
 }
 
 // untilOne is how long a bucket holding tokens takes to hold one whole
@@ -100,16 +79,6 @@ func (l *limiter[K]) untilOne(tokens float64) time.Duration {
 		return 0
 	}
 	return time.Duration((1 - tokens) / float64(l.limit) * float64(time.Second))
-}
-
-// takenWithin reports whether key's bucket was taken from in the last d
-// (a bucket dropped by pruneLocked had refilled: taken from long ago).
-func (l *limiter[K]) takenWithin(key K, d time.Duration) bool {
-	now := l.now()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	b, found := l.buckets[key]
-	return found && now.Sub(b.charged) < d
 }
 
 func (l *limiter[K]) pruneLocked(now time.Time) {

@@ -67,6 +67,9 @@ type Config struct {
 	// broker reached, the outbox relayed, events consumed) and, when they
 	// do not, why; /readyz shows it.
 	Events func() (flowing bool, detail string)
+	// lookupClients bounds the clients the lookup budget remembers; zero:
+	// DefaultLookupClients. Tests lower it (export_test.go).
+	lookupClients int
 	// Draining, when closed, says the process is shutting down (G4):
 	// /readyz answers 503 from then on, so that the load balancer stops
 	// sending, while every other route is still served. Nil: never.
@@ -110,7 +113,10 @@ func NewHandler(cfg Config) http.Handler {
 	if cfg.AuthLookupsTotal.Rate <= 0 {
 		cfg.AuthLookupsTotal = DefaultAuthLookupsTotal
 	}
-	a.authLookups = newLookupBudget(cfg.AuthLookups, cfg.AuthLookupsTotal)
+	if cfg.lookupClients <= 0 {
+		cfg.lookupClients = DefaultLookupClients
+	}
+	a.authLookups = newLookupBudget(cfg.AuthLookups, cfg.AuthLookupsTotal, cfg.lookupClients)
 	a.clients = cfg.Clients
 	if cfg.RateLimit.Rate > 0 {
 		a.limiter = newLimiter[uuid.UUID](cfg.RateLimit)
