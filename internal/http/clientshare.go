@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/idemref/payments/internal/clientaddr"
 )
@@ -73,9 +74,13 @@ func (s *clientShare) middleware(next http.Handler) http.Handler {
 		client := clientaddr.Key(s.resolver.Client(r))
 		if !s.enter(client) {
 			// The body is never read: closing the connection is what gives
-			// the slot back, and no byte of the body is read as a request.
+			// the slot back. net/http reads up to 256 KiB of an unread body
+			// after the handler, even on a connection it closes, which for a
+			// slow body is a wait until READ_TIMEOUT; the read deadline,
+			// passed at once, ends it.
 			w.Header().Set("Connection", "close")
 			writeError(w, r, errClientShare)
+			_ = http.NewResponseController(w).SetReadDeadline(time.Now())
 			return
 		}
 		defer s.leave(client)
