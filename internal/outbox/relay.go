@@ -151,8 +151,9 @@ func (r *Relay) listen(ctx context.Context) {
 	}
 }
 
-// drain relays batches until the outbox has nothing claimable. It reports
-// whether unpublished rows remain that it could not claim.
+// drain relays batches until the outbox has nothing claimable, or a batch
+// fails. It reports whether unpublished rows remain that it could not
+// claim or publish.
 func (r *Relay) drain(ctx context.Context) (pending bool) {
 	for ctx.Err() == nil {
 		n, err := r.RelayOnce(ctx)
@@ -160,6 +161,9 @@ func (r *Relay) drain(ctx context.Context) (pending bool) {
 			if ctx.Err() == nil {
 				r.log.WarnContext(ctx, "relay: publish batch", slog.Any("error", err))
 			}
+			// Observed on a failure too: during a publish outage is when
+			// the lag grows, and the alerts on it must see it grow.
+			r.observeLag(ctx)
 			return true
 		}
 		if n < r.cfg.Batch {

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemref/payments/internal/broker"
 	"github.com/idemref/payments/internal/db"
@@ -473,5 +474,70 @@ func TestRelayReleasesOnlyItsOwnClaim(t *testing.T) {
 	}
 	if err := f.pool.QueryRow(t.Context(), `SELECT claimed_until FROM outbox WHERE id = $1`, id).Scan(&claimedUntil); err != nil || claimedUntil != nil {
 		t.Errorf("claimed_until = %v (%v) after the current claim's release, want NULL", claimedUntil, err)
+	}
+}
+
+// gauge reads a gauge of the default registry, which /metrics serves.
+func gauge(t *testing.T, name string) float64 {
+	t.Helper()
+	families, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == name {
+			return f.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}
+
+// The lag gauges follow a publish outage: with the broker down and a row
+// waiting, outbox_unpublished_rows counts it and outbox_lag_seconds is at
+// least its age, on every drain, although no drain publishes anything.
+// They used to be observed only after a drain that published all it
+// claimed, so an outage, when the lag grows, left them at their last value.
+// Not parallel: the gauges are the process's, and other tests' relays
+// set them too.
+func TestRelayObservesTheLagDuringAPublishOutage(t *testing.T) {
+	pool, _ := testdb.NewPool(t)
+	srv, _, js := testkit.Broker(t, broker.Config{})
+	tenant, _, err := tenants.Create(t.Context(), pool, "outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &bundle{pool: pool, js: js, tenant: tenant}
+	relay := outbox.NewRelay(f.pool, f.js, outbox.RelayConfig{PollInterval: 100 * time.Millisecond, PublishTimeout: 200 * time.Millisecond})
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		relay.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	// A first drain with nothing waiting sets both gauges to 0.
+	testkit.WaitFor(t, 10*time.Second, func() bool { return gauge(t, "outbox_unpublished_rows") == 0 })
+
+	srv.Shutdown()
+	f.write(t)
+	const age = 1.5 // seconds the row waits before the gauges are read
+	time.Sleep(time.Duration(age * float64(time.Second)))
+	var rows, lag float64
+	defer func() {
+		if t.Failed() {
+			t.Logf("during the outage: outbox_unpublished_rows %v, outbox_lag_seconds %v; want 1 and at least %v", rows, lag, age)
+		}
+	}()
+	testkit.WaitFor(t, 10*time.Second, func() bool {
+		rows, lag = gauge(t, "outbox_unpublished_rows"), gauge(t, "outbox_lag_seconds")
+		return rows == 1 && lag >= age
+	})
+	var n int
+	if err := f.pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox WHERE published_at IS NULL`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("unpublished rows = %d (%v), want 1: the broker is down", n, err)
 	}
 }
