@@ -62,3 +62,21 @@ WHERE o.id IN (
     LIMIT @batch_size
     FOR UPDATE SKIP LOCKED
 );
+
+-- name: OutboxRequeueUnapplied :execrows
+-- The broker lost the events stream (restarted on empty storage, D7), and
+-- with it every message it held, acknowledged or not. Published rows of
+-- the consumer's subjects that its inbox has not recorded go back to the
+-- relay, to be published again on the new stream. Only rows written after
+-- the inbox's horizon: their event, if applied, was applied after it was
+-- written (processed_at > created_at > pruned_through), so its inbox row
+-- is still there and drops the republish. A republish of a row another
+-- process requeued and published meanwhile is dropped the same way.
+UPDATE outbox o SET published_at = NULL
+WHERE o.published_at IS NOT NULL
+  AND o.subject = ANY(@subjects::text[])
+  AND o.created_at > (SELECT coalesce(h.pruned_through, '-infinity') FROM processed_messages_horizon h)
+  AND NOT EXISTS (
+      SELECT 1 FROM processed_messages m
+      WHERE m.consumer = @consumer AND m.source = @source AND m.message_id = o.id::text
+  );

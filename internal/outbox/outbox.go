@@ -58,3 +58,16 @@ func Write(ctx context.Context, tx dbsqlc.DBTX, tenantID uuid.UUID, eventType st
 	}
 	return id, dbsqlc.New(db.Deferred(tx)).OutboxInsert(ctx, params)
 }
+
+// Requeue hands back to the relay the published events of subjects that
+// consumer has not applied, for the relay to publish again: after the
+// broker lost the events stream with what it held (D7). subjects are the
+// consumer's filter subjects, literal ones (no wildcards). Requeuing is
+// safe at any time and any number of times: a republished event the
+// consumer already applied is dropped by the stream's duplicates window or
+// by its inbox. It returns how many rows it requeued.
+func Requeue(ctx context.Context, tx dbsqlc.DBTX, consumer string, subjects []string) (int64, error) {
+	return dbsqlc.New(tx).OutboxRequeueUnapplied(ctx, dbsqlc.OutboxRequeueUnappliedParams{
+		Subjects: subjects, Consumer: consumer, Source: events.Source,
+	})
+}

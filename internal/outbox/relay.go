@@ -61,7 +61,11 @@ type RelayConfig struct {
 	// hands each transaction to any server connection, so a LISTEN there
 	// hears nothing. Nil: the relay's own pool.
 	ListenPool *pgxpool.Pool
-	Logger     *slog.Logger
+	// Report, when set, is told after every drain whether it failed: the
+	// error that cut it short (a publish the broker did not acknowledge,
+	// the database), or nil. It runs in the relay's goroutine.
+	Report func(err error)
+	Logger *slog.Logger
 }
 
 // Relay publishes outbox rows to JetStream. Any number may run, in one
@@ -164,13 +168,23 @@ func (r *Relay) drain(ctx context.Context) (pending bool) {
 			// Observed on a failure too: during a publish outage is when
 			// the lag grows, and the alerts on it must see it grow.
 			r.observeLag(ctx)
+			r.report(ctx, err)
 			return true
 		}
 		if n < r.cfg.Batch {
+			r.report(ctx, nil)
 			return r.observeLag(ctx)
 		}
 	}
 	return false
+}
+
+// report passes a drain's outcome to RelayConfig.Report, unless the relay
+// is stopping: what a stop cuts short says nothing about the broker.
+func (r *Relay) report(ctx context.Context, err error) {
+	if r.cfg.Report != nil && ctx.Err() == nil {
+		r.cfg.Report(err)
+	}
 }
 
 // RelayOnce claims one batch, publishes it in seq order, waiting for each

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -539,5 +540,58 @@ func TestRelayObservesTheLagDuringAPublishOutage(t *testing.T) {
 	var n int
 	if err := f.pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox WHERE published_at IS NULL`).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("unpublished rows = %d (%v), want 1: the broker is down", n, err)
+	}
+}
+
+// D7: after the broker lost the events stream, Requeue hands back to the
+// relay exactly the published events of the consumer's subjects that its
+// inbox has not recorded, written after the inbox's horizon: not one it
+// applied, not one older than the horizon (its inbox row may be pruned,
+// and a republish would apply it twice), not another subject's. A second
+// call finds nothing more.
+func TestRequeueHandsBackOnlyUnappliedEventsInsideTheHorizon(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	applied, unapplied, old, otherConsumers := f.write(t), f.write(t), f.write(t), f.write(t)
+	tx, err := f.pool.Begin(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherSubject, err := outbox.Write(t.Context(), tx, f.tenant, "test.other", testPayload{N: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	for _, sql := range []string{
+		`UPDATE outbox SET published_at = now()`,
+		`UPDATE outbox SET created_at = now() - interval '2 hours' WHERE id = '` + old.String() + `'`,
+		`UPDATE processed_messages_horizon SET pruned_through = now() - interval '1 hour'`,
+		`INSERT INTO processed_messages (consumer, source, message_id) VALUES
+		   ('c', '` + events.Source + `', '` + applied.String() + `'),
+		   ('another', '` + events.Source + `', '` + otherConsumers.String() + `')`,
+	} {
+		if _, err := f.pool.Exec(t.Context(), sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := outbox.Requeue(t.Context(), f.pool, "c", []string{events.Subject(testEvent)})
+	if err != nil || n != 2 {
+		t.Errorf("Requeue = %d, %v; want 2", n, err)
+	}
+	rows, err := f.pool.Query(t.Context(), `SELECT id FROM outbox WHERE published_at IS NULL ORDER BY seq`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	requeued, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []uuid.UUID{unapplied, otherConsumers}; !slices.Equal(requeued, want) {
+		t.Errorf("requeued %v, want %v (not the applied %s, the old %s, the other subject's %s)", requeued, want, applied, old, otherSubject)
+	}
+	if n, err := outbox.Requeue(t.Context(), f.pool, "c", []string{events.Subject(testEvent)}); err != nil || n != 0 {
+		t.Errorf("a second Requeue = %d, %v; want 0", n, err)
 	}
 }

@@ -193,3 +193,36 @@ func (q *Queries) OutboxRelease(ctx context.Context, arg OutboxReleaseParams) er
 	_, err := q.db.Exec(ctx, outboxRelease, arg.Ids, arg.ClaimedUntil)
 	return err
 }
+
+const outboxRequeueUnapplied = `-- name: OutboxRequeueUnapplied :execrows
+UPDATE outbox o SET published_at = NULL
+WHERE o.published_at IS NOT NULL
+  AND o.subject = ANY($1::text[])
+  AND o.created_at > (SELECT coalesce(h.pruned_through, '-infinity') FROM processed_messages_horizon h)
+  AND NOT EXISTS (
+      SELECT 1 FROM processed_messages m
+      WHERE m.consumer = $2 AND m.source = $3 AND m.message_id = o.id::text
+  )
+`
+
+type OutboxRequeueUnappliedParams struct {
+	Subjects []string
+	Consumer string
+	Source   string
+}
+
+// The broker lost the events stream (restarted on empty storage, D7), and
+// with it every message it held, acknowledged or not. Published rows of
+// the consumer's subjects that its inbox has not recorded go back to the
+// relay, to be published again on the new stream. Only rows written after
+// the inbox's horizon: their event, if applied, was applied after it was
+// written (processed_at > created_at > pruned_through), so its inbox row
+// is still there and drops the republish. A republish of a row another
+// process requeued and published meanwhile is dropped the same way.
+func (q *Queries) OutboxRequeueUnapplied(ctx context.Context, arg OutboxRequeueUnappliedParams) (int64, error) {
+	result, err := q.db.Exec(ctx, outboxRequeueUnapplied, arg.Subjects, arg.Consumer, arg.Source)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
