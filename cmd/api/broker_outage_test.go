@@ -28,10 +28,11 @@ func freePort(t *testing.T) int {
 }
 
 // startNATSAt starts a NATS server with JetStream on a given port, storing
-// in dir, and returns it (shut down when the test ends, if still running).
+// in dir (without JetStream when dir is ""), and returns it (shut down when
+// the test ends, if still running).
 func startNATSAt(t *testing.T, port int, dir string) *server.Server {
 	t.Helper()
-	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: dir, NoSigs: true, NoLog: true})
+	srv, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, JetStream: dir != "", StoreDir: dir, NoSigs: true, NoLog: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -99,10 +99,11 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 	// Whether events flow, for /readyz, when this process runs the relay
 	// and the consumers.
 	var events func() (bool, string)
+	var brokerRefused func() error
 	var eventsState *messaging.State
 	if cfg.EventWorkers {
 		eventsState = messaging.NewState()
-		events = eventsState.Status
+		events, brokerRefused = eventsState.Status, eventsState.Refused
 	}
 	// Closed when the drain begins: /readyz answers 503 from then on.
 	draining := make(chan struct{})
@@ -125,6 +126,7 @@ func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr
 		WebhookTolerance: cfg.WebhookTolerance,
 		WebhookScheme:    cfg.WebhookScheme,
 		Events:           events,
+		BrokerRefused:    brokerRefused,
 		Draining:         draining,
 	})
 	srv := &http.Server{

@@ -7,7 +7,10 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"regexp"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -150,14 +153,64 @@ func ConsumerConfig(name string, subjects []string, cfg Config) jetstream.Consum
 	}
 }
 
+// MinServerVersion is the oldest nats-server that takes this
+// configuration. ConsumerConfig sets MaxDeliver to the number of BackOff
+// values (one wait per delivery); servers before 2.10.23 refuse that
+// ("max deliver is required to be > length of backoff values"). The
+// consumers' FilterSubjects need 2.10.0, and TermWithReason 2.10.4.
+const MinServerVersion = "2.10.23"
+
+// ErrServerTooOld is the refusal of a server older than MinServerVersion.
+var ErrServerTooOld = errors.New("broker: the NATS server is too old")
+
+var versionPattern = regexp.MustCompile(`^v?(\d+)\.(\d+)\.(\d+)`)
+
+// CheckServerVersion refuses a server version older than
+// MinServerVersion, or one it cannot read, with an error that says which
+// version is required. A pre-release counts as its release.
+func CheckServerVersion(version string) error {
+	have, ok := parseVersion(version)
+	want, _ := parseVersion(MinServerVersion)
+	if !ok {
+		return fmt.Errorf("%w: its version %q cannot be read; nats-server %s or later is required", ErrServerTooOld, version, MinServerVersion)
+	}
+	for i := range have {
+		if have[i] != want[i] {
+			if have[i] < want[i] {
+				return fmt.Errorf("%w: nats-server %s; %s or later is required (older ones refuse the consumers' MaxDeliver equal to their BackOff's length)", ErrServerTooOld, version, MinServerVersion)
+			}
+			return nil
+		}
+	}
+	return nil
+}
+
+// parseVersion reads major.minor.patch.
+func parseVersion(version string) (v [3]int, ok bool) {
+	m := versionPattern.FindStringSubmatch(version)
+	if m == nil {
+		return v, false
+	}
+	for i := range v {
+		v[i], _ = strconv.Atoi(m[i+1])
+	}
+	return v, true
+}
+
 // Connect connects to url and returns the JetStream context. Once
 // connected, the connection reconnects for ever; opts add to that, such as
-// handlers that follow the connection's state. The error does not repeat
-// url, which may hold a password.
+// handlers that follow the connection's state. A server older than
+// MinServerVersion is refused (ErrServerTooOld): it would refuse the
+// consumers' configuration with a cryptic error, on every attempt. The
+// error does not repeat url, which may hold a password.
 func Connect(url, name string, opts ...nats.Option) (*nats.Conn, jetstream.JetStream, error) {
 	nc, err := nats.Connect(url, append([]nats.Option{nats.Name(name), nats.MaxReconnects(-1)}, opts...)...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("broker: connect: %w", err)
+	}
+	if err := CheckServerVersion(nc.ConnectedServerVersion()); err != nil {
+		nc.Close()
+		return nil, nil, err
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -165,4 +218,31 @@ func Connect(url, name string, opts ...nats.Option) (*nats.Conn, jetstream.JetSt
 		return nil, nil, err
 	}
 	return nc, js, nil
+}
+
+// Missing names what the broker lacks of the streams and of the durable
+// consumers named, such as "the stream PAYMENTS_EVENTS", or returns ""
+// when everything is there. A server restarted on empty storage has none
+// of them, and says so: only a "not found" counts, not an error that
+// leaves it unknown (the broker unreachable, a leader being elected).
+func Missing(ctx context.Context, js jetstream.JetStream, consumers ...string) (string, error) {
+	for _, name := range []string{StreamEvents, StreamDeadLetters} {
+		_, err := js.Stream(ctx, name)
+		switch {
+		case errors.Is(err, jetstream.ErrStreamNotFound):
+			return "the stream " + name, nil
+		case err != nil:
+			return "", fmt.Errorf("broker: stream %s: %w", name, err)
+		}
+	}
+	for _, name := range consumers {
+		_, err := js.Consumer(ctx, StreamEvents, name)
+		switch {
+		case errors.Is(err, jetstream.ErrConsumerNotFound):
+			return "the consumer " + name, nil
+		case err != nil:
+			return "", fmt.Errorf("broker: consumer %s: %w", name, err)
+		}
+	}
+	return "", nil
 }

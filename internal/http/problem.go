@@ -359,6 +359,11 @@ var sentinelProblems = []sentinelProblem{
 		retryAfter: retryAfterSeconds,
 	},
 	{
+		errs:   []error{errBrokerRefused},
+		status: http.StatusServiceUnavailable, code: CodeUnavailable, title: "Service unavailable",
+		detailFromErr: true, retryAfter: retryAfterSeconds,
+	},
+	{
 		errs:   []error{errDraining},
 		status: http.StatusServiceUnavailable, code: CodeUnavailable, title: "Service unavailable",
 		detail:     "This instance is shutting down: it still serves what it is sent for a short while, but takes no new traffic. Send requests to another instance.",
@@ -377,6 +382,8 @@ var (
 	errInvalidOrderFilter = errors.New("order_id must be an order id (a lowercase UUID)")
 	// errNotReady: /readyz found the database down.
 	errNotReady = errors.New("not ready")
+	// errBrokerRefused: /readyz found the broker refused (too old).
+	errBrokerRefused = errors.New("the broker is refused")
 	// errDraining: /readyz of a process that is shutting down.
 	errDraining = errors.New("shutting down")
 )

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -70,6 +71,11 @@ type Config struct {
 	// lookupClients bounds the clients the lookup budget remembers; zero:
 	// DefaultLookupClients. Tests lower it (export_test.go).
 	lookupClients int
+	// BrokerRefused, when set, says why the broker is one this process
+	// refuses (too old for its configuration), nil while it is not: a
+	// deployment's mistake that no retry mends, so /readyz answers 503
+	// with it, unlike an outage of the broker.
+	BrokerRefused func() error
 	// Draining, when closed, says the process is shutting down (G4):
 	// /readyz answers 503 from then on, so that the load balancer stops
 	// sending, while every other route is still served. Nil: never.
@@ -90,6 +96,7 @@ type api struct {
 	webhookTolerance time.Duration
 	webhookScheme    webhook.Scheme
 	events           func() (flowing bool, detail string)
+	brokerRefused    func() error
 	draining         <-chan struct{}
 }
 
@@ -102,7 +109,7 @@ var buildRoutes []func(a *api, r chi.Router)
 func NewHandler(cfg Config) http.Handler {
 	a := &api{pool: cfg.Pool, idem: cfg.Idem, payments: cfg.Payments, auth: tenants.NewCache(cfg.Pool, cfg.AuthCacheTTL),
 		webhookSecrets: cfg.WebhookSecrets, webhookTolerance: cfg.WebhookTolerance, webhookScheme: cfg.WebhookScheme, events: cfg.Events,
-		draining: cfg.Draining}
+		brokerRefused: cfg.BrokerRefused, draining: cfg.Draining}
 	if a.webhookTolerance <= 0 {
 		a.webhookTolerance = webhook.DefaultTolerance
 	}
@@ -195,8 +202,10 @@ func NewHandler(cfg Config) http.Handler {
 // the relay reaches the broker again), and a probe that failed with it
 // would take every process out of the load balancer for a broker outage.
 // The answer says whether events flow instead, for a person to read; the
-// payments_events_broker_connected gauge is what to alert on. A process
-// that is shutting down answers 503 too, first of all (G4).
+// payments_events_broker_connected gauge is what to alert on. A broker
+// the process refuses (too old for its configuration) is no outage but a
+// deployment's mistake, and answers 503. A process that is shutting down
+// answers 503 too, first of all (G4).
 func (a *api) ready(w http.ResponseWriter, r *http.Request) {
 	select {
 	case <-a.draining:
@@ -207,6 +216,12 @@ func (a *api) ready(w http.ResponseWriter, r *http.Request) {
 	if err := a.pool.Ping(r.Context()); err != nil {
 		writeError(w, r, errors.Join(errNotReady, err))
 		return
+	}
+	if a.brokerRefused != nil {
+		if err := a.brokerRefused(); err != nil {
+			writeError(w, r, fmt.Errorf("%w: %w", errBrokerRefused, err))
+			return
+		}
 	}
 	body := map[string]string{"status": "ready"}
 	if a.events != nil {
