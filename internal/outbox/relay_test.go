@@ -21,6 +21,7 @@ import (
 	"github.com/idemref/payments/internal/events"
 	"github.com/idemref/payments/internal/outbox"
 	"github.com/idemref/payments/internal/tenants"
+	"github.com/idemref/payments/internal/tooling/natstmp"
 	"github.com/idemref/payments/internal/tooling/testdb"
 	"github.com/idemref/payments/internal/tooling/testkit"
 )
@@ -29,6 +30,7 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 
 type bundle struct {
 	pool   *pgxpool.Pool
+	nats   *natstmp.Server
 	js     jetstream.JetStream
 	tenant uuid.UUID
 }
@@ -38,12 +40,22 @@ type bundle struct {
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	pool, _ := testdb.NewPool(t)
-	_, _, js := testkit.Broker(t, broker.Config{})
+	ns, _, js := testkit.Broker(t, broker.Config{})
 	tenant, _, err := tenants.Create(t.Context(), pool, "outbox")
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &bundle{pool: pool, js: js, tenant: tenant}
+	return &bundle{pool: pool, nats: ns, js: js, tenant: tenant}
+}
+
+// unpublished counts the outbox rows not marked published.
+func (f *bundle) unpublished(t *testing.T) int {
+	t.Helper()
+	var n int
+	if err := f.pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox WHERE published_at IS NULL`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // streamIDs returns the Nats-Msg-Id of every message on the events
@@ -301,9 +313,8 @@ func TestRelayPublishesOnlyWhileItsClaimHolds(t *testing.T) {
 	if got, want := f.streamIDs(t), []string{first.String(), second.String(), third.String()}; !slices.Equal(got, want) {
 		t.Errorf("stream = %v, want %v (seq order)", got, want)
 	}
-	var unpublished int
-	if err := f.pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox WHERE published_at IS NULL`).Scan(&unpublished); err != nil || unpublished != 0 {
-		t.Errorf("unpublished rows = %d (%v), want 0", unpublished, err)
+	if n := f.unpublished(t); n != 0 {
+		t.Errorf("unpublished rows = %d, want 0", n)
 	}
 }
 
@@ -502,13 +513,7 @@ func gauge(t *testing.T, name string) float64 {
 // Not parallel: the gauges are the process's, and other tests' relays
 // set them too.
 func TestRelayObservesTheLagDuringAPublishOutage(t *testing.T) {
-	pool, _ := testdb.NewPool(t)
-	srv, _, js := testkit.Broker(t, broker.Config{})
-	tenant, _, err := tenants.Create(t.Context(), pool, "outbox")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := &bundle{pool: pool, js: js, tenant: tenant}
+	f := setup(t)
 	relay := outbox.NewRelay(f.pool, f.js, outbox.RelayConfig{PollInterval: 100 * time.Millisecond, PublishTimeout: 200 * time.Millisecond})
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
@@ -523,7 +528,7 @@ func TestRelayObservesTheLagDuringAPublishOutage(t *testing.T) {
 	// A first drain with nothing waiting sets both gauges to 0.
 	testkit.WaitFor(t, 10*time.Second, func() bool { return gauge(t, "outbox_unpublished_rows") == 0 })
 
-	srv.Shutdown()
+	f.nats.Shutdown()
 	f.write(t)
 	const age = 1.5 // seconds the row waits before the gauges are read
 	time.Sleep(time.Duration(age * float64(time.Second)))
@@ -537,9 +542,8 @@ func TestRelayObservesTheLagDuringAPublishOutage(t *testing.T) {
 		rows, lag = gauge(t, "outbox_unpublished_rows"), gauge(t, "outbox_lag_seconds")
 		return rows == 1 && lag >= age
 	})
-	var n int
-	if err := f.pool.QueryRow(t.Context(), `SELECT count(*) FROM outbox WHERE published_at IS NULL`).Scan(&n); err != nil || n != 1 {
-		t.Fatalf("unpublished rows = %d (%v), want 1: the broker is down", n, err)
+	if n := f.unpublished(t); n != 1 {
+		t.Fatalf("unpublished rows = %d, want 1: the broker is down", n)
 	}
 }
 
