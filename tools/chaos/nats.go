@@ -350,6 +350,27 @@ func (c *natsCluster) Restart(i int) error {
 	return settleNATS(fmt.Sprintf("restart node %d", i), c.meshErr, c.metaErr)
 }
 
+// RestartEmpty kills every node, removes its store and starts it again
+// on the same ports: the whole cluster lost its storage (D7), and comes
+// back with no stream, no consumer and no message. It waits until the
+// new cluster has formed and JetStream has a meta leader.
+func (c *natsCluster) RestartEmpty() error {
+	for i := range c.nodes {
+		c.Kill(i)
+	}
+	for i, n := range c.nodes {
+		if err := os.RemoveAll(n.store); err != nil {
+			return fmt.Errorf("nats: empty the store of node %d: %w", i, err)
+		}
+	}
+	for i := range c.nodes {
+		if err := c.boot(i); err != nil {
+			return err
+		}
+	}
+	return settleNATS("restart empty", c.meshErr, c.metaErr)
+}
+
 // Partition cuts node i's routes both ways and waits until every route
 // connection to and from it has closed; the node and its clients keep
 // running.
@@ -384,6 +405,32 @@ func (c *natsCluster) setCut(i int, cut bool) error {
 // catch-up running and stored the leader's last sequence.
 func (c *natsCluster) WaitStreamHealthy(ctx context.Context, stream string) error {
 	return awaitNATS(ctx, "stream "+stream+" healthy", func() error { return c.streamErr(stream) })
+}
+
+// WaitStreamMessages waits until stream is healthy and holds messages,
+// and returns how many it holds.
+func (c *natsCluster) WaitStreamMessages(ctx context.Context, stream string) (uint64, error) {
+	var msgs uint64
+	err := awaitNATS(ctx, "stream "+stream+" holding messages", func() error {
+		if err := c.streamErr(stream); err != nil {
+			return err
+		}
+		leader, err := c.StreamLeader(stream)
+		if err != nil {
+			return err
+		}
+		c.mu.Lock()
+		detail, err := natsLocalStream(c.nodes[leader].srv, stream)
+		c.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		if msgs = detail.State.Msgs; msgs == 0 {
+			return fmt.Errorf("stream %s holds no message yet", stream)
+		}
+		return nil
+	})
+	return msgs, err
 }
 
 // streamErr says why stream is not healthy yet, or returns nil.

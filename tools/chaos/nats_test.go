@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -39,15 +40,7 @@ func TestNATSCluster(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	js := dialNATSTest(t, c.ClientAddrs()...)
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
-		Name:       natsTestStream,
-		Subjects:   []string{natsTestSubject},
-		Storage:    jetstream.FileStorage,
-		Replicas:   3,
-		Duplicates: time.Minute,
-	}); err != nil {
-		t.Fatal(err)
-	}
+	createStreamNATSTest(ctx, t, js)
 	publishNATSTest(ctx, t, js, 0, 20)
 
 	t.Run("KillLeader", func(t *testing.T) {
@@ -88,6 +81,40 @@ func TestNATSCluster(t *testing.T) {
 		republishNATSTest(ctx, t, js, 60, 80)
 		wantReplicasNATSTest(ctx, t, c, 80)
 	})
+
+	t.Run("RestartEmpty", func(t *testing.T) {
+		restarted := time.Now()
+		if err := c.RestartEmpty(); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("every node restarted on empty storage in %v", time.Since(restarted).Round(time.Millisecond))
+		// The stream went with the storage; only a client creates it again.
+		if err := awaitNATS(ctx, "the stream reported missing", func() error {
+			if _, err := js.Stream(ctx, natsTestStream); !errors.Is(err, jetstream.ErrStreamNotFound) {
+				return fmt.Errorf("stream lookup: %v", err)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		createStreamNATSTest(ctx, t, js)
+		publishNATSTest(ctx, t, js, 0, 10)
+		wantReplicasNATSTest(ctx, t, c, 10)
+	})
+}
+
+// createStreamNATSTest creates the test stream at 3 replicas.
+func createStreamNATSTest(ctx context.Context, t *testing.T, js jetstream.JetStream) {
+	t.Helper()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		Name:       natsTestStream,
+		Subjects:   []string{natsTestSubject},
+		Storage:    jetstream.FileStorage,
+		Replicas:   3,
+		Duplicates: time.Minute,
+	}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // dialNATSTest connects to the nodes at addrs, reconnecting quickly and

@@ -12,7 +12,7 @@ import (
 
 // scenario is one named fault, injected while clients run their load.
 type scenario struct {
-	id    string // the numbering: 1 to 8, 4a and 4b
+	id    string // its number: 1 to 12, 4a to 4c
 	name  string
 	about string
 	// short: part of the short mode CI runs.
@@ -69,6 +69,8 @@ func scenarios() []scenario {
 			about: "the node leading the events stream is killed while the relay publishes, then restarted"},
 		{id: "4b", name: "nats-partition", apis: 2, fault: natsPartition,
 			about: "one NATS node, the stream's leader, is cut from the other two while the relay publishes, then healed"},
+		{id: "4c", name: "nats-restarted-empty", apis: 2, fault: natsRestartedEmpty,
+			about: "every NATS node killed and started again on empty storage while the relay publishes: the APIs must set the streams and the consumer up again and publish again what the lost stream held unapplied (D7)"},
 		{id: "5", name: "processor-link", short: true, apis: 2, fault: processorLink,
 			about: "latency past the processor timeout, stalled and reset connections on the API→processor link"},
 		{id: "6", name: "api-kill", apis: 3, fault: apiKill,
@@ -164,6 +166,33 @@ func natsPartition(ctx context.Context, r *faultRun) error {
 	r.note("partitioned NATS node %d, the stream's leader", leader)
 	sleep(ctx, r.hold())
 	return r.d.nats.Heal(leader)
+}
+
+// natsRestartedEmpty loses the whole cluster's storage under load, once
+// the APIs have set the stream up and events flow (their recovery is
+// tested, not their start), and notes how soon the APIs had the events
+// stream back on every node: only they create it.
+func natsRestartedEmpty(ctx context.Context, r *faultRun) error {
+	waitCtx, cancel := context.WithTimeout(ctx, natsSettle)
+	defer cancel()
+	held, err := r.d.nats.WaitStreamMessages(waitCtx, eventsStream)
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	if err := r.d.nats.RestartEmpty(); err != nil {
+		return err
+	}
+	r.note("the %d NATS nodes restarted on empty storage in %s; the events stream held %d messages", natsNodes, time.Since(start).Round(100*time.Millisecond), held)
+	restarted := time.Now()
+	waitCtx, cancel = context.WithTimeout(ctx, natsSettle)
+	defer cancel()
+	if err := r.d.nats.WaitStreamHealthy(waitCtx, eventsStream); err != nil {
+		return fmt.Errorf("the APIs did not create the events stream again: %w", err)
+	}
+	r.note("the APIs had created the events stream again, 3 replicas current, %s after the restart", time.Since(restarted).Round(100*time.Millisecond))
+	sleep(ctx, r.hold())
+	return nil
 }
 
 // processorLink makes the processor slow past the API's timeout, then
