@@ -91,7 +91,7 @@ func TestNATSCluster(t *testing.T) {
 		// The stream went with the storage; only a client creates it again.
 		if err := awaitNATS(ctx, "the stream reported missing", func() error {
 			if _, err := js.Stream(ctx, natsTestStream); !errors.Is(err, jetstream.ErrStreamNotFound) {
-				return fmt.Errorf("stream lookup: %v", err)
+				return fmt.Errorf("stream lookup: %w", err)
 			}
 			return nil
 		}); err != nil {
