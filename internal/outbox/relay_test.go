@@ -48,6 +48,20 @@ func setup(t *testing.T) *bundle {
 	return &bundle{pool: pool, nats: ns, js: js, tenant: tenant}
 }
 
+// runRelay runs relay until the test ends.
+func runRelay(t *testing.T, relay *outbox.Relay) {
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		relay.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+}
+
 // unpublished counts the outbox rows not marked published.
 func (f *bundle) unpublished(t *testing.T) int {
 	t.Helper()
@@ -172,16 +186,7 @@ func TestRelayWakesOnNotify(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	relay := outbox.NewRelay(f.pool, f.js, outbox.RelayConfig{PollInterval: time.Minute})
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		relay.Run(ctx)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
+	runRelay(t, relay)
 	// The first row may be found by the relay's first drain; once it is on
 	// the stream the relay waits for a notification, and only the NOTIFY
 	// of the second row's commit can wake it within the minute.
@@ -342,16 +347,7 @@ func TestRelayListensOnItsListenPool(t *testing.T) {
 	}
 	own, listen := pool("relay-own"), pool("relay-listen")
 	relay := outbox.NewRelay(own, f.js, outbox.RelayConfig{PollInterval: time.Minute, ListenPool: listen})
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		relay.Run(ctx)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
+	runRelay(t, relay)
 
 	// The sessions whose last statement was a LISTEN, by pool. Every test
 	// has a database of its own: current_database() scopes them to this
@@ -515,16 +511,7 @@ func gauge(t *testing.T, name string) float64 {
 func TestRelayObservesTheLagDuringAPublishOutage(t *testing.T) {
 	f := setup(t)
 	relay := outbox.NewRelay(f.pool, f.js, outbox.RelayConfig{PollInterval: 100 * time.Millisecond, PublishTimeout: 200 * time.Millisecond})
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		relay.Run(ctx)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
+	runRelay(t, relay)
 	// A first drain with nothing waiting sets both gauges to 0.
 	testkit.WaitFor(t, 10*time.Second, func() bool { return gauge(t, "outbox_unpublished_rows") == 0 })
 
