@@ -15,6 +15,7 @@ import (
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/tooling/pgtmp"
 	"github.com/idemref/payments/internal/tooling/testdb"
+	"github.com/idemref/payments/internal/tooling/testkit"
 )
 
 // The rule of deadpeer.go: a connection whose server went silent ends
@@ -45,7 +46,7 @@ func TestACommitToASilentServerEnds(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	server := startServer(ctx, t, pgtmp.Options{})
+	server := testkit.Postgres(ctx, t, pgtmp.Options{})
 	execSQL(ctx, t, server.URL("postgres"), "CREATE TABLE acked (id int PRIMARY KEY)")
 	const bound = time.Second
 	pool, err := db.Open(ctx, server.URL("postgres")+"&tcp_user_timeout=1000")

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -31,7 +29,7 @@ import (
 func TestACommitWaitingForTheStandbyIsNeverCancelled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	server := startServer(ctx, t, pgtmp.Options{Settings: map[string]string{
+	server := testkit.Postgres(ctx, t, pgtmp.Options{Settings: map[string]string{
 		"synchronous_commit":        "on",
 		"synchronous_standby_names": "nobody",
 	}})
@@ -98,9 +96,9 @@ func TestACommitWaitingForTheStandbyIsNeverCancelled(t *testing.T) {
 func TestAStandbyRefusesEveryTransaction(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	primary := startServer(ctx, t, pgtmp.Options{})
+	primary := testkit.Postgres(ctx, t, pgtmp.Options{})
 	execSQL(ctx, t, primary.URL("postgres"), "CREATE TABLE recorded (k text); INSERT INTO recorded VALUES ('replayed')")
-	standby := startServer(ctx, t, pgtmp.Options{Standby: &pgtmp.Standby{Primary: fmt.Sprintf("127.0.0.1:%d", primary.Port()), Name: "standby1"}})
+	standby := testkit.Postgres(ctx, t, pgtmp.Options{Standby: &pgtmp.Standby{Primary: fmt.Sprintf("127.0.0.1:%d", primary.Port()), Name: "standby1"}})
 	for deadline := time.Now().Add(30 * time.Second); countRecorded(ctx, standby.URL("postgres")) != 1; time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the standby never received the row")
@@ -152,28 +150,6 @@ func waitNoConns(t *testing.T, pool *pgxpool.Pool) {
 			t.Fatalf("the pool still holds %d connections to the standby", pool.Stat().TotalConns())
 		}
 	}
-}
-
-// startServer starts a private PostgreSQL with o (its data directory
-// made here) and stops it when the test ends.
-func startServer(ctx context.Context, t *testing.T, o pgtmp.Options) *pgtmp.Cluster {
-	t.Helper()
-	dir := t.TempDir()
-	// As root the server runs as another user, who must reach the data
-	// directory; the parent t.TempDir makes is 0700.
-	if os.Geteuid() == 0 {
-		if err := os.Chmod(filepath.Dir(dir), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// Fast turns synchronous_commit off; o.Settings win over it.
-	o.Dir, o.Fast, o.Logger = filepath.Join(dir, "data"), true, testkit.Logger(t)
-	c, err := pgtmp.Start(ctx, o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Stop() })
-	return c
 }
 
 func execSQL(ctx context.Context, t *testing.T, url, sql string) {

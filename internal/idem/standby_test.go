@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -34,7 +32,7 @@ func TestAStandbyNeverAnswersForAKey(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	primary := startCluster(ctx, t, pgtmp.Options{})
+	primary := testkit.Postgres(ctx, t, pgtmp.Options{})
 	if err := dbmigrate.Up(ctx, primary.URL("postgres")); err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +52,7 @@ func TestAStandbyNeverAnswersForAKey(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	standby := startCluster(ctx, t, pgtmp.Options{Standby: &pgtmp.Standby{Primary: fmt.Sprintf("127.0.0.1:%d", primary.Port()), Name: "standby1"}})
+	standby := testkit.Postgres(ctx, t, pgtmp.Options{Standby: &pgtmp.Standby{Primary: fmt.Sprintf("127.0.0.1:%d", primary.Port()), Name: "standby1"}})
 	onStandby := openPool(ctx, t, standby.URL("postgres"))
 	waitForKeys(ctx, t, standby.URL("postgres"), 2)
 	store := NewStore(onStandby, Config{})
@@ -118,27 +116,6 @@ func firstStep(t *testing.T, h *bundle) func(context.Context, pgx.Tx, Lease) (St
 		res := created(`{"id":"t_2"}`)
 		return Step{Response: &res}, nil
 	}
-}
-
-// startCluster starts a private PostgreSQL with o and stops it when the
-// test ends.
-func startCluster(ctx context.Context, t *testing.T, o pgtmp.Options) *pgtmp.Cluster {
-	t.Helper()
-	dir := t.TempDir()
-	// As root the server runs as another user, who must reach the data
-	// directory; the parent t.TempDir makes is 0700.
-	if os.Geteuid() == 0 {
-		if err := os.Chmod(filepath.Dir(dir), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	o.Dir, o.Fast, o.Logger = filepath.Join(dir, "data"), true, testkit.Logger(t)
-	c, err := pgtmp.Start(ctx, o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Stop() })
-	return c
 }
 
 func openPool(ctx context.Context, t *testing.T, url string) *pgxpool.Pool {
