@@ -97,11 +97,11 @@ func TestChunkedBodiesFromOrdinaryClientsAreServed(t *testing.T) {
 				t.Fatalf("curl: %v: %s", err, out)
 			}
 			// curl -i prints the interim 100 too; the last answer counts.
-			res, err := lastResponse(out)
+			a, closes, err := lastAnswer(out)
 			if err != nil {
 				t.Fatalf("curl's output: %v: %s", err, out)
 			}
-			return res.StatusCode, res.Header.Get("Idempotent-Replayed") == "true", res.Close
+			return a.status, a.header.Get("Idempotent-Replayed") == "true", closes
 		}},
 	}
 	for _, f := range framings {
@@ -162,24 +162,27 @@ func rawSlow(t *testing.T, addr, head, body string) (status int, replayed, close
 		}
 	}
 	out, err := io.ReadAll(conn) // until the server closes, or the deadline
-	res, perr := lastResponse(out)
+	a, _, perr := lastAnswer(out)
 	if perr != nil {
 		t.Fatalf("the answer: %v (read: %v): %s", perr, err, out)
 	}
-	return res.StatusCode, res.Header.Get("Idempotent-Replayed") == "true", err == nil
+	return a.status, a.header.Get("Idempotent-Replayed") == "true", err == nil
 }
 
-// lastResponse parses the last final answer in out (after interim 1xx
-// answers); its Close reports Connection: close.
-func lastResponse(out []byte) (*http.Response, error) {
-	if i := bytes.LastIndex(out, []byte("HTTP/1.1 ")); i >= 0 {
-		res, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(out[i:])), nil)
-		if err != nil {
-			return nil, err
-		}
-		return res, nil
+// lastAnswer parses the last final answer in out (after interim 1xx
+// answers); closes: it said Connection: close.
+func lastAnswer(out []byte) (a rawAnswer, closes bool, err error) {
+	i := bytes.LastIndex(out, []byte("HTTP/1.1 "))
+	if i < 0 {
+		return rawAnswer{}, false, fmt.Errorf("no answer")
 	}
-	return nil, fmt.Errorf("no answer")
+	res, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(out[i:])), nil)
+	if err != nil {
+		return rawAnswer{}, false, err
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	return rawAnswer{status: res.StatusCode, header: res.Header, body: body}, res.Close, err
 }
 
 // rowDelta is what each table gained since before (rowCounts); tables

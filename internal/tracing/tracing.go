@@ -149,6 +149,7 @@ func checkHeaders(v string) error {
 // isHeaderName: a token of RFC 9110, as the SDK requires.
 func isHeaderName(key string) bool {
 	return key != "" && !strings.ContainsFunc(key, func(r rune) bool {
-		return !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || strings.ContainsRune("!#$%&'*+-.^_`|~", r))
+		tokenChar := 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || strings.ContainsRune("!#$%&'*+-.^_`|~", r)
+		return !tokenChar
 	})
 }

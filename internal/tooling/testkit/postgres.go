@@ -18,7 +18,7 @@ func Postgres(ctx context.Context, t *testing.T, o pgtmp.Options) *pgtmp.Cluster
 	// As root the server runs as another user, who must reach the data
 	// directory; the parent t.TempDir makes is 0700.
 	if os.Geteuid() == 0 {
-		if err := os.Chmod(filepath.Dir(dir), 0o755); err != nil {
+		if err := os.Chmod(filepath.Dir(dir), 0o755); err != nil { //nolint:gosec // a test server of its own, run as the postgres account
 			t.Fatal(err)
 		}
 	}
