@@ -7,25 +7,20 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idemref/payments/internal/webhook"
 )
 
-// DefaultWebhookRetrySpan is how long a processor keeps retrying a
-// webhook it could not deliver, from the first attempt to the last: the
-// processor's own schedule, not ours (Stripe retries for up to 3 days;
-// the simulator for under 2 hours, processorsim.WebhookRetrySpan). A
-// webhook's inbox id must be kept longer than this, or a late retry is
-// applied again (M3).
-const DefaultWebhookRetrySpan = 3 * 24 * time.Hour
-
-// DefaultTimeout bounds one call when NewClient is given no timeout. It is
-// the longest a payment step waits before treating the outcome as unknown.
-const DefaultTimeout = 10 * time.Second
+func init() {
+	// Every operation and class starts at zero, so a rate or increase over
+	// them sees the first call of each.
+	InitCallMetrics("POST /v1/charges", "POST /v1/refunds", "GET /v1/charges", "GET /v1/refunds")
+}
 
 // maxResponseBytes bounds what the client reads from one response, so a
 // misbehaving processor cannot exhaust memory.
@@ -55,6 +50,30 @@ func NewClientWithTransport(baseURL string, timeout time.Duration, transport htt
 		baseURL: strings.TrimRight(baseURL, "/"),
 		http:    &http.Client{Timeout: timeout, Transport: clientSpans{transport}},
 	}
+}
+
+// The simulator's client is an adapter.
+var _ Processor = (*Client)(nil)
+
+// LookupLag is zero: the simulator's lists read what it wrote.
+func (c *Client) LookupLag() time.Duration { return 0 }
+
+// VerifyWebhook checks the simulator's signature (webhook.Header, or
+// Standard Webhooks when v says so) and decodes its event, which is
+// already in this package's vocabulary.
+func (c *Client) VerifyWebhook(payload []byte, h http.Header, v webhook.Verifier) (Event, error) {
+	if err := v.Verify(payload, h, webhook.Header, time.Now()); err != nil {
+		return Event{}, err
+	}
+	// Lenient decoding: the processor may add fields to its events.
+	var ev Event
+	if err := json.Unmarshal(payload, &ev); err != nil {
+		return Event{}, fmt.Errorf("%w: %w", ErrBadEvent, err)
+	}
+	if ev.ID == "" || ev.Type == "" {
+		return Event{}, fmt.Errorf("%w: an event needs an id and a type", ErrBadEvent)
+	}
+	return ev, nil
 }
 
 // CreateCharge charges req.Amount to req.PaymentMethod. idempotencyKey must
@@ -208,13 +227,11 @@ func (c *Client) roundTrip(req *http.Request, op string, out any) error {
 			// key tells what it was.
 			return &UnsettledError{Class: ClassOutcomeUnknown, Op: op, Status: resp.StatusCode, Err: fmt.Errorf("decode response: %w", err)}
 		}
-		if c, ok := out.(completer); ok {
-			if err := c.complete(); err != nil {
-				// Readable but incomplete ({} or no id): as unknown as an
-				// unreadable answer. Taken as final, a success without a
-				// charge id would have the sweep refund the real charge.
-				return &UnsettledError{Class: ClassOutcomeUnknown, Op: op, Status: resp.StatusCode, Err: fmt.Errorf("incomplete response: %w", err)}
-			}
+		if err := complete(out); err != nil {
+			// Readable but incomplete ({} or no id): as unknown as an
+			// unreadable answer. Taken as final, a success without a
+			// charge id would have the sweep refund the real charge.
+			return &UnsettledError{Class: ClassOutcomeUnknown, Op: op, Status: resp.StatusCode, Err: fmt.Errorf("incomplete response: %w", err)}
 		}
 		return nil
 	case resp.StatusCode == http.StatusPaymentRequired:
@@ -254,17 +271,6 @@ func classify(status int, e APIError) (class Class, ours bool) {
 		return ClassFinal, false // the request itself is wrong: amount, charge, method
 	}
 	return ClassOutcomeUnknown, false // 1xx and 3xx are not part of the API
-}
-
-// SendFailureClass classifies a call that got no HTTP answer. Only a
-// failure to connect proves the request never left; a timeout, a reset or
-// a closed connection after sending may hide an executed call.
-func SendFailureClass(err error) Class {
-	var opErr *net.OpError
-	if errors.As(err, &opErr) && opErr.Op == "dial" {
-		return ClassNotExecuted
-	}
-	return ClassOutcomeUnknown
 }
 
 // parseRetryAfter reads delay-seconds or an HTTP date; 0 when absent or

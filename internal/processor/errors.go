@@ -3,6 +3,7 @@ package processor
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"time"
 )
@@ -127,6 +128,17 @@ func Misconfigured(status int, code string) bool {
 // secret goes into an error or a log line.
 func MisconfiguredError(op string, status int) *UnsettledError {
 	return &UnsettledError{Class: ClassNotExecuted, Op: op, Status: status, Err: ErrMisconfigured}
+}
+
+// SendFailureClass classifies a call that got no HTTP answer. Only a
+// failure to connect proves the request never left; a timeout, a reset or
+// a closed connection after sending may hide an executed call.
+func SendFailureClass(err error) Class {
+	var opErr *net.OpError
+	if errors.As(err, &opErr) && opErr.Op == "dial" {
+		return ClassNotExecuted
+	}
+	return ClassOutcomeUnknown
 }
 
 // RetryAfterOf returns the Retry-After the processor sent with err, or 0.

@@ -2,9 +2,7 @@ package processor
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
 	"time"
 
@@ -54,29 +52,17 @@ type Processor interface {
 // ErrBadEvent: a verified webhook delivery whose body is no event.
 var ErrBadEvent = errors.New("processor: the webhook body is not an event")
 
-// The simulator's client is an adapter.
-var _ Processor = (*Client)(nil)
+// DefaultWebhookRetrySpan is how long a processor keeps retrying a
+// webhook it could not deliver, from the first attempt to the last: the
+// processor's own schedule, not ours (Stripe retries for up to 3 days;
+// the simulator for under 2 hours, processorsim.WebhookRetrySpan). A
+// webhook's inbox id must be kept longer than this, or a late retry is
+// applied again (M3).
+const DefaultWebhookRetrySpan = 3 * 24 * time.Hour
 
-// LookupLag is zero: the simulator's lists read what it wrote.
-func (c *Client) LookupLag() time.Duration { return 0 }
-
-// VerifyWebhook checks the simulator's signature (webhook.Header, or
-// Standard Webhooks when v says so) and decodes its event, which is
-// already in this package's vocabulary.
-func (c *Client) VerifyWebhook(payload []byte, h http.Header, v webhook.Verifier) (Event, error) {
-	if err := v.Verify(payload, h, webhook.Header, time.Now()); err != nil {
-		return Event{}, err
-	}
-	// Lenient decoding: the processor may add fields to its events.
-	var ev Event
-	if err := json.Unmarshal(payload, &ev); err != nil {
-		return Event{}, fmt.Errorf("%w: %w", ErrBadEvent, err)
-	}
-	if ev.ID == "" || ev.Type == "" {
-		return Event{}, fmt.Errorf("%w: an event needs an id and a type", ErrBadEvent)
-	}
-	return ev, nil
-}
+// DefaultTimeout bounds one call of an adapter given no timeout. It is
+// the longest a payment step waits before treating the outcome as unknown.
+const DefaultTimeout = 10 * time.Second
 
 // CountCall counts one call of an adapter by operation (for example
 // "POST /v1/payment_intents") and the class of its answer, in

@@ -5,67 +5,6 @@ import (
 	"fmt"
 )
 
-// Charge statuses. A declined card still creates a charge, with
-// StatusFailed, so the attempt stays visible in the processor's records.
-const (
-	StatusSucceeded = "succeeded"
-	StatusFailed    = "failed"
-)
-
-// Refund statuses beside StatusSucceeded and StatusFailed, as at Stripe: a
-// pending refund may still succeed or fail, a canceled one did not happen.
-const (
-	StatusPending  = "pending"
-	StatusCanceled = "canceled"
-)
-
-// ChargeRequest is the body of POST /v1/charges. Amount is in minor units
-// of Currency (an ISO 4217 code).
-type ChargeRequest struct {
-	Amount        int64             `json:"amount"`
-	Currency      string            `json:"currency"`
-	PaymentMethod string            `json:"payment_method"`
-	Metadata      map[string]string `json:"metadata,omitempty"`
-}
-
-// Charge is a charge as the processor reports it. IdempotencyKey is the key
-// of the call that created it, which is how a caller that lost a response
-// finds out whether its charge exists.
-type Charge struct {
-	ID             string            `json:"id"`
-	Object         string            `json:"object"`
-	Amount         int64             `json:"amount"`
-	Currency       string            `json:"currency"`
-	PaymentMethod  string            `json:"payment_method"`
-	Status         string            `json:"status"`
-	Metadata       map[string]string `json:"metadata"`
-	IdempotencyKey string            `json:"idempotency_key"`
-	RefundedAmount int64             `json:"refunded_amount"`
-	// DeclineCode says why a failed charge was declined (like Stripe's
-	// outcome.reason), so a caller that finds the charge by looking it up
-	// learns what a caller that got the 402 learned.
-	DeclineCode string `json:"decline_code,omitempty"`
-	Created     int64  `json:"created"`
-}
-
-// RefundRequest is the body of POST /v1/refunds. A zero Amount refunds
-// whatever remains refundable on the charge.
-type RefundRequest struct {
-	Charge string `json:"charge"`
-	Amount int64  `json:"amount,omitempty"`
-}
-
-// Refund is a refund as the processor reports it.
-type Refund struct {
-	ID             string `json:"id"`
-	Object         string `json:"object"`
-	Charge         string `json:"charge"`
-	Amount         int64  `json:"amount"`
-	Status         string `json:"status"`
-	IdempotencyKey string `json:"idempotency_key"`
-	Created        int64  `json:"created"`
-}
-
 // List is one page of a list endpoint, oldest item first, as at Stripe:
 // at most `limit` items (default DefaultListLimit, at most MaxListLimit).
 // HasMore says another page follows; ask for it with
@@ -100,7 +39,8 @@ type APIError struct {
 	Charge      string `json:"charge,omitempty"`
 }
 
-// Error types and codes the processor sends and callers branch on.
+// Error types and codes the simulator sends, beside the ones of the
+// processor package (CodeCardDeclined, ...).
 const (
 	ErrorTypeInvalidRequest = "invalid_request_error"
 	ErrorTypeCard           = "card_error"
@@ -108,13 +48,10 @@ const (
 	ErrorTypeAPI            = "api_error"
 	ErrorTypeRateLimit      = "rate_limit_error"
 
-	CodeCardDeclined          = "card_declined"
-	CodeResourceMissing       = "resource_missing"
-	CodeAmountTooLarge        = "amount_too_large"
-	CodeChargeAlreadyRefunded = "charge_already_refunded"
-	CodeChargeNotRefundable   = "charge_not_refundable"
-	CodeParameterMissing      = "parameter_missing"
-	CodeParameterInvalid      = "parameter_invalid"
+	CodeAmountTooLarge      = "amount_too_large"
+	CodeChargeNotRefundable = "charge_not_refundable"
+	CodeParameterMissing    = "parameter_missing"
+	CodeParameterInvalid    = "parameter_invalid"
 	// CodeIdempotencyKeyInUse comes with 409: another call with the same
 	// key is still executing. This call did nothing; that one may still
 	// succeed.
@@ -125,32 +62,24 @@ const (
 	CodeRateLimited          = "rate_limited"
 )
 
-// Webhook event types the processor sends.
-const (
-	EventChargeSucceeded = "charge.succeeded"
-	EventChargeFailed    = "charge.failed"
-	EventChargeRefunded  = "charge.refunded"
-)
-
-// Event is a webhook delivery's body, shaped like a Stripe event. ID is
-// assigned by the processor once per event and is the same on every
-// delivery attempt of it: the id a receiver deduplicates on.
-type Event struct {
-	ID      string `json:"id"`
-	Object  string `json:"object"`
-	Type    string `json:"type"`
-	Created int64  `json:"created"`
-	Data    struct {
-		// Object is the charge (charge.*), as it was when the event
-		// happened.
-		Object Charge `json:"object"`
-	} `json:"data"`
+// complete reports what a 2xx answer out (a *Charge, a *Refund, a *List
+// of them) lacks for a caller to act on it: an answer that parses but
+// names no charge, or no outcome, says nothing about the money (S6), and
+// must not be taken as final.
+func complete(out any) error {
+	switch v := out.(type) {
+	case *Charge:
+		return chargeComplete(*v)
+	case *Refund:
+		return refundComplete(*v)
+	case completer:
+		return v.complete()
+	}
+	return nil
 }
 
-// complete reports what a charge from a 2xx answer lacks for a caller to
-// act on it: an answer that parses but names no charge, or no outcome,
-// says nothing about the money (S6), and must not be taken as final.
-func (ch Charge) complete() error {
+// chargeComplete is complete for a charge.
+func chargeComplete(ch Charge) error {
 	switch {
 	case ch.ID == "":
 		return errors.New("the charge has no id")
@@ -162,8 +91,8 @@ func (ch Charge) complete() error {
 	return nil
 }
 
-// complete is Charge.complete for refunds.
-func (re Refund) complete() error {
+// refundComplete is complete for a refund.
+func refundComplete(re Refund) error {
 	switch {
 	case re.ID == "":
 		return errors.New("the refund has no id")
@@ -184,11 +113,9 @@ func (l List[T]) complete() error {
 	if l.Object != "list" || l.Data == nil {
 		return errors.New(`the answer is no list (want "object":"list" and "data")`)
 	}
-	for _, item := range l.Data {
-		if c, ok := any(item).(completer); ok {
-			if err := c.complete(); err != nil {
-				return err
-			}
+	for i := range l.Data {
+		if err := complete(&l.Data[i]); err != nil {
+			return err
 		}
 	}
 	return nil
