@@ -24,6 +24,7 @@ import (
 	"github.com/idemref/payments/internal/orders"
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
+	"github.com/idemref/payments/internal/processor/simproc"
 	"github.com/idemref/payments/internal/processor/stripeproc"
 	"github.com/idemref/payments/internal/reaper"
 )
@@ -374,7 +375,7 @@ func newProcessor(cfg config) processor.Processor {
 	if cfg.Processor == processorStripe {
 		return stripeproc.New(stripeproc.Config{APIKey: cfg.StripeAPIKey, URL: cfg.StripeURL, Timeout: cfg.ProcessorTimeout, SearchLag: cfg.StripeSearchLag})
 	}
-	return processor.NewClient(cfg.ProcessorURL, cfg.ProcessorTimeout)
+	return simproc.NewClient(cfg.ProcessorURL, cfg.ProcessorTimeout)
 }
 
 // services builds the idempotency store and the payments service from cfg.

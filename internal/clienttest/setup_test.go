@@ -23,7 +23,7 @@ import (
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/payments"
-	"github.com/idemref/payments/internal/processor"
+	"github.com/idemref/payments/internal/processor/simproc"
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/tooling/processorsim"
 	"github.com/idemref/payments/internal/tooling/testdb"
@@ -68,7 +68,7 @@ func setup(t *testing.T, with ...timeouts) *bundle {
 	store := idem.NewStore(pool, idem.Config{LockTimeout: to.lock})
 	sim := httptest.NewServer(processorsim.New(processorsim.Config{Logger: slog.New(slog.DiscardHandler)}).Handler())
 	t.Cleanup(sim.Close)
-	svc := payments.NewService(pool, store, processor.NewClient(sim.URL, 5*time.Second), httpapi.Renderer{},
+	svc := payments.NewService(pool, store, simproc.NewClient(sim.URL, 5*time.Second), httpapi.Renderer{},
 		slog.New(slog.DiscardHandler), payments.Config{SettleWindow: 15 * time.Second})
 	srv := httptest.NewServer(httpapi.NewHandler(httpapi.Config{
 		Pool:           pool,

@@ -24,6 +24,7 @@ import (
 	"github.com/idemref/payments/internal/outbox"
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
+	"github.com/idemref/payments/internal/processor/simproc"
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/tooling/natstmp"
 	"github.com/idemref/payments/internal/tooling/processorsim"
@@ -143,7 +144,7 @@ func TestTwoRelaysTwoConsumersApplyEveryEventOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	svc := payments.NewService(openPool(t, url, 8), idem.NewStore(pool, idem.Config{}),
-		processor.NewClient(sim.URL(), 5*time.Second), httpapi.Renderer{}, slog.New(slog.DiscardHandler), payments.Config{})
+		simproc.NewClient(sim.URL(), 5*time.Second), httpapi.Renderer{}, slog.New(slog.DiscardHandler), payments.Config{})
 	var succeeded, declined, refunds atomic.Int64
 	var paidSum, refundSum atomic.Int64
 	work := make(chan int)

@@ -16,7 +16,7 @@ import (
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/payments"
-	"github.com/idemref/payments/internal/processor"
+	"github.com/idemref/payments/internal/processor/simproc"
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/tooling/processorsim"
 	"github.com/idemref/payments/internal/tooling/testdb"
@@ -138,7 +138,7 @@ func fuzzServer(tb testing.TB) (http.Handler, string, string) {
 	sim := processorsim.New(processorsim.Config{Logger: logger})
 	simSrv := httptest.NewServer(sim.Handler())
 	tb.Cleanup(simSrv.Close)
-	svc := payments.NewService(pool, store, processor.NewClient(simSrv.URL, processorTimeout), httpapi.Renderer{}, logger,
+	svc := payments.NewService(pool, store, simproc.NewClient(simSrv.URL, processorTimeout), httpapi.Renderer{}, logger,
 		payments.Config{SettleWindow: settleWindow})
 	handler := httpapi.NewHandler(httpapi.Config{
 		Pool:           pool,

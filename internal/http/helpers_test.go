@@ -25,7 +25,7 @@ import (
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/payments"
-	"github.com/idemref/payments/internal/processor"
+	"github.com/idemref/payments/internal/processor/simproc"
 	"github.com/idemref/payments/internal/processor/stripeproc"
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/tooling/pgwire"
@@ -245,7 +245,7 @@ func setup(t *testing.T, opts ...setupOption) *bundle {
 		simSrv := httptest.NewServer(e.sim.Handler())
 		t.Cleanup(simSrv.Close) // runs after the API server's Close: no call is cut short
 		e.payments = payments.NewService(serverPool, store,
-			processor.NewClient(simSrv.URL, processorTimeout), httpapi.Renderer{}, logger,
+			simproc.NewClient(simSrv.URL, processorTimeout), httpapi.Renderer{}, logger,
 			payments.Config{SettleWindow: o.settleWindow})
 	}
 	if o.stripe {

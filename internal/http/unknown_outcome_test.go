@@ -16,6 +16,7 @@ import (
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
+	"github.com/idemref/payments/internal/processor/simproc"
 	"github.com/idemref/payments/internal/tooling/processorsim"
 )
 
@@ -460,7 +461,7 @@ func TestReconciliationReadsEveryPage(t *testing.T) {
 	wantProblem(t, e.pay(t, e.a.Key, key, body), http.StatusServiceUnavailable, httpapi.CodeOutcomeUnknown)
 	row := e.onePayment(t, o.Id.String())
 	md := map[string]string{"payment_id": row.ID, "order_id": o.Id.String()}
-	for range processor.DefaultListLimit + 1 {
+	for range simproc.DefaultListLimit + 1 {
 		e.sim.CreateChargeDirect(processor.ChargeRequest{Amount: orderAmount, Currency: "EUR", PaymentMethod: cardDeclined, Metadata: md}, derived)
 	}
 	kept := e.sim.CreateChargeDirect(processor.ChargeRequest{Amount: orderAmount, Currency: "EUR", PaymentMethod: cardVisa, Metadata: md}, derived)

@@ -28,6 +28,7 @@ import (
 	"github.com/idemref/payments/internal/orders"
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
+	"github.com/idemref/payments/internal/processor/simproc"
 	"github.com/idemref/payments/internal/reaper"
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/tooling/processorsim"
@@ -251,7 +252,7 @@ func (w *world) process(dbURL string) *process {
 	// The key budget (R6) stays on, as in production: its count of a
 	// tenant's keys is one more point where an actor parks.
 	store := idem.NewStore(pool, idem.Config{Lease: explorerLease})
-	proc := processor.NewClientWithTransport("http://processor.invalid", explorerTimeout, w.tr)
+	proc := simproc.NewClientWithTransport("http://processor.invalid", explorerTimeout, w.tr)
 	return &process{pool: pool, svc: payments.NewService(pool, store, proc, httpapi.Renderer{}, w.log, payments.Config{SettleWindow: explorerSettle})}
 }
 

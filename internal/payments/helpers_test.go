@@ -22,6 +22,7 @@ import (
 	"github.com/idemref/payments/internal/orders"
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
+	"github.com/idemref/payments/internal/processor/simproc"
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/tooling/processorsim"
 	"github.com/idemref/payments/internal/tooling/testdb"
@@ -71,7 +72,7 @@ func setup(t *testing.T, lease, timeout time.Duration) *bundle {
 // service wires a Service over pool as cmd/api does.
 func (w *bundle) service(pool *pgxpool.Pool) *payments.Service {
 	store := idem.NewStore(pool, idem.Config{Lease: w.lease})
-	return payments.NewService(pool, store, processor.NewClient(w.procURL, w.timeout), httpapi.Renderer{}, w.log,
+	return payments.NewService(pool, store, simproc.NewClient(w.procURL, w.timeout), httpapi.Renderer{}, w.log,
 		payments.Config{SettleWindow: w.settle})
 }
 

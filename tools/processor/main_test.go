@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/idemref/payments/internal/processor"
+	"github.com/idemref/payments/internal/processor/simproc"
 	"github.com/idemref/payments/internal/tooling/processorsim"
 )
 
@@ -92,7 +93,7 @@ func TestRun(t *testing.T) {
 			t.Fatalf("run returned before listening: %v", err)
 		}
 
-		client := processor.NewClient(url, 0)
+		client := simproc.NewClient(url, 0)
 		req := processor.ChargeRequest{Amount: 1000, Currency: "EUR", PaymentMethod: processorsim.PaymentMethodVisa}
 		for range 2 {
 			if _, err := client.CreateCharge(ctx, req, "k1"); err != nil {

@@ -47,7 +47,7 @@ func (r recorder) RoundTrip(req *http.Request) (*http.Response, error) {
 // noResend keeps net/http from resending a request on its own: it
 // resends a POST that carries an Idempotency-Key when a reused connection
 // closes before the answer, which would hide a lost answer from the
-// classification. Without GetBody it cannot (as in processor.Client).
+// classification. Without GetBody it cannot (as in simproc.Client).
 type noResend struct{ next http.RoundTripper }
 
 func (n noResend) RoundTrip(req *http.Request) (*http.Response, error) {

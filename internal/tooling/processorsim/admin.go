@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemref/payments/internal/processor"
+	"github.com/idemref/payments/internal/processor/simproc"
 )
 
 // The /_sim endpoints let a test or a person with curl drive a simulator
@@ -40,7 +40,7 @@ func (s *Simulator) adminFaults(w http.ResponseWriter, r *http.Request) {
 		RetryAfter: milliseconds(req.RetryAfterMS),
 	}
 	if !validFault(f) {
-		writeOutcome(w, invalidRequest(processor.CodeParameterInvalid, "", fmt.Sprintf(
+		writeOutcome(w, invalidRequest(simproc.CodeParameterInvalid, "", fmt.Sprintf(
 			`Want {"path":"/v1/charges"|"/v1/refunds","kind":"timeout"|"server_error"|"lost_response"|"latency"|"late_execution"|"status"}, `+
 				`with "latency_ms":0..%d for latency and late_execution, "status":%s for status, and "retry_after_ms":N>=0 for status 429.`,
 			MaxExecution.Milliseconds(), statusList())))
@@ -66,7 +66,7 @@ func (s *Simulator) adminMode(w http.ResponseWriter, r *http.Request) {
 	if req.LatencyMS != nil && (*req.LatencyMS < 0 || milliseconds(*req.LatencyMS) > MaxExecution) {
 		// Above MaxExecution every call would be dropped unexecuted: that
 		// is the timeout fault, not a latency.
-		writeOutcome(w, invalidRequest(processor.CodeParameterInvalid, "latency_ms",
+		writeOutcome(w, invalidRequest(simproc.CodeParameterInvalid, "latency_ms",
 			fmt.Sprintf("latency_ms must be from 0 to %d.", MaxExecution.Milliseconds())))
 		return
 	}
@@ -102,7 +102,7 @@ func (s *Simulator) adminReset(w http.ResponseWriter, _ *http.Request) {
 func decodeAdmin(w http.ResponseWriter, r *http.Request, dst any) *outcome {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	if err != nil {
-		out := invalidRequest(processor.CodeParameterInvalid, "", "Could not read the request body.")
+		out := invalidRequest(simproc.CodeParameterInvalid, "", "Could not read the request body.")
 		return &out
 	}
 	return decodeStrict(body, dst)
@@ -157,7 +157,7 @@ func (s *Simulator) adminWebhookFaults(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.Duplicates < 0 || req.Duplicates > 100 || req.DelayMS < 0 || milliseconds(req.DelayMS) > MaxExecution {
-		writeOutcome(w, invalidRequest(processor.CodeParameterInvalid, "", fmt.Sprintf(
+		writeOutcome(w, invalidRequest(simproc.CodeParameterInvalid, "", fmt.Sprintf(
 			`Want {"duplicates":0..100,"delay_ms":0..%d}.`, MaxExecution.Milliseconds())))
 		return
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/idemref/payments/internal/processor"
+	"github.com/idemref/payments/internal/processor/simproc"
 )
 
 // maxBodyBytes bounds a request body; the API's bodies are tiny.
@@ -64,13 +65,13 @@ func (s *Simulator) routes() http.Handler {
 	r.Get("/_sim/deliveries", s.adminDeliveries)
 
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
-		writeOutcome(w, errorOutcome(http.StatusNotFound, processor.APIError{
-			Type: processor.ErrorTypeInvalidRequest, Message: "Unrecognized request URL (" + r.Method + " " + r.URL.Path + ").",
+		writeOutcome(w, errorOutcome(http.StatusNotFound, simproc.APIError{
+			Type: simproc.ErrorTypeInvalidRequest, Message: "Unrecognized request URL (" + r.Method + " " + r.URL.Path + ").",
 		}))
 	})
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
-		writeOutcome(w, errorOutcome(http.StatusMethodNotAllowed, processor.APIError{
-			Type: processor.ErrorTypeInvalidRequest, Message: "Method " + r.Method + " not allowed on " + r.URL.Path + ".",
+		writeOutcome(w, errorOutcome(http.StatusMethodNotAllowed, simproc.APIError{
+			Type: simproc.ErrorTypeInvalidRequest, Message: "Method " + r.Method + " not allowed on " + r.URL.Path + ".",
 		}))
 	})
 	return r
@@ -92,7 +93,7 @@ func (s *Simulator) serveMutation(w http.ResponseWriter, r *http.Request, path s
 	// latency faults rely on that to end when the client gives up.
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	if err != nil {
-		s.respond(w, call, invalidRequest(processor.CodeParameterInvalid, "", "Could not read the request body."))
+		s.respond(w, call, invalidRequest(simproc.CodeParameterInvalid, "", "Could not read the request body."))
 		return
 	}
 	if !sleep(ctx, latency) {
@@ -118,10 +119,10 @@ func (s *Simulator) serveMutation(w http.ResponseWriter, r *http.Request, path s
 	key := strings.TrimSpace(r.Header.Get("Idempotency-Key"))
 	switch {
 	case key == "":
-		s.respond(w, call, invalidRequest(processor.CodeParameterMissing, "Idempotency-Key", "The Idempotency-Key header is required."))
+		s.respond(w, call, invalidRequest(simproc.CodeParameterMissing, "Idempotency-Key", "The Idempotency-Key header is required."))
 		return
 	case len(key) > maxKeyLength:
-		s.respond(w, call, invalidRequest(processor.CodeParameterInvalid, "Idempotency-Key",
+		s.respond(w, call, invalidRequest(simproc.CodeParameterInvalid, "Idempotency-Key",
 			fmt.Sprintf("The Idempotency-Key header must be at most %d characters.", maxKeyLength)))
 		return
 	}
@@ -190,9 +191,9 @@ func (s *Simulator) lookupLocked(call *Call, path, key string, m mutation, dedup
 	}
 	if stored, ok := s.keys[key]; ok {
 		if stored.path != path || stored.fingerprint != m.fingerprint() {
-			return errorOutcome(http.StatusBadRequest, processor.APIError{
-				Type:    processor.ErrorTypeIdempotency,
-				Code:    processor.CodeIdempotencyKeyReused,
+			return errorOutcome(http.StatusBadRequest, simproc.APIError{
+				Type:    simproc.ErrorTypeIdempotency,
+				Code:    simproc.CodeIdempotencyKeyReused,
 				Message: "Keys for idempotent requests can only be used with the same parameters they were first used with.",
 			}), true
 		}
@@ -202,9 +203,9 @@ func (s *Simulator) lookupLocked(call *Call, path, key string, m mutation, dedup
 	if _, ok := s.inFlight[key]; ok {
 		// Like Stripe: the first call may still succeed, so this one
 		// neither waits for it nor executes.
-		return errorOutcome(http.StatusConflict, processor.APIError{
-			Type: processor.ErrorTypeIdempotency,
-			Code: processor.CodeIdempotencyKeyInUse,
+		return errorOutcome(http.StatusConflict, simproc.APIError{
+			Type: simproc.ErrorTypeIdempotency,
+			Code: simproc.CodeIdempotencyKeyInUse,
 			Message: "There is currently another in-progress request using this Idempotency-Key " +
 				"(probably a retry sent while the first call is still executing). Try again later.",
 		}), true
@@ -378,13 +379,13 @@ func jsonOutcome(status int, v any) outcome {
 	return outcome{status: status, body: append(body, '\n')}
 }
 
-func errorOutcome(status int, e processor.APIError) outcome {
-	return jsonOutcome(status, processor.ErrorResponse{Error: e})
+func errorOutcome(status int, e simproc.APIError) outcome {
+	return jsonOutcome(status, simproc.ErrorResponse{Error: e})
 }
 
 func invalidRequest(code, param, message string) outcome {
-	return errorOutcome(http.StatusBadRequest, processor.APIError{
-		Type: processor.ErrorTypeInvalidRequest, Code: code, Param: param, Message: message,
+	return errorOutcome(http.StatusBadRequest, simproc.APIError{
+		Type: simproc.ErrorTypeInvalidRequest, Code: code, Param: param, Message: message,
 	})
 }
 
@@ -398,7 +399,7 @@ func decodeStrict(body []byte, dst any) *outcome {
 		err = errors.New("unexpected data after the JSON object")
 	}
 	if err != nil {
-		out := invalidRequest(processor.CodeParameterInvalid, "", "Invalid request body: "+err.Error())
+		out := invalidRequest(simproc.CodeParameterInvalid, "", "Invalid request body: "+err.Error())
 		return &out
 	}
 	return nil
@@ -415,11 +416,11 @@ func parseCharge(body []byte) (mutation, *outcome) {
 	var out outcome
 	switch _, known := declineCodes[req.PaymentMethod]; {
 	case req.Amount <= 0:
-		out = invalidRequest(processor.CodeParameterInvalid, "amount", "Amount must be a positive integer in minor units.")
+		out = invalidRequest(simproc.CodeParameterInvalid, "amount", "Amount must be a positive integer in minor units.")
 	case !isCurrency(req.Currency):
-		out = invalidRequest(processor.CodeParameterInvalid, "currency", "Currency must be a three-letter ISO 4217 code.")
+		out = invalidRequest(simproc.CodeParameterInvalid, "currency", "Currency must be a three-letter ISO 4217 code.")
 	case req.PaymentMethod == "":
-		out = invalidRequest(processor.CodeParameterMissing, "payment_method", "Missing required param: payment_method.")
+		out = invalidRequest(simproc.CodeParameterMissing, "payment_method", "Missing required param: payment_method.")
 	case !known:
 		out = invalidRequest(processor.CodeResourceMissing, "payment_method", "No such PaymentMethod: '"+req.PaymentMethod+"'")
 	default:
@@ -459,8 +460,8 @@ func (m chargeMutation) execute(s *Simulator, key string) outcome {
 	}
 	// A declined card still leaves a failed charge behind, as at Stripe.
 	ch := s.newChargeLocked(m.req, key, processor.StatusFailed)
-	return executed(errorOutcome(http.StatusPaymentRequired, processor.APIError{
-		Type:        processor.ErrorTypeCard,
+	return executed(errorOutcome(http.StatusPaymentRequired, simproc.APIError{
+		Type:        simproc.ErrorTypeCard,
 		Code:        processor.CodeCardDeclined,
 		DeclineCode: declineCode,
 		Message:     "Your card was declined.",
@@ -484,9 +485,9 @@ func parseRefund(body []byte) (mutation, *outcome) {
 	var out outcome
 	switch {
 	case req.Charge == "":
-		out = invalidRequest(processor.CodeParameterMissing, "charge", "Missing required param: charge.")
+		out = invalidRequest(simproc.CodeParameterMissing, "charge", "Missing required param: charge.")
 	case req.Amount < 0:
-		out = invalidRequest(processor.CodeParameterInvalid, "amount", "Amount must be a positive integer in minor units.")
+		out = invalidRequest(simproc.CodeParameterInvalid, "amount", "Amount must be a positive integer in minor units.")
 	default:
 		return refundMutation{req}, nil
 	}
@@ -505,7 +506,7 @@ func (m refundMutation) execute(s *Simulator, key string) outcome {
 	}
 	ch := &s.charges[i]
 	if ch.Status != processor.StatusSucceeded {
-		return invalidRequest(processor.CodeChargeNotRefundable, "charge",
+		return invalidRequest(simproc.CodeChargeNotRefundable, "charge",
 			"Charge "+ch.ID+" has status "+ch.Status+"; only succeeded charges can be refunded.")
 	}
 	remaining := ch.Amount - ch.RefundedAmount
@@ -517,7 +518,7 @@ func (m refundMutation) execute(s *Simulator, key string) outcome {
 		amount = remaining
 	}
 	if amount > remaining {
-		return invalidRequest(processor.CodeAmountTooLarge, "amount",
+		return invalidRequest(simproc.CodeAmountTooLarge, "amount",
 			fmt.Sprintf("Refund amount (%d) is greater than the unrefunded amount on charge (%d).", amount, remaining))
 	}
 	ch.RefundedAmount += amount
@@ -544,7 +545,7 @@ func (s *Simulator) listCharges(w http.ResponseWriter, r *http.Request) {
 	key, byKey := q.Get("idempotency_key"), q.Has("idempotency_key")
 	mdKey, mdValue, byMetadata := q.Get("metadata_key"), q.Get("metadata_value"), q.Has("metadata_key")
 	if byMetadata != q.Has("metadata_value") {
-		s.respond(w, call, invalidRequest(processor.CodeParameterMissing, "metadata_value",
+		s.respond(w, call, invalidRequest(simproc.CodeParameterMissing, "metadata_value",
 			"metadata_key and metadata_value must be given together."))
 		return
 	}
@@ -580,8 +581,8 @@ func (s *Simulator) getCharge(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Unlock()
 	if !ok {
-		s.respond(w, call, errorOutcome(http.StatusNotFound, processor.APIError{
-			Type: processor.ErrorTypeInvalidRequest, Code: processor.CodeResourceMissing, Param: "id", Message: "No such charge: '" + id + "'",
+		s.respond(w, call, errorOutcome(http.StatusNotFound, simproc.APIError{
+			Type: simproc.ErrorTypeInvalidRequest, Code: processor.CodeResourceMissing, Param: "id", Message: "No such charge: '" + id + "'",
 		}))
 		return
 	}
@@ -621,12 +622,12 @@ type pageParams struct {
 }
 
 func parseListPage(q url.Values) (pageParams, *outcome) {
-	p := pageParams{limit: processor.DefaultListLimit, after: q.Get("starting_after"), paging: q.Has("starting_after")}
+	p := pageParams{limit: simproc.DefaultListLimit, after: q.Get("starting_after"), paging: q.Has("starting_after")}
 	if q.Has("limit") {
 		n, err := strconv.Atoi(q.Get("limit"))
-		if err != nil || n < 1 || n > processor.MaxListLimit {
-			out := invalidRequest(processor.CodeParameterInvalid, "limit",
-				fmt.Sprintf("limit must be an integer from 1 to %d.", processor.MaxListLimit))
+		if err != nil || n < 1 || n > simproc.MaxListLimit {
+			out := invalidRequest(simproc.CodeParameterInvalid, "limit",
+				fmt.Sprintf("limit must be an integer from 1 to %d.", simproc.MaxListLimit))
 			return pageParams{}, &out
 		}
 		p.limit = n
@@ -639,16 +640,16 @@ func parseListPage(q url.Values) (pageParams, *outcome) {
 // Filtering before paging means a page is full unless it is the last, and
 // the cursor is a position in creation order, so it may name an item the
 // filter leaves out. found is false when p.after names no item at all.
-func listPage[T any](items []T, p pageParams, id func(T) string, match func(T) bool) (list processor.List[T], found bool) {
+func listPage[T any](items []T, p pageParams, id func(T) string, match func(T) bool) (list simproc.List[T], found bool) {
 	start := 0
 	if p.paging {
 		i := slices.IndexFunc(items, func(it T) bool { return id(it) == p.after })
 		if i < 0 {
-			return processor.List[T]{}, false
+			return simproc.List[T]{}, false
 		}
 		start = i + 1
 	}
-	list = processor.List[T]{Object: "list", Data: []T{}}
+	list = simproc.List[T]{Object: "list", Data: []T{}}
 	for _, it := range items[start:] {
 		if !match(it) {
 			continue

@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/idemref/payments/internal/processor"
+	"github.com/idemref/payments/internal/processor/simproc"
 )
 
 // FaultKind names a fault. Its values are the strings the /_sim/faults
@@ -134,8 +134,8 @@ func faultOutcome(f Fault) outcome {
 		f.Status = http.StatusInternalServerError
 	}
 	if f.Status == http.StatusTooManyRequests {
-		out := errorOutcome(f.Status, processor.APIError{
-			Type: processor.ErrorTypeRateLimit, Code: processor.CodeRateLimited,
+		out := errorOutcome(f.Status, simproc.APIError{
+			Type: simproc.ErrorTypeRateLimit, Code: simproc.CodeRateLimited,
 			Message: "Too many requests hit the API too quickly (injected status 429 fault).",
 		})
 		out.retryAfter = f.RetryAfter
@@ -145,16 +145,16 @@ func faultOutcome(f Fault) outcome {
 		return out
 	}
 	if f.Status == http.StatusUnauthorized || f.Status == http.StatusForbidden {
-		return errorOutcome(f.Status, processor.APIError{
-			Type: processor.ErrorTypeInvalidRequest, Message: fmt.Sprintf("The API key was refused (injected status %d fault).", f.Status),
+		return errorOutcome(f.Status, simproc.APIError{
+			Type: simproc.ErrorTypeInvalidRequest, Message: fmt.Sprintf("The API key was refused (injected status %d fault).", f.Status),
 		})
 	}
 	injected := string(f.Kind)
 	if f.Kind == FaultStatus {
 		injected = "status " + strconv.Itoa(f.Status)
 	}
-	return errorOutcome(f.Status, processor.APIError{
-		Type: processor.ErrorTypeAPI, Message: fmt.Sprintf("An unexpected error occurred (injected %s fault).", injected),
+	return errorOutcome(f.Status, simproc.APIError{
+		Type: simproc.ErrorTypeAPI, Message: fmt.Sprintf("An unexpected error occurred (injected %s fault).", injected),
 	})
 }
 

@@ -59,7 +59,7 @@ func Start(addr string, cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// URL returns the base URL to give processor.NewClient, such as
+// URL returns the base URL to give simproc.NewClient, such as
 // http://127.0.0.1:41234.
 func (s *Server) URL() string { return "http://" + s.ln.Addr().String() }
 

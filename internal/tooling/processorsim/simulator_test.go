@@ -18,16 +18,17 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/idemref/payments/internal/processor"
+	"github.com/idemref/payments/internal/processor/simproc"
 )
 
 // newSim serves a fresh simulator over real HTTP and returns a client for
 // it whose calls time out after timeout.
-func newSim(t *testing.T, cfg Config, timeout time.Duration) (*Simulator, *processor.Client, string) {
+func newSim(t *testing.T, cfg Config, timeout time.Duration) (*Simulator, *simproc.Client, string) {
 	t.Helper()
 	sim := New(cfg)
 	srv := httptest.NewServer(sim.Handler())
 	t.Cleanup(srv.Close)
-	return sim, processor.NewClient(srv.URL, timeout), srv.URL
+	return sim, simproc.NewClient(srv.URL, timeout), srv.URL
 }
 
 func visa(amount int64) processor.ChargeRequest {
@@ -93,9 +94,9 @@ func chargeBody(amount int64) string {
 }
 
 // apiError decodes the error body of a failed call.
-func apiError(t *testing.T, body string) processor.APIError {
+func apiError(t *testing.T, body string) simproc.APIError {
 	t.Helper()
-	var e processor.ErrorResponse
+	var e simproc.ErrorResponse
 	if err := json.Unmarshal([]byte(body), &e); err != nil {
 		t.Fatalf("error body %q: %v", body, err)
 	}
@@ -143,9 +144,9 @@ func TestIdempotency(t *testing.T) {
 		sim, _, url := newSim(t, Config{}, 0)
 		rawPost(t, url+PathCharges, "k1", chargeBody(1000))
 		status, _, body := rawPost(t, url+PathCharges, "k1", chargeBody(2000))
-		want := processor.APIError{
-			Type:    processor.ErrorTypeIdempotency,
-			Code:    processor.CodeIdempotencyKeyReused,
+		want := simproc.APIError{
+			Type:    simproc.ErrorTypeIdempotency,
+			Code:    simproc.CodeIdempotencyKeyReused,
 			Message: "Keys for idempotent requests can only be used with the same parameters they were first used with.",
 		}
 		if diff := cmp.Diff(fmt.Sprint(400, want), fmt.Sprint(status, apiError(t, body))); diff != "" {
@@ -167,7 +168,7 @@ func TestIdempotency(t *testing.T) {
 		sim, _, url := newSim(t, Config{}, 0)
 		rawPost(t, url+PathCharges, "k1", `{"amount":1000,"currency":"EUR","payment_method":"pm_card_visa","metadata":{"payment_id":"pay_1"}}`)
 		status, _, body := rawPost(t, url+PathCharges, "k1", `{"amount":1000,"currency":"EUR","payment_method":"pm_card_visa","metadata":{"payment_id":"pay_2"}}`)
-		if got := apiError(t, body); status != http.StatusBadRequest || got.Code != processor.CodeIdempotencyKeyReused {
+		if got := apiError(t, body); status != http.StatusBadRequest || got.Code != simproc.CodeIdempotencyKeyReused {
 			t.Fatalf("got %d %+v, want 400 idempotency_key_reused", status, got)
 		}
 		if got := len(sim.Charges()); got != 1 {
@@ -183,7 +184,7 @@ func TestIdempotency(t *testing.T) {
 			t.Fatal(err)
 		}
 		status, _, body := rawPost(t, url+PathRefunds, "k1", `{"charge":"`+ch.ID+`"}`)
-		if got := apiError(t, body); status != http.StatusBadRequest || got.Code != processor.CodeIdempotencyKeyReused {
+		if got := apiError(t, body); status != http.StatusBadRequest || got.Code != simproc.CodeIdempotencyKeyReused {
 			t.Fatalf("got %d %+v, want 400 idempotency_key_reused", status, got)
 		}
 		if got := len(sim.Refunds()); got != 0 {
@@ -591,7 +592,7 @@ func TestRefunds(t *testing.T) {
 
 		_, err = client.Refund(ctx, processor.RefundRequest{Charge: ch.ID, Amount: 701}, "refund-2")
 		var reqErr *processor.RequestError
-		if !errors.As(err, &reqErr) || reqErr.Code != processor.CodeAmountTooLarge || reqErr.Status != 400 {
+		if !errors.As(err, &reqErr) || reqErr.Code != simproc.CodeAmountTooLarge || reqErr.Status != 400 {
 			t.Fatalf("over-refund err = %v, want 400 amount_too_large", err)
 		}
 
@@ -644,7 +645,7 @@ func TestRefunds(t *testing.T) {
 			charge, code string
 		}{
 			{"ch_unknown", processor.CodeResourceMissing},
-			{decline.ChargeID, processor.CodeChargeNotRefundable},
+			{decline.ChargeID, simproc.CodeChargeNotRefundable},
 		}
 		for _, tt := range tests {
 			_, err := client.Refund(ctx, processor.RefundRequest{Charge: tt.charge}, "refund-"+tt.charge)
@@ -788,7 +789,7 @@ func TestServer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		client := processor.NewClient(srv.URL(), time.Hour)
+		client := simproc.NewClient(srv.URL(), time.Hour)
 		if _, err := client.CreateCharge(ctx, visa(1000), "k1"); err != nil {
 			t.Fatal(err)
 		}
@@ -921,9 +922,9 @@ func TestKeyInFlight(t *testing.T) {
 			hc.waitHeld(t)
 
 			status, header, body := rawPost(t, url+PathCharges, "k1", chargeBody(1000))
-			want := processor.APIError{
-				Type: processor.ErrorTypeIdempotency,
-				Code: processor.CodeIdempotencyKeyInUse,
+			want := simproc.APIError{
+				Type: simproc.ErrorTypeIdempotency,
+				Code: simproc.CodeIdempotencyKeyInUse,
 				Message: "There is currently another in-progress request using this Idempotency-Key " +
 					"(probably a retry sent while the first call is still executing). Try again later.",
 			}
@@ -1085,7 +1086,7 @@ func TestLateExecution(t *testing.T) {
 			t.Errorf("calls (-want +got):\n%s", diff)
 		}
 		// The response was stored: the retry is a replay of that charge.
-		retried, err := processor.NewClient(srv.URL, 0).CreateCharge(ctx, processor.ChargeRequest{
+		retried, err := simproc.NewClient(srv.URL, 0).CreateCharge(ctx, processor.ChargeRequest{
 			Amount: 1000, Currency: "EUR", PaymentMethod: PaymentMethodVisa,
 		}, "k1")
 		if err != nil {
@@ -1256,16 +1257,16 @@ func TestStatusFaults(t *testing.T) {
 		wantCode       string
 		wantRetryAfter string
 	}{
-		{"408", Fault{Kind: FaultStatus, Status: 408}, 408, processor.ErrorTypeAPI, "", ""},
-		{"425", Fault{Kind: FaultStatus, Status: 425}, 425, processor.ErrorTypeAPI, "", ""},
-		{"429DefaultsToOneSecond", Fault{Kind: FaultStatus, Status: 429}, 429, processor.ErrorTypeRateLimit, processor.CodeRateLimited, "1"},
-		{"429RoundsUp", Fault{Kind: FaultStatus, Status: 429, RetryAfter: 1500 * time.Millisecond}, 429, processor.ErrorTypeRateLimit, processor.CodeRateLimited, "2"},
-		{"429AtLeastOneSecond", Fault{Kind: FaultStatus, Status: 429, RetryAfter: time.Millisecond}, 429, processor.ErrorTypeRateLimit, processor.CodeRateLimited, "1"},
-		{"500", Fault{Kind: FaultStatus, Status: 500}, 500, processor.ErrorTypeAPI, "", ""},
-		{"502", Fault{Kind: FaultStatus, Status: 502}, 502, processor.ErrorTypeAPI, "", ""},
-		{"503", Fault{Kind: FaultStatus, Status: 503}, 503, processor.ErrorTypeAPI, "", ""},
-		{"504", Fault{Kind: FaultStatus, Status: 504}, 504, processor.ErrorTypeAPI, "", ""},
-		{"ServerErrorIsStatus500", Fault{Kind: FaultServerError}, 500, processor.ErrorTypeAPI, "", ""},
+		{"408", Fault{Kind: FaultStatus, Status: 408}, 408, simproc.ErrorTypeAPI, "", ""},
+		{"425", Fault{Kind: FaultStatus, Status: 425}, 425, simproc.ErrorTypeAPI, "", ""},
+		{"429DefaultsToOneSecond", Fault{Kind: FaultStatus, Status: 429}, 429, simproc.ErrorTypeRateLimit, simproc.CodeRateLimited, "1"},
+		{"429RoundsUp", Fault{Kind: FaultStatus, Status: 429, RetryAfter: 1500 * time.Millisecond}, 429, simproc.ErrorTypeRateLimit, simproc.CodeRateLimited, "2"},
+		{"429AtLeastOneSecond", Fault{Kind: FaultStatus, Status: 429, RetryAfter: time.Millisecond}, 429, simproc.ErrorTypeRateLimit, simproc.CodeRateLimited, "1"},
+		{"500", Fault{Kind: FaultStatus, Status: 500}, 500, simproc.ErrorTypeAPI, "", ""},
+		{"502", Fault{Kind: FaultStatus, Status: 502}, 502, simproc.ErrorTypeAPI, "", ""},
+		{"503", Fault{Kind: FaultStatus, Status: 503}, 503, simproc.ErrorTypeAPI, "", ""},
+		{"504", Fault{Kind: FaultStatus, Status: 504}, 504, simproc.ErrorTypeAPI, "", ""},
+		{"ServerErrorIsStatus500", Fault{Kind: FaultServerError}, 500, simproc.ErrorTypeAPI, "", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -1300,7 +1301,7 @@ func TestStatusFaults(t *testing.T) {
 }
 
 // getList fetches one page of a list endpoint.
-func getList[T any](t *testing.T, url string) (int, processor.List[T], string) {
+func getList[T any](t *testing.T, url string) (int, simproc.List[T], string) {
 	t.Helper()
 	resp, err := http.Get(url)
 	if err != nil {
@@ -1311,7 +1312,7 @@ func getList[T any](t *testing.T, url string) (int, processor.List[T], string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var list processor.List[T]
+	var list simproc.List[T]
 	if resp.StatusCode == http.StatusOK {
 		if err := json.Unmarshal(b, &list); err != nil {
 			t.Fatalf("list body %s: %v", b, err)
@@ -1455,20 +1456,20 @@ func TestPagination(t *testing.T) {
 		tests := []struct {
 			query, code, param string
 		}{
-			{PathCharges + "?limit=0", processor.CodeParameterInvalid, "limit"},
-			{PathCharges + "?limit=101", processor.CodeParameterInvalid, "limit"},
-			{PathCharges + "?limit=-1", processor.CodeParameterInvalid, "limit"},
-			{PathCharges + "?limit=ten", processor.CodeParameterInvalid, "limit"},
-			{PathCharges + "?limit=", processor.CodeParameterInvalid, "limit"},
+			{PathCharges + "?limit=0", simproc.CodeParameterInvalid, "limit"},
+			{PathCharges + "?limit=101", simproc.CodeParameterInvalid, "limit"},
+			{PathCharges + "?limit=-1", simproc.CodeParameterInvalid, "limit"},
+			{PathCharges + "?limit=ten", simproc.CodeParameterInvalid, "limit"},
+			{PathCharges + "?limit=", simproc.CodeParameterInvalid, "limit"},
 			{PathCharges + "?starting_after=ch_unknown", processor.CodeResourceMissing, "starting_after"},
-			{PathRefunds + "?limit=101", processor.CodeParameterInvalid, "limit"},
+			{PathRefunds + "?limit=101", simproc.CodeParameterInvalid, "limit"},
 			{PathRefunds + "?starting_after=re_unknown", processor.CodeResourceMissing, "starting_after"},
 		}
 		for _, tt := range tests {
 			status, _, body := getList[processor.Charge](t, url+tt.query)
 			got := apiError(t, body)
 			if diff := cmp.Diff(
-				fmt.Sprint(400, processor.ErrorTypeInvalidRequest, tt.code, tt.param),
+				fmt.Sprint(400, simproc.ErrorTypeInvalidRequest, tt.code, tt.param),
 				fmt.Sprint(status, got.Type, got.Code, got.Param),
 			); diff != "" {
 				t.Errorf("GET %s (-want +got):\n%s", tt.query, diff)

@@ -1,4 +1,4 @@
-package processor
+package simproc
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemref/payments/internal/processor"
 	"github.com/idemref/payments/internal/tracing"
 )
 
@@ -57,7 +58,7 @@ func TestClientTraces(t *testing.T) {
 	if got := <-seenc; !strings.Contains(got.query, "idempotency_key="+key) || !strings.Contains(got.traceparent, parent.SpanContext().TraceID().String()) {
 		t.Errorf("the processor got query %q, traceparent %q; want the key, and the trace %s", got.query, got.traceparent, parent.SpanContext().TraceID())
 	}
-	if _, err := c.CreateCharge(ctx, ChargeRequest{Amount: 1000, Currency: "EUR", PaymentMethod: "pm_card_visa"}, key); err != nil {
+	if _, err := c.CreateCharge(ctx, processor.ChargeRequest{Amount: 1000, Currency: "EUR", PaymentMethod: "pm_card_visa"}, key); err != nil {
 		t.Fatal(err)
 	}
 	<-seenc

@@ -1,4 +1,4 @@
-package processor
+package simproc
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemref/payments/internal/processor"
 	"github.com/idemref/payments/internal/tracing"
 )
 
@@ -56,9 +57,9 @@ func startCall(ctx context.Context, name, key string) (context.Context, trace.Sp
 // key).
 func endCall(span trace.Span, err error) {
 	if span.IsRecording() {
-		class := ClassOf(err)
+		class := processor.ClassOf(err)
 		span.SetAttributes(attrOutcome.String(class.String()))
-		if class != ClassFinal {
+		if class != processor.ClassFinal {
 			span.SetStatus(codes.Error, class.String())
 		}
 	}

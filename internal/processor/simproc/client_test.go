@@ -1,4 +1,4 @@
-package processor
+package simproc
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemref/payments/internal/processor"
 )
 
 // The simulator's tests cover the client against the real wire; these pin
@@ -20,71 +22,71 @@ import (
 // simulator never gives.
 func TestClientClassifiesAnswers(t *testing.T) {
 	t.Parallel()
-	req := ChargeRequest{Amount: 1000, Currency: "EUR", PaymentMethod: "pm_card_visa"}
+	req := processor.ChargeRequest{Amount: 1000, Currency: "EUR", PaymentMethod: "pm_card_visa"}
 
 	tests := []struct {
 		name           string
 		handler        http.HandlerFunc
-		wantClass      Class
-		wantDecline    *DeclineError
-		wantRequest    *RequestError
+		wantClass      processor.Class
+		wantDecline    *processor.DeclineError
+		wantRequest    *processor.RequestError
 		wantRetryAfter time.Duration
 		// ours: the answer refused our own configuration (S8).
 		ours bool
 	}{
-		{name: "SuccessIsFinal", handler: reply(200, `{"id":"ch_1","amount":1000,"status":"succeeded"}`), wantClass: ClassFinal},
+		{name: "SuccessIsFinal", handler: reply(200, `{"id":"ch_1","amount":1000,"status":"succeeded"}`), wantClass: processor.ClassFinal},
 		{
 			name:        "DeclineIsFinal",
 			handler:     reply(402, `{"error":{"type":"card_error","code":"card_declined","decline_code":"insufficient_funds","message":"Your card was declined.","charge":"ch_1"}}`),
-			wantClass:   ClassFinal,
-			wantDecline: &DeclineError{Code: "card_declined", DeclineCode: "insufficient_funds", Message: "Your card was declined.", ChargeID: "ch_1"},
+			wantClass:   processor.ClassFinal,
+			wantDecline: &processor.DeclineError{Code: "card_declined", DeclineCode: "insufficient_funds", Message: "Your card was declined.", ChargeID: "ch_1"},
 		},
 		{
 			name:        "ValidationErrorIsFinal",
 			handler:     reply(400, `{"error":{"type":"invalid_request_error","code":"amount_too_large","message":"too much"}}`),
-			wantClass:   ClassFinal,
-			wantRequest: &RequestError{Status: 400, Type: "invalid_request_error", Code: "amount_too_large", Message: "too much"},
+			wantClass:   processor.ClassFinal,
+			wantRequest: &processor.RequestError{Status: 400, Type: "invalid_request_error", Code: "amount_too_large", Message: "too much"},
 		},
 		{
 			name:        "UnprocessableIsFinal",
 			handler:     reply(422, `{"error":{"type":"invalid_request_error","code":"parameter_invalid","message":"bad"}}`),
-			wantClass:   ClassFinal,
-			wantRequest: &RequestError{Status: 422, Type: "invalid_request_error", Code: "parameter_invalid", Message: "bad"},
+			wantClass:   processor.ClassFinal,
+			wantRequest: &processor.RequestError{Status: 422, Type: "invalid_request_error", Code: "parameter_invalid", Message: "bad"},
 		},
 		{
 			name:        "PlainTextClientErrorKeepsItsBody",
 			handler:     reply(400, "400 bad request\n"),
-			wantClass:   ClassFinal,
-			wantRequest: &RequestError{Status: 400, Message: "400 bad request"},
+			wantClass:   processor.ClassFinal,
+			wantRequest: &processor.RequestError{Status: 400, Message: "400 bad request"},
 		},
 		{
 			name:        "MissingChargeIsFinal",
 			handler:     reply(404, `{"error":{"type":"invalid_request_error","code":"resource_missing","param":"id","message":"No such charge: 'ch_9'"}}`),
-			wantClass:   ClassFinal,
-			wantRequest: &RequestError{Status: 404, Type: "invalid_request_error", Code: "resource_missing", Message: "No such charge: 'ch_9'"},
+			wantClass:   processor.ClassFinal,
+			wantRequest: &processor.RequestError{Status: 404, Type: "invalid_request_error", Code: "resource_missing", Message: "No such charge: 'ch_9'"},
 		},
 		// S8: our own configuration refused, never the request's outcome.
-		{name: "UnauthorizedIsOurs", handler: reply(401, `{"error":{"type":"invalid_request_error","message":"Invalid API key provided: ****1234"}}`), wantClass: ClassNotExecuted, ours: true},
-		{name: "ForbiddenIsOurs", handler: reply(403, `{"error":{"type":"invalid_request_error","message":"This key may not create charges."}}`), wantClass: ClassNotExecuted, ours: true},
-		{name: "UnrecognizedURLIsOurs", handler: reply(404, `{"error":{"type":"invalid_request_error","message":"Unrecognized request URL (POST /api/v1/charges)."}}`), wantClass: ClassNotExecuted, ours: true},
-		{name: "PlainTextNotFoundIsOurs", handler: reply(404, "404 page not found\n"), wantClass: ClassNotExecuted, ours: true},
-		{name: "KeyReusedIsUnknown", handler: reply(400, `{"error":{"type":"idempotency_error","code":"idempotency_key_reused","message":"other parameters"}}`), wantClass: ClassOutcomeUnknown},
-		{name: "KeyInUseIsUnknown", handler: reply(409, `{"error":{"type":"idempotency_error","code":"idempotency_key_in_use","message":"in progress"}}`), wantClass: ClassOutcomeUnknown},
-		{name: "RateLimitedIsNotExecuted", handler: replyWith(429, "2", `{"error":{"type":"rate_limit_error","message":"slow down"}}`), wantClass: ClassNotExecuted, wantRetryAfter: 2 * time.Second},
-		{name: "RequestTimeoutIsUnknown", handler: reply(408, `{"error":{"type":"api_error","message":"timeout"}}`), wantClass: ClassOutcomeUnknown},
-		{name: "TooEarlyIsUnknown", handler: reply(425, `{"error":{"type":"api_error","message":"too early"}}`), wantClass: ClassOutcomeUnknown},
-		{name: "ServerErrorIsUnknown", handler: reply(500, `{"error":{"type":"api_error","message":"boom"}}`), wantClass: ClassOutcomeUnknown},
-		{name: "BadGatewayIsUnknown", handler: reply(502, "bad gateway"), wantClass: ClassOutcomeUnknown},
-		{name: "ServiceUnavailableKeepsRetryAfter", handler: replyWith(503, "7", "down"), wantClass: ClassOutcomeUnknown, wantRetryAfter: 7 * time.Second},
-		{name: "RedirectIsUnknown", handler: reply(304, ""), wantClass: ClassOutcomeUnknown},
-		{name: "UnreadableSuccessIsUnknown", handler: reply(200, `{"id":`), wantClass: ClassOutcomeUnknown},
+		{name: "UnauthorizedIsOurs", handler: reply(401, `{"error":{"type":"invalid_request_error","message":"Invalid API key provided: ****1234"}}`), wantClass: processor.ClassNotExecuted, ours: true},
+		{name: "ForbiddenIsOurs", handler: reply(403, `{"error":{"type":"invalid_request_error","message":"This key may not create charges."}}`), wantClass: processor.ClassNotExecuted, ours: true},
+		{name: "UnrecognizedURLIsOurs", handler: reply(404, `{"error":{"type":"invalid_request_error","message":"Unrecognized request URL (POST /api/v1/charges)."}}`), wantClass: processor.ClassNotExecuted, ours: true},
+		{name: "PlainTextNotFoundIsOurs", handler: reply(404, "404 page not found\n"), wantClass: processor.ClassNotExecuted, ours: true},
+		{name: "KeyReusedIsUnknown", handler: reply(400, `{"error":{"type":"idempotency_error","code":"idempotency_key_reused","message":"other parameters"}}`), wantClass: processor.ClassOutcomeUnknown},
+		{name: "KeyInUseIsUnknown", handler: reply(409, `{"error":{"type":"idempotency_error","code":"idempotency_key_in_use","message":"in progress"}}`), wantClass: processor.ClassOutcomeUnknown},
+		{name: "RateLimitedIsNotExecuted", handler: replyWith(429, "2", `{"error":{"type":"rate_limit_error","message":"slow down"}}`), wantClass: processor.ClassNotExecuted, wantRetryAfter: 2 * time.Second},
+		{name: "RequestTimeoutIsUnknown", handler: reply(408, `{"error":{"type":"api_error","message":"timeout"}}`), wantClass: processor.ClassOutcomeUnknown},
+		{name: "TooEarlyIsUnknown", handler: reply(425, `{"error":{"type":"api_error","message":"too early"}}`), wantClass: processor.ClassOutcomeUnknown},
+		{name: "ServerErrorIsUnknown", handler: reply(500, `{"error":{"type":"api_error","message":"boom"}}`), wantClass: processor.ClassOutcomeUnknown},
+		{name: "BadGatewayIsUnknown", handler: reply(502, "bad gateway"), wantClass: processor.ClassOutcomeUnknown},
+		{name: "ServiceUnavailableKeepsRetryAfter", handler: replyWith(503, "7", "down"), wantClass: processor.ClassOutcomeUnknown, wantRetryAfter: 7 * time.Second},
+		{name: "RedirectIsUnknown", handler: reply(304, ""), wantClass: processor.ClassOutcomeUnknown},
+		{name: "UnreadableSuccessIsUnknown", handler: reply(200, `{"id":`), wantClass: processor.ClassOutcomeUnknown},
 		// A 2xx that parses but names no charge, or no outcome, tells
 		// nothing: taken as final, a success with an empty charge id would
 		// have the sweep refund the real charge.
-		{name: "EmptySuccessIsUnknown", handler: reply(200, `{}`), wantClass: ClassOutcomeUnknown},
-		{name: "SuccessWithoutIDIsUnknown", handler: reply(200, `{"amount":1000,"status":"succeeded"}`), wantClass: ClassOutcomeUnknown},
-		{name: "SuccessWithoutStatusIsUnknown", handler: reply(200, `{"id":"ch_1","amount":1000}`), wantClass: ClassOutcomeUnknown},
-		{name: "ClosedConnectionIsUnknown", handler: hangUp, wantClass: ClassOutcomeUnknown},
+		{name: "EmptySuccessIsUnknown", handler: reply(200, `{}`), wantClass: processor.ClassOutcomeUnknown},
+		{name: "SuccessWithoutIDIsUnknown", handler: reply(200, `{"amount":1000,"status":"succeeded"}`), wantClass: processor.ClassOutcomeUnknown},
+		{name: "SuccessWithoutStatusIsUnknown", handler: reply(200, `{"id":"ch_1","amount":1000}`), wantClass: processor.ClassOutcomeUnknown},
+		{name: "ClosedConnectionIsUnknown", handler: hangUp, wantClass: processor.ClassOutcomeUnknown},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -93,25 +95,25 @@ func TestClientClassifiesAnswers(t *testing.T) {
 			t.Cleanup(srv.Close)
 			_, err := NewClient(srv.URL, 0).CreateCharge(context.Background(), req, "k1")
 
-			if got := ClassOf(err); got != tt.wantClass {
+			if got := processor.ClassOf(err); got != tt.wantClass {
 				t.Errorf("ClassOf(%v) = %v, want %v", err, got, tt.wantClass)
 			}
-			if got := errors.Is(err, ErrOutcomeUnknown); got != (tt.wantClass == ClassOutcomeUnknown) {
+			if got := errors.Is(err, processor.ErrOutcomeUnknown); got != (tt.wantClass == processor.ClassOutcomeUnknown) {
 				t.Errorf("errors.Is(%v, ErrOutcomeUnknown) = %v", err, got)
 			}
-			if got := errors.Is(err, ErrNotExecuted); got != (tt.wantClass == ClassNotExecuted) {
+			if got := errors.Is(err, processor.ErrNotExecuted); got != (tt.wantClass == processor.ClassNotExecuted) {
 				t.Errorf("errors.Is(%v, ErrNotExecuted) = %v", err, got)
 			}
-			if got := errors.Is(err, ErrMisconfigured); got != tt.ours {
+			if got := errors.Is(err, processor.ErrMisconfigured); got != tt.ours {
 				t.Errorf("errors.Is(%v, ErrMisconfigured) = %v", err, got)
 			}
 			if tt.ours && strings.Contains(err.Error(), "1234") {
 				t.Errorf("%v carries the processor's message, which may name our key", err)
 			}
-			if got := RetryAfterOf(err); got != tt.wantRetryAfter {
+			if got := processor.RetryAfterOf(err); got != tt.wantRetryAfter {
 				t.Errorf("RetryAfterOf = %v, want %v", got, tt.wantRetryAfter)
 			}
-			var decline *DeclineError
+			var decline *processor.DeclineError
 			if errors.As(err, &decline) != (tt.wantDecline != nil) {
 				t.Errorf("err = %v, want DeclineError %v", err, tt.wantDecline)
 			} else if tt.wantDecline != nil {
@@ -119,7 +121,7 @@ func TestClientClassifiesAnswers(t *testing.T) {
 					t.Errorf("decline (-want +got):\n%s", diff)
 				}
 			}
-			var reqErr *RequestError
+			var reqErr *processor.RequestError
 			if errors.As(err, &reqErr) != (tt.wantRequest != nil) {
 				t.Errorf("err = %v, want RequestError %v", err, tt.wantRequest)
 			} else if tt.wantRequest != nil {
@@ -141,7 +143,7 @@ func TestClientCountsRefusalsOfOurConfiguration(t *testing.T) {
 	refused := func() float64 { return counter(t, "processor_misconfigured_calls_total", "op", op) }
 	notExecuted := func() float64 { return counter(t, "processor_calls_total", "op", op, "class", "not_executed") }
 	beforeRefused, beforeNotExecuted := refused(), notExecuted()
-	_, _ = NewClient(srv.URL, 0).CreateCharge(context.Background(), ChargeRequest{Amount: 1, Currency: "EUR", PaymentMethod: "pm_card_visa"}, "k1")
+	_, _ = NewClient(srv.URL, 0).CreateCharge(context.Background(), processor.ChargeRequest{Amount: 1, Currency: "EUR", PaymentMethod: "pm_card_visa"}, "k1")
 	if got := refused() - beforeRefused; got != 1 {
 		t.Errorf("processor_misconfigured_calls_total{op=%q} rose by %v, want 1", op, got)
 	}
@@ -187,8 +189,8 @@ func TestClientRefusedConnectionIsNotExecuted(t *testing.T) {
 	srv := httptest.NewServer(http.NotFoundHandler())
 	url := srv.URL
 	srv.Close()
-	_, err := NewClient(url, 0).CreateCharge(context.Background(), ChargeRequest{Amount: 1, Currency: "EUR", PaymentMethod: "pm_card_visa"}, "k1")
-	if got := ClassOf(err); got != ClassNotExecuted {
+	_, err := NewClient(url, 0).CreateCharge(context.Background(), processor.ChargeRequest{Amount: 1, Currency: "EUR", PaymentMethod: "pm_card_visa"}, "k1")
+	if got := processor.ClassOf(err); got != processor.ClassNotExecuted {
 		t.Errorf("ClassOf(%v) = %v, want not executed", err, got)
 	}
 }
@@ -237,7 +239,7 @@ func TestClientStopsOnAnEmptyPageThatHasMore(t *testing.T) {
 	t.Parallel()
 	srv := httptest.NewServer(reply(200, `{"object":"list","data":[],"has_more":true}`))
 	t.Cleanup(srv.Close)
-	if _, err := NewClient(srv.URL, 0).RefundsByCharge(context.Background(), "ch_1"); ClassOf(err) == ClassFinal {
+	if _, err := NewClient(srv.URL, 0).RefundsByCharge(context.Background(), "ch_1"); processor.ClassOf(err) == processor.ClassFinal {
 		t.Errorf("err = %v, want an unsettled lookup", err)
 	}
 }
@@ -256,7 +258,7 @@ func TestClientSendsTheKeyAndBody(t *testing.T) {
 	t.Cleanup(srv.Close)
 
 	ch, err := NewClient(srv.URL+"/", 0).CreateCharge(context.Background(),
-		ChargeRequest{Amount: 1000, Currency: "EUR", PaymentMethod: "pm_card_visa", Metadata: map[string]string{"payment_id": "p1"}}, "k1")
+		processor.ChargeRequest{Amount: 1000, Currency: "EUR", PaymentMethod: "pm_card_visa", Metadata: map[string]string{"payment_id": "p1"}}, "k1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,8 +273,8 @@ func TestClientSendsTheKeyAndBody(t *testing.T) {
 
 func TestClientRequiresAKey(t *testing.T) {
 	t.Parallel()
-	_, err := NewClient("http://127.0.0.1:1", 0).Refund(context.Background(), RefundRequest{Charge: "ch_1"}, "")
-	if err == nil || ClassOf(err) != ClassNotExecuted {
+	_, err := NewClient("http://127.0.0.1:1", 0).Refund(context.Background(), processor.RefundRequest{Charge: "ch_1"}, "")
+	if err == nil || processor.ClassOf(err) != processor.ClassNotExecuted {
 		t.Errorf("err = %v, want an error before any call, classified not executed", err)
 	}
 }
@@ -310,8 +312,8 @@ func TestClientRefusesALookupThatIsNoList(t *testing.T) {
 		srv := httptest.NewServer(reply(200, body))
 		_, err := NewClient(srv.URL, 0).ChargesByIdempotencyKey(context.Background(), "k1")
 		srv.Close()
-		if ClassOf(err) != ClassOutcomeUnknown {
-			t.Errorf("a lookup answered 200 %s = %v (%v), want outcome unknown", body, err, ClassOf(err))
+		if processor.ClassOf(err) != processor.ClassOutcomeUnknown {
+			t.Errorf("a lookup answered 200 %s = %v (%v), want outcome unknown", body, err, processor.ClassOf(err))
 		}
 	}
 	srv := httptest.NewServer(reply(200, `{"object":"list","data":[],"has_more":false}`))

@@ -1,4 +1,4 @@
-package processor_test
+package simproc_test
 
 import (
 	"encoding/json"
@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemref/payments/internal/processor"
+	"github.com/idemref/payments/internal/processor/simproc"
 	"github.com/idemref/payments/internal/tooling/processorcontract"
 	"github.com/idemref/payments/internal/tooling/processorsim"
 	"github.com/idemref/payments/internal/webhook"
@@ -20,7 +21,7 @@ func TestSimulatorClientPassesTheContract(t *testing.T) {
 	srv := httptest.NewServer(sim.Handler())
 	t.Cleanup(srv.Close)
 	const secret = "whsec_contract"
-	client := processor.NewClient(srv.URL, 5*time.Second)
+	client := simproc.NewClient(srv.URL, 5*time.Second)
 
 	processorcontract.Run(t, processorcontract.Harness{
 		Processor: client,

@@ -1,8 +1,10 @@
-package processor
+package simproc
 
 import (
 	"errors"
 	"fmt"
+
+	"github.com/idemref/payments/internal/processor"
 )
 
 // List is one page of a list endpoint, oldest item first, as at Stripe:
@@ -68,9 +70,9 @@ const (
 // must not be taken as final.
 func complete(out any) error {
 	switch v := out.(type) {
-	case *Charge:
+	case *processor.Charge:
 		return chargeComplete(*v)
-	case *Refund:
+	case *processor.Refund:
 		return refundComplete(*v)
 	case completer:
 		return v.complete()
@@ -79,11 +81,11 @@ func complete(out any) error {
 }
 
 // chargeComplete is complete for a charge.
-func chargeComplete(ch Charge) error {
+func chargeComplete(ch processor.Charge) error {
 	switch {
 	case ch.ID == "":
 		return errors.New("the charge has no id")
-	case ch.Status != StatusSucceeded && ch.Status != StatusFailed:
+	case ch.Status != processor.StatusSucceeded && ch.Status != processor.StatusFailed:
 		return fmt.Errorf("the charge %s has no final status (%q)", ch.ID, ch.Status)
 	case ch.Amount <= 0:
 		return fmt.Errorf("the charge %s has no amount", ch.ID)
@@ -92,11 +94,11 @@ func chargeComplete(ch Charge) error {
 }
 
 // refundComplete is complete for a refund.
-func refundComplete(re Refund) error {
+func refundComplete(re processor.Refund) error {
 	switch {
 	case re.ID == "":
 		return errors.New("the refund has no id")
-	case re.Status != StatusSucceeded && re.Status != StatusFailed && re.Status != StatusPending && re.Status != StatusCanceled:
+	case re.Status != processor.StatusSucceeded && re.Status != processor.StatusFailed && re.Status != processor.StatusPending && re.Status != processor.StatusCanceled:
 		return fmt.Errorf("the refund %s has an unknown status (%q)", re.ID, re.Status)
 	case re.Amount <= 0:
 		return fmt.Errorf("the refund %s has no amount", re.ID)

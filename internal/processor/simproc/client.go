@@ -1,4 +1,4 @@
-package processor
+package simproc
 
 import (
 	"bytes"
@@ -13,13 +13,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemref/payments/internal/processor"
 	"github.com/idemref/payments/internal/webhook"
 )
 
 func init() {
 	// Every operation and class starts at zero, so a rate or increase over
 	// them sees the first call of each.
-	InitCallMetrics("POST /v1/charges", "POST /v1/refunds", "GET /v1/charges", "GET /v1/refunds")
+	processor.InitCallMetrics("POST /v1/charges", "POST /v1/refunds", "GET /v1/charges", "GET /v1/refunds")
 }
 
 // maxResponseBytes bounds what the client reads from one response, so a
@@ -44,7 +45,7 @@ func NewClient(baseURL string, timeout time.Duration) *Client {
 // Its requests are traced (tracing.go).
 func NewClientWithTransport(baseURL string, timeout time.Duration, transport http.RoundTripper) *Client {
 	if timeout <= 0 {
-		timeout = DefaultTimeout
+		timeout = processor.DefaultTimeout
 	}
 	return &Client{
 		baseURL: strings.TrimRight(baseURL, "/"),
@@ -53,7 +54,7 @@ func NewClientWithTransport(baseURL string, timeout time.Duration, transport htt
 }
 
 // The simulator's client is an adapter.
-var _ Processor = (*Client)(nil)
+var _ processor.Processor = (*Client)(nil)
 
 // LookupLag is zero: the simulator's lists read what it wrote.
 func (c *Client) LookupLag() time.Duration { return 0 }
@@ -61,17 +62,17 @@ func (c *Client) LookupLag() time.Duration { return 0 }
 // VerifyWebhook checks the simulator's signature (webhook.Header, or
 // Standard Webhooks when v says so) and decodes its event, which is
 // already in this package's vocabulary.
-func (c *Client) VerifyWebhook(payload []byte, h http.Header, v webhook.Verifier) (Event, error) {
+func (c *Client) VerifyWebhook(payload []byte, h http.Header, v webhook.Verifier) (processor.Event, error) {
 	if err := v.Verify(payload, h, webhook.Header, time.Now()); err != nil {
-		return Event{}, err
+		return processor.Event{}, err
 	}
 	// Lenient decoding: the processor may add fields to its events.
-	var ev Event
+	var ev processor.Event
 	if err := json.Unmarshal(payload, &ev); err != nil {
-		return Event{}, fmt.Errorf("%w: %w", ErrBadEvent, err)
+		return processor.Event{}, fmt.Errorf("%w: %w", processor.ErrBadEvent, err)
 	}
 	if ev.ID == "" || ev.Type == "" {
-		return Event{}, fmt.Errorf("%w: an event needs an id and a type", ErrBadEvent)
+		return processor.Event{}, fmt.Errorf("%w: an event needs an id and a type", processor.ErrBadEvent)
 	}
 	return ev, nil
 }
@@ -79,9 +80,9 @@ func (c *Client) VerifyWebhook(payload []byte, h http.Header, v webhook.Verifier
 // CreateCharge charges req.Amount to req.PaymentMethod. idempotencyKey must
 // be the same on every retry of one logical charge (requirement S2), so the
 // processor executes it at most once.
-func (c *Client) CreateCharge(ctx context.Context, req ChargeRequest, idempotencyKey string) (Charge, error) {
+func (c *Client) CreateCharge(ctx context.Context, req processor.ChargeRequest, idempotencyKey string) (processor.Charge, error) {
 	ctx, span := startCall(ctx, spanCharge, idempotencyKey)
-	var ch Charge
+	var ch processor.Charge
 	err := c.post(ctx, "/v1/charges", req, idempotencyKey, &ch)
 	endCall(span, err)
 	return ch, err
@@ -89,9 +90,9 @@ func (c *Client) CreateCharge(ctx context.Context, req ChargeRequest, idempotenc
 
 // Refund refunds req.Amount (or everything still refundable when zero) of
 // req.Charge. The idempotency rules are those of CreateCharge.
-func (c *Client) Refund(ctx context.Context, req RefundRequest, idempotencyKey string) (Refund, error) {
+func (c *Client) Refund(ctx context.Context, req processor.RefundRequest, idempotencyKey string) (processor.Refund, error) {
 	ctx, span := startCall(ctx, spanRefund, idempotencyKey)
-	var re Refund
+	var re processor.Refund
 	err := c.post(ctx, "/v1/refunds", req, idempotencyKey, &re)
 	endCall(span, err)
 	return re, err
@@ -102,28 +103,28 @@ func (c *Client) Refund(ctx context.Context, req RefundRequest, idempotencyKey s
 // whether the charge exists; against a processor that ignores keys
 // (requirement S4) more than one charge means a double charge to
 // compensate.
-func (c *Client) ChargesByIdempotencyKey(ctx context.Context, key string) (_ []Charge, err error) {
+func (c *Client) ChargesByIdempotencyKey(ctx context.Context, key string) (_ []processor.Charge, err error) {
 	ctx, span := startCall(ctx, spanChargesByKey, key)
 	defer func() { endCall(span, err) }()
-	return listAll(ctx, c, "/v1/charges", url.Values{"idempotency_key": {key}}, func(ch Charge) string { return ch.ID })
+	return listAll(ctx, c, "/v1/charges", url.Values{"idempotency_key": {key}}, func(ch processor.Charge) string { return ch.ID })
 }
 
 // ChargesByMetadata lists every charge whose metadata maps key to value,
 // oldest first, reading every page. It finds charges when the idempotency
 // key is not known, for example by the payment id the API put in the
 // metadata.
-func (c *Client) ChargesByMetadata(ctx context.Context, key, value string) (_ []Charge, err error) {
+func (c *Client) ChargesByMetadata(ctx context.Context, key, value string) (_ []processor.Charge, err error) {
 	ctx, span := startCall(ctx, spanChargesByMetadata, "")
 	defer func() { endCall(span, err) }()
-	return listAll(ctx, c, "/v1/charges", url.Values{"metadata_key": {key}, "metadata_value": {value}}, func(ch Charge) string { return ch.ID })
+	return listAll(ctx, c, "/v1/charges", url.Values{"metadata_key": {key}, "metadata_value": {value}}, func(ch processor.Charge) string { return ch.ID })
 }
 
 // RefundsByCharge lists the refunds of one charge, oldest first, reading
 // every page.
-func (c *Client) RefundsByCharge(ctx context.Context, chargeID string) (_ []Refund, err error) {
+func (c *Client) RefundsByCharge(ctx context.Context, chargeID string) (_ []processor.Refund, err error) {
 	ctx, span := startCall(ctx, spanRefundsByCharge, "")
 	defer func() { endCall(span, err) }()
-	return listAll(ctx, c, "/v1/refunds", url.Values{"charge": {chargeID}}, func(re Refund) string { return re.ID })
+	return listAll(ctx, c, "/v1/refunds", url.Values{"charge": {chargeID}}, func(re processor.Refund) string { return re.ID })
 }
 
 // maxListPages bounds one listing, so a processor that always says
@@ -145,11 +146,11 @@ func listAll[T any](ctx context.Context, c *Client, path string, q url.Values, i
 			return all, nil
 		}
 		if len(page.Data) == 0 {
-			return nil, &UnsettledError{Class: ClassNotExecuted, Op: "GET " + path, Err: errors.New("has_more on an empty page")}
+			return nil, &processor.UnsettledError{Class: processor.ClassNotExecuted, Op: "GET " + path, Err: errors.New("has_more on an empty page")}
 		}
 		q.Set("starting_after", id(page.Data[len(page.Data)-1]))
 	}
-	return nil, &UnsettledError{Class: ClassNotExecuted, Op: "GET " + path, Err: fmt.Errorf("more than %d pages", maxListPages)}
+	return nil, &processor.UnsettledError{Class: processor.ClassNotExecuted, Op: "GET " + path, Err: fmt.Errorf("more than %d pages", maxListPages)}
 }
 
 func (c *Client) post(ctx context.Context, path string, body any, idempotencyKey string, out any) error {
@@ -188,7 +189,7 @@ func (c *Client) get(ctx context.Context, pathAndQuery string, out any) error {
 // *DeclineError or *RequestError; everything else is an *UnsettledError.
 func (c *Client) do(req *http.Request, op string, out any) error {
 	err := c.roundTrip(req, op, out)
-	CountCall(op, err)
+	processor.CountCall(op, err)
 	return err
 }
 
@@ -196,14 +197,14 @@ func (c *Client) roundTrip(req *http.Request, op string, out any) error {
 	req.Header.Set("Accept", "application/json")
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return &UnsettledError{Class: SendFailureClass(err), Op: op, Err: err}
+		return &processor.UnsettledError{Class: processor.SendFailureClass(err), Op: op, Err: err}
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxResponseBytes))
 	if err != nil {
 		// The status line arrived but the body did not: for a 200 the charge
 		// exists and we cannot read it.
-		return &UnsettledError{Class: ClassOutcomeUnknown, Op: op, Status: resp.StatusCode, Err: fmt.Errorf("read response: %w", err)}
+		return &processor.UnsettledError{Class: processor.ClassOutcomeUnknown, Op: op, Status: resp.StatusCode, Err: fmt.Errorf("read response: %w", err)}
 	}
 	apiErr := APIError{}
 	if resp.StatusCode >= 300 {
@@ -211,10 +212,10 @@ func (c *Client) roundTrip(req *http.Request, op string, out any) error {
 	}
 	class, ours := classify(resp.StatusCode, apiErr)
 	if ours {
-		return MisconfiguredError(op, resp.StatusCode)
+		return processor.MisconfiguredError(op, resp.StatusCode)
 	}
-	if class != ClassFinal {
-		return &UnsettledError{
+	if class != processor.ClassFinal {
+		return &processor.UnsettledError{
 			Class: class, Op: op, Status: resp.StatusCode,
 			RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After")),
 			Err:        errors.New(messageOf(apiErr)),
@@ -225,19 +226,19 @@ func (c *Client) roundTrip(req *http.Request, op string, out any) error {
 		if err := json.Unmarshal(body, out); err != nil {
 			// Executed but unreadable; a lookup or a resend with the same
 			// key tells what it was.
-			return &UnsettledError{Class: ClassOutcomeUnknown, Op: op, Status: resp.StatusCode, Err: fmt.Errorf("decode response: %w", err)}
+			return &processor.UnsettledError{Class: processor.ClassOutcomeUnknown, Op: op, Status: resp.StatusCode, Err: fmt.Errorf("decode response: %w", err)}
 		}
 		if err := complete(out); err != nil {
 			// Readable but incomplete ({} or no id): as unknown as an
 			// unreadable answer. Taken as final, a success without a
 			// charge id would have the sweep refund the real charge.
-			return &UnsettledError{Class: ClassOutcomeUnknown, Op: op, Status: resp.StatusCode, Err: fmt.Errorf("incomplete response: %w", err)}
+			return &processor.UnsettledError{Class: processor.ClassOutcomeUnknown, Op: op, Status: resp.StatusCode, Err: fmt.Errorf("incomplete response: %w", err)}
 		}
 		return nil
 	case resp.StatusCode == http.StatusPaymentRequired:
-		return &DeclineError{Code: apiErr.Code, DeclineCode: apiErr.DeclineCode, Message: apiErr.Message, ChargeID: apiErr.Charge}
+		return &processor.DeclineError{Code: apiErr.Code, DeclineCode: apiErr.DeclineCode, Message: apiErr.Message, ChargeID: apiErr.Charge}
 	default:
-		return &RequestError{Status: resp.StatusCode, Type: apiErr.Type, Code: apiErr.Code, Message: apiErr.Message}
+		return &processor.RequestError{Status: resp.StatusCode, Type: apiErr.Type, Code: apiErr.Code, Message: apiErr.Message}
 	}
 }
 
@@ -245,32 +246,32 @@ func (c *Client) roundTrip(req *http.Request, op string, out any) error {
 // of the package documentation. Only ClassFinal may complete a key or mark
 // a payment failed. ours says the answer refused our own configuration
 // (S8, Misconfigured): then the class is ClassNotExecuted.
-func classify(status int, e APIError) (class Class, ours bool) {
+func classify(status int, e APIError) (class processor.Class, ours bool) {
 	switch {
 	case status >= 200 && status < 300:
-		return ClassFinal, false // the charge or refund, as it is
+		return processor.ClassFinal, false // the charge or refund, as it is
 	case status == http.StatusPaymentRequired:
-		return ClassFinal, false // a decline: the same card is declined again
+		return processor.ClassFinal, false // a decline: the same card is declined again
 	case status == http.StatusTooManyRequests:
-		return ClassNotExecuted, false // rate limited before anything ran
+		return processor.ClassNotExecuted, false // rate limited before anything ran
 	case status == http.StatusConflict:
 		// Another call with this key is still running: this one did
 		// nothing, but that one may yet succeed, so the outcome is open.
-		return ClassOutcomeUnknown, false
+		return processor.ClassOutcomeUnknown, false
 	case status == http.StatusRequestTimeout, status == http.StatusTooEarly, status >= 500:
-		return ClassOutcomeUnknown, false // the processor may have started, or finish later
-	case Misconfigured(status, e.Code):
+		return processor.ClassOutcomeUnknown, false // the processor may have started, or finish later
+	case processor.Misconfigured(status, e.Code):
 		// Our key or URL, refused before anything ran: never the
 		// request's outcome, and a retry executes once it is fixed.
-		return ClassNotExecuted, true
+		return processor.ClassNotExecuted, true
 	case status >= 400 && e.Type == ErrorTypeIdempotency:
 		// The key was first used with other parameters: whatever ran
 		// under it is not what this answer says. Look it up.
-		return ClassOutcomeUnknown, false
+		return processor.ClassOutcomeUnknown, false
 	case status >= 400:
-		return ClassFinal, false // the request itself is wrong: amount, charge, method
+		return processor.ClassFinal, false // the request itself is wrong: amount, charge, method
 	}
-	return ClassOutcomeUnknown, false // 1xx and 3xx are not part of the API
+	return processor.ClassOutcomeUnknown, false // 1xx and 3xx are not part of the API
 }
 
 // parseRetryAfter reads delay-seconds or an HTTP date; 0 when absent or

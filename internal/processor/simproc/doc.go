@@ -43,4 +43,4 @@
 //
 // The client itself never retries: retries, their budget and the decision
 // to look up instead belong to the payment state machine (requirement S1).
-package processor
+package simproc
