@@ -133,10 +133,11 @@ type goFile struct {
 	imports []string
 }
 
-// moduleFiles parses the imports of every non-test Go file of the module,
-// in every build configuration (a file behind a build tag ships in some
-// binary too), and keeps the imports of the module's own packages.
-func moduleFiles(t *testing.T) []goFile {
+// moduleFiles parses the imports of every non-test Go file of the module
+// (and of every test file too when tests), in every build configuration (a
+// file behind a build tag ships in some binary too), and keeps the imports
+// of the module's own packages.
+func moduleFiles(t *testing.T, tests bool) []goFile {
 	t.Helper()
 	gomod, err := os.ReadFile("go.mod")
 	if err != nil {
@@ -159,7 +160,7 @@ func moduleFiles(t *testing.T) []goFile {
 			}
 			return nil
 		}
-		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+		if !strings.HasSuffix(path, ".go") || (!tests && strings.HasSuffix(path, "_test.go")) {
 			return nil
 		}
 		f, err := parser.ParseFile(fset, path, nil, parser.ImportsOnly)
@@ -250,7 +251,7 @@ func TestImportsFollowLayout(t *testing.T) {
 	}
 
 	excepted := map[string]bool{} // file + " " + import, used
-	for _, f := range moduleFiles(t) {
+	for _, f := range moduleFiles(t, false) {
 		from, ok := of[f.dir]
 		if !ok {
 			continue // TestLayoutNamesEveryPackage reports it
@@ -278,12 +279,52 @@ func TestImportsFollowLayout(t *testing.T) {
 	}
 }
 
+// processorDir holds the Processor interface; each directory below it is
+// one adapter of it (as simproc, stripeproc).
+const processorDir = "internal/processor"
+
+// adapterOf returns the processor adapter a package directory belongs to,
+// its first directory below processorDir, or "" for none.
+func adapterOf(dir string) string {
+	rest, ok := strings.CutPrefix(dir, processorDir+"/")
+	if !ok {
+		return ""
+	}
+	adapter, _, _ := strings.Cut(rest, "/")
+	return adapter
+}
+
+// TestProcessorAdaptersStandAlone: a processor adapter imports no other
+// adapter, in its code or its tests, and the interface package imports
+// none, as river's driver adapters import only the driver interface. What
+// two adapters share belongs in internal/processor, so one adapter can be
+// changed, replaced or dropped without touching another.
+func TestProcessorAdaptersStandAlone(t *testing.T) {
+	adapters := map[string]bool{}
+	for _, f := range moduleFiles(t, true) {
+		from := adapterOf(f.dir)
+		if from == "" && f.dir != processorDir {
+			continue
+		}
+		adapters[from] = true
+		for _, imp := range f.imports {
+			if to := adapterOf(imp); to != "" && to != from {
+				t.Errorf("%s imports %s: a processor adapter imports no other adapter, nor does %s any; move what both need into %s", f.path, imp, processorDir, processorDir)
+			}
+		}
+	}
+	delete(adapters, "") // the interface package
+	if len(adapters) < 2 {
+		t.Fatalf("found the processor adapters %v below %s, want at least two: is the test running at the module's root?", adapters, processorDir)
+	}
+}
+
 // TestOnlyTestsImportTestkit: internal/tooling/testkit is for tests; a
 // production file that imported it would ship test helpers in the binary,
 // and a tool's would link them into a developer's command.
 func TestOnlyTestsImportTestkit(t *testing.T) {
 	const testkit = "internal/tooling/testkit"
-	for _, f := range moduleFiles(t) {
+	for _, f := range moduleFiles(t, false) {
 		if f.dir != testkit && slices.Contains(f.imports, testkit) {
 			t.Errorf("%s imports %s; only tests may", f.path, testkit)
 		}
