@@ -9,7 +9,7 @@ import (
 )
 
 // Class is what one answer of the processor means for the operation
-// (requirement S6). Every answer is classified once, by classify, and only
+// (requirement S6). Every answer is classified once, by its adapter, and only
 // ClassFinal answers may complete an idempotency key or mark a payment
 // failed.
 type Class int
@@ -87,7 +87,7 @@ func (e *UnsettledError) Is(target error) bool {
 		(target == ErrOutcomeUnknown && e.Class == ClassOutcomeUnknown)
 }
 
-// ClassOf returns the class of an error returned by a Client call: nil,
+// ClassOf returns the class of an error returned by an adapter's call: nil,
 // *DeclineError and *RequestError are final; an *UnsettledError says its
 // class. Any other error (the caller's own, such as a missing key) did not
 // reach the processor and counts as not executed.
@@ -169,7 +169,8 @@ func (e *DeclineError) Error() string {
 // charge it names): nothing was executed and repeating it is pointless.
 // Type and Code come from the processor (for example
 // invalid_request_error/amount_too_large). A 4xx about the idempotency key
-// is never a RequestError: see the table in the package documentation.
+// is never a RequestError: see the table in each adapter's package
+// documentation.
 type RequestError struct {
 	Status  int
 	Type    string

@@ -10,9 +10,10 @@ import (
 )
 
 // Processor is what the payment machine needs of a payment processor
-// (requirement S7). Two adapters implement it: Client (the simulator's
-// HTTP API) and internal/processor/stripeproc (Stripe, through stripe-go).
-// A third one must pass the shared contract suite,
+// (requirement S7). Two adapters implement it, each a package beside this
+// one that imports neither the other: internal/processor/simproc (the
+// simulator's HTTP API) and internal/processor/stripeproc (Stripe, through
+// stripe-go). A third one must pass the shared contract suite,
 // internal/tooling/processorcontract, as both do.
 //
 // Every method classifies its answer once, in the adapter (S6): nil,

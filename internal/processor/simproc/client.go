@@ -61,7 +61,7 @@ func (c *Client) LookupLag() time.Duration { return 0 }
 
 // VerifyWebhook checks the simulator's signature (webhook.Header, or
 // Standard Webhooks when v says so) and decodes its event, which is
-// already in this package's vocabulary.
+// already in package processor's vocabulary.
 func (c *Client) VerifyWebhook(payload []byte, h http.Header, v webhook.Verifier) (processor.Event, error) {
 	if err := v.Verify(payload, h, webhook.Header, time.Now()); err != nil {
 		return processor.Event{}, err

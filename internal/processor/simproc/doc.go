@@ -1,15 +1,16 @@
-// Package processor owns the wire format of the payment processor and the
-// client the API uses to call it over HTTP (requirement S5).
+// Package simproc is the adapter of processor.Processor to the processor
+// simulator (requirements S5, S7): its wire format and the client the API
+// uses to call it over HTTP.
 //
-// The JSON types here are the one definition of that format: the simulator
-// in internal/tooling/processorsim serves exactly these types, so client and
-// simulator cannot drift apart.
+// The JSON types here, with the charges, refunds and events of package
+// processor whose JSON form they carry, are the one definition of that
+// format: the simulator in internal/tooling/processorsim serves exactly
+// these types, so client and simulator cannot drift apart.
 //
 // # What an answer means (S6)
 //
-// Every answer is classified once, in classify, into one of three classes.
-// The class, not the status code, decides what a caller may do next; only
-// a final answer may complete an idempotency key or mark a payment failed.
+// Every answer is classified once, in classify, into one of the three
+// classes of package processor:
 //
 //	answer                                         class            error
 //	2xx                                            final            nil
@@ -26,16 +27,9 @@
 //
 // A 401, a 403 or a 404 that names no missing object refuses our own
 // configuration (the secret key, the URL), never the request (S8,
-// Misconfigured): the payment machine treats it as any call not executed,
-// and processor_misconfigured_calls_total counts it for an alert.
-//
-// "Not executed" means this call did nothing; a call sent before it may
-// still land. "Outcome unknown" means the charge may exist, may appear
-// later (a processor keeps executing a call whose caller gave up), or
-// another call with the same key is still running and may succeed. The only
-// safe resend reuses the same idempotency key, and against a processor that
-// ignores keys (S4) even that is safe only once the earlier call can no
-// longer land: see docs/payments.md, "Unknown outcomes".
+// processor.Misconfigured): the payment machine treats it as any call not
+// executed, and processor_misconfigured_calls_total counts it for an
+// alert. What each class allows is package processor's to say.
 //
 // List calls (ChargesByIdempotencyKey, RefundsByCharge, ...) read every
 // page: a lookup that stopped at the first page would take "not found"

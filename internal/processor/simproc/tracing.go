@@ -20,7 +20,7 @@ import (
 // Traces of the processor calls (X3). Each call of the Client is a span
 // (spanCharge, ...) with the hash of the key it sends
 // (tracing.AttrProcessorKeyHash, never the key) and the class of the
-// answer (attrOutcome: final, not_executed, outcome_unknown; ClassOf). Under
+// answer (attrOutcome: final, not_executed, outcome_unknown; processor.ClassOf). Under
 // it, each HTTP request is a client span, which sends the trace on to the
 // processor in traceparent (clientSpans).
 
