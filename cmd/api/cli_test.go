@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemref/payments/internal/config"
 	"github.com/idemref/payments/internal/dbmigrate"
 	"github.com/idemref/payments/internal/messaging"
 	"github.com/idemref/payments/internal/tenants"
@@ -305,15 +306,15 @@ func TestStartupLogHidesPasswords(t *testing.T) {
 func TestEveryVariableIsDocumented(t *testing.T) {
 	t.Parallel()
 	rows := map[string]bool{}
-	for _, s := range settings {
-		if rows[s.name] {
-			t.Errorf("settings has two rows for %s", s.name)
+	for _, s := range config.Settings {
+		if rows[s.Name] {
+			t.Errorf("settings has two rows for %s", s.Name)
 		}
-		rows[s.name] = true
+		rows[s.Name] = true
 	}
 	// What loadConfig reads (a name without a row panics in withDefaults).
 	read := map[string]bool{}
-	if _, err := loadConfig(func(name string) string { read[name] = true; return "" }); err != nil {
+	if _, err := config.Load(func(name string) string { read[name] = true; return "" }); err != nil {
 		t.Fatalf("the defaults of settings are refused: %v", err)
 	}
 	for name := range read {
@@ -342,7 +343,7 @@ func TestEveryVariableIsDocumented(t *testing.T) {
 		}
 		for _, m := range direct.FindAllStringSubmatch(string(src), -1) {
 			if !rows[m[1]] {
-				t.Errorf("%s reads %s, which has no row in settings (config.go): add one", f, m[1])
+				t.Errorf("%s reads %s, which has no row in settings (internal/config/config.go): add one", f, m[1])
 			}
 		}
 	}
@@ -353,24 +354,24 @@ func TestEveryVariableIsDocumented(t *testing.T) {
 // changes nothing.
 func TestDocumentedDefaultsAreTheDefaults(t *testing.T) {
 	t.Parallel()
-	base, err := loadConfig(func(string) string { return "" })
+	base, err := config.Load(func(string) string { return "" })
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range settings {
-		if s.def == "" {
+	for _, s := range config.Settings {
+		if s.Default == "" {
 			continue
 		}
-		cfg, err := loadConfig(func(name string) string {
-			if name == s.name {
-				return s.def
+		cfg, err := config.Load(func(name string) string {
+			if name == s.Name {
+				return s.Default
 			}
 			return ""
 		})
 		if err != nil {
-			t.Errorf("%s=%s (its documented default): %v", s.name, s.def, err)
+			t.Errorf("%s=%s (its documented default): %v", s.Name, s.Default, err)
 		} else if !reflect.DeepEqual(cfg, base) {
-			t.Errorf("%s=%s (its documented default) changes the configuration", s.name, s.def)
+			t.Errorf("%s=%s (its documented default) changes the configuration", s.Name, s.Default)
 		}
 	}
 }
@@ -394,13 +395,13 @@ func TestHelpPrintsTheConfiguration(t *testing.T) {
 	if strings.ContainsAny(conf, "|`") {
 		t.Errorf("api help's configuration has markdown in it:\n%s", conf)
 	}
-	for _, s := range settings {
-		line := regexp.MustCompile(`(?m)^  ` + s.name + ` +(.*)$`).FindStringSubmatch(conf)
+	for _, s := range config.Settings {
+		line := regexp.MustCompile(`(?m)^  ` + s.Name + ` +(.*)$`).FindStringSubmatch(conf)
 		switch {
 		case line == nil:
-			t.Errorf("api help does not list %s", s.name)
-		case s.def != "" && !strings.HasPrefix(line[1], s.def):
-			t.Errorf("api help: %s's default is %q, want %s", s.name, line[1], s.def)
+			t.Errorf("api help does not list %s", s.Name)
+		case s.Default != "" && !strings.HasPrefix(line[1], s.Default):
+			t.Errorf("api help: %s's default is %q, want %s", s.Name, line[1], s.Default)
 		}
 	}
 	for _, line := range strings.Split(conf, "\n") {
@@ -420,10 +421,10 @@ const configurationDoc = "../../docs/configuration.md"
 
 // markdownRow is s as a row of configurationDoc's table; a backticked path
 // under docs/ becomes a link.
-func markdownRow(s setting) string {
+func markdownRow(s config.Setting) string {
 	link := regexp.MustCompile("`docs/([a-z-]+\\.md)`")
 	cell := func(text string) string { return link.ReplaceAllString(text, "[$1]($1)") }
-	return "| `" + s.name + "` | " + cell(s.defaultText()) + " | " + cell(s.meaning()) + " |"
+	return "| `" + s.Name + "` | " + cell(s.DefaultText()) + " | " + cell(s.Meaning()) + " |"
 }
 
 // The table in docs/configuration.md is settings, row by row, in its order.
@@ -444,7 +445,7 @@ func TestConfigurationTableInDocs(t *testing.T) {
 		got = append(got, row)
 	}
 	var want []string
-	for _, s := range settings {
+	for _, s := range config.Settings {
 		want = append(want, markdownRow(s))
 	}
 	if *updateDocs {
@@ -457,15 +458,15 @@ func TestConfigurationTableInDocs(t *testing.T) {
 	for i := range max(len(got), len(want)) {
 		switch {
 		case i >= len(want):
-			t.Errorf("%s: row %d is not in settings (config.go): %s", configurationDoc, i+1, got[i])
+			t.Errorf("%s: row %d is not in settings (internal/config/config.go): %s", configurationDoc, i+1, got[i])
 		case i >= len(got):
 			t.Errorf("%s: row %d is missing: %s", configurationDoc, i+1, want[i])
 		case got[i] != want[i]:
-			t.Errorf("%s: row %d differs from settings (config.go)\n got  %s\n want %s", configurationDoc, i+1, got[i], want[i])
+			t.Errorf("%s: row %d differs from settings (internal/config/config.go)\n got  %s\n want %s", configurationDoc, i+1, got[i], want[i])
 		}
 	}
 	if t.Failed() {
-		t.Log("settings in config.go is the source: go test ./cmd/api -run TestConfigurationTableInDocs -update-docs rewrites the table")
+		t.Log("config.Settings in internal/config/config.go is the source: go test ./cmd/api -run TestConfigurationTableInDocs -update-docs rewrites the table")
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemref/payments/internal/broker"
+	"github.com/idemref/payments/internal/config"
 	"github.com/idemref/payments/internal/consumer"
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/events"
@@ -20,7 +21,7 @@ import (
 // (consumer.Redrive) and prints what it did. Redrive also needs the
 // database: a dead letter is published again only when the inbox can vouch
 // that its event was not applied.
-func deadLetters(ctx context.Context, cfg config, action string, stdout io.Writer) error {
+func deadLetters(ctx context.Context, cfg config.Config, action string, stdout io.Writer) error {
 	if action == "redrive" && cfg.DatabaseURL == "" {
 		return fmt.Errorf("%w (redrive asks the consumers' inbox whether each event was applied)", errNoDatabaseURL)
 	}

@@ -23,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
+	"github.com/idemref/payments/internal/config"
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/dbmigrate"
 	"github.com/idemref/payments/internal/events"
@@ -61,7 +62,7 @@ const devStandardWebhookSecret = "whsec_ZGV2ZWxvcG1lbnQtb25seS13ZWJob29rLXNlY3Jl
 // a private PostgreSQL from the machine's server binaries (initdb the first
 // time only) and stops it on exit. Then it migrates, creates a demo tenant,
 // prints ready-to-paste curl commands and serves.
-func dev(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer) error {
+func dev(ctx context.Context, cfg config.Config, logger *slog.Logger, stdout io.Writer) error {
 	// A busy port is found before PostgreSQL, NATS and the simulator are
 	// started for nothing: serve listens on the same address later.
 	if err := addrFree(cfg.Addr); err != nil {
@@ -119,7 +120,7 @@ func dev(ctx context.Context, cfg config, logger *slog.Logger, stdout io.Writer)
 		})
 	}
 	var sim *processorsim.Server
-	if cfg.ProcessorURL == "" && cfg.Processor == processorSimulator {
+	if cfg.ProcessorURL == "" && cfg.Processor == config.ProcessorSimulator {
 		// The processor simulator, in this process but over real HTTP.
 		var err error
 		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(portIfFree(ports.simulator)))
@@ -279,8 +280,8 @@ type bannerProcessor struct{ about, export, webhooks string }
 // under $SIM/_sim, or Stripe's, which has no such thing and whose webhooks
 // reach this API through the Stripe CLI. URLs are shown without their
 // credentials (R8).
-func processorBanner(cfg config) bannerProcessor {
-	if cfg.Processor == processorStripe {
+func processorBanner(cfg config.Config) bannerProcessor {
+	if cfg.Processor == config.ProcessorStripe {
 		return bannerProcessor{
 			about:    "Processor: Stripe at " + messaging.RedactURL(cfg.StripeURL) + " with STRIPE_API_KEY (its payments show in the Stripe Dashboard)",
 			webhooks: "Stripe's webhooks reach $API/v1/webhooks/processor through stripe listen --forward-to $API/v1/webhooks/processor, with WEBHOOK_SECRETS set to the whsec_ secret it prints",

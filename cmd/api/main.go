@@ -57,6 +57,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/idemref/payments/internal/config"
 	"github.com/idemref/payments/internal/logging"
 	"github.com/idemref/payments/internal/tracing"
 )
@@ -170,7 +171,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	// Help needs no configuration: it also explains a broken one.
 	if wantsHelp(args) {
-		fmt.Fprint(stdout, usage, "\n", configurationHelp())
+		fmt.Fprint(stdout, usage, "\n", config.Help())
 		return nil
 	}
 	// Nor does the version: it is the binary's, whatever the environment.
@@ -181,7 +182,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		printVersion(stdout, readBuildVersion())
 		return nil
 	}
-	cfg, err := loadConfig(getenv)
+	cfg, err := config.Load(getenv)
 	if err != nil {
 		return err
 	}
@@ -208,7 +209,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return errors.New("NATS_URL is not set: serve publishes events to and consumes them from NATS JetStream (for a zero-setup local run use 'make run')")
 		}
 		if cfg.ProcessorURL == "" {
-			cfg.ProcessorURL = defaultProcessorURL
+			cfg.ProcessorURL = config.DefaultProcessorURL
 		}
 		return serve(ctx, cfg, logger, nil)
 	case cmd == "completer" && len(rest) == 0:
@@ -216,7 +217,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			return errNoDatabaseURL
 		}
 		if cfg.ProcessorURL == "" {
-			cfg.ProcessorURL = defaultProcessorURL
+			cfg.ProcessorURL = config.DefaultProcessorURL
 		}
 		return runCompleter(ctx, cfg, logger)
 	case cmd == "reap" && (len(rest) == 0 || len(rest) == 1 && rest[0] == "--loop"):
@@ -233,7 +234,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		if cfg.DatabaseURL == "" {
 			return errNoDatabaseURL
 		}
-		return migrate(ctx, cfg.directURL(), "up", 0, logger)
+		return migrate(ctx, cfg.DirectURL(), "up", 0, logger)
 	case cmd == "migrate" && len(rest) >= 1 && rest[0] == "down":
 		// Rolling back everything drops every table and row: it is never
 		// what a bare "down" does.
@@ -251,7 +252,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		if cfg.DatabaseURL == "" {
 			return errNoDatabaseURL
 		}
-		return migrate(ctx, cfg.directURL(), "down", steps, logger)
+		return migrate(ctx, cfg.DirectURL(), "down", steps, logger)
 	case cmd == "tenant" && len(rest) == 2 && rest[0] == "create":
 		if cfg.DatabaseURL == "" {
 			return errNoDatabaseURL

@@ -3,6 +3,7 @@ package main
 import (
 	"testing"
 
+	"github.com/idemref/payments/internal/config"
 	"github.com/idemref/payments/internal/processor"
 	"github.com/idemref/payments/internal/tooling/stripefake"
 )
@@ -13,7 +14,7 @@ func TestStripeProcessorIsWiredFromTheEnvironment(t *testing.T) {
 	t.Parallel()
 	fake := stripefake.Start(t)
 	env := map[string]string{"PROCESSOR": "stripe", "STRIPE_API_KEY": "sk_test_wired", "STRIPE_API_URL": fake.URL}
-	cfg, err := loadConfig(func(k string) string { return env[k] })
+	cfg, err := config.Load(func(k string) string { return env[k] })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemref/payments/internal/broker"
+	"github.com/idemref/payments/internal/config"
 	"github.com/idemref/payments/internal/events"
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/reaper"
@@ -123,7 +124,7 @@ func TestRedriveNeverAppliesAnEventTwice(t *testing.T) {
 	// The server's reaper may hold the row (its prune skips locked rows,
 	// and so does this one) until its own pass commits: pass again until
 	// one of them has pruned it.
-	reap := reaper.New(pool, reaper.Config{MessageRetention: DefaultMessageRetention, Logger: slog.New(slog.DiscardHandler)})
+	reap := reaper.New(pool, reaper.Config{MessageRetention: config.DefaultMessageRetention, Logger: slog.New(slog.DiscardHandler)})
 	var inbox int
 	testkit.WaitFor(t, 10*time.Second, func() bool {
 		if _, err := reap.RunOnce(ctx); err != nil {

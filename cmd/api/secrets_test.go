@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemref/payments/internal/config"
 	"github.com/idemref/payments/internal/tooling/testdb"
 	"github.com/idemref/payments/internal/tracing"
 )
@@ -22,9 +23,9 @@ const secretToken = "S3cretPassQz7"
 // one: the settings marked secret, and OpenTelemetry's exporter's.
 func secretVariables() []string {
 	var names []string
-	for _, s := range settings {
-		if s.secret {
-			names = append(names, s.name)
+	for _, s := range config.Settings {
+		if s.Secret {
+			names = append(names, s.Name)
 		}
 	}
 	return append(names, tracing.SecretVariables...)
@@ -107,7 +108,7 @@ func runUntilReady(t *testing.T, command string, env []string) (out string, read
 	cmd.Dir = t.TempDir()
 	for _, kv := range os.Environ() {
 		name, _, _ := strings.Cut(kv, "=")
-		if !strings.HasPrefix(name, "OTEL_") && !slices.ContainsFunc(settings, func(s setting) bool { return s.name == name }) {
+		if !strings.HasPrefix(name, "OTEL_") && !slices.ContainsFunc(config.Settings, func(s config.Setting) bool { return s.Name == name }) {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}

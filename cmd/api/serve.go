@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	apispec "github.com/idemref/payments"
+	"github.com/idemref/payments/internal/config"
 	"github.com/idemref/payments/internal/connlimit"
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/dbmigrate"
@@ -70,7 +71,7 @@ const (
 //
 // ready, when set, is called with the bound addresses once the listeners
 // are open (admin "" when ADMIN_ADDR is unset).
-func serve(ctx context.Context, cfg config, logger *slog.Logger, ready func(addr, admin string)) error {
+func serve(ctx context.Context, cfg config.Config, logger *slog.Logger, ready func(addr, admin string)) error {
 	pool, err := db.Open(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return err
@@ -350,11 +351,11 @@ func beside(ctx context.Context, run func(context.Context)) (stop func()) {
 // when DATABASE_DIRECT_URL is DATABASE_URL, else a pool of its own on the
 // direct URL, as small as the one connection needs (D3), which release
 // closes.
-func directPool(ctx context.Context, pool *pgxpool.Pool, cfg config) (direct *pgxpool.Pool, release func(), err error) {
-	if cfg.directURL() == cfg.DatabaseURL {
+func directPool(ctx context.Context, pool *pgxpool.Pool, cfg config.Config) (direct *pgxpool.Pool, release func(), err error) {
+	if cfg.DirectURL() == cfg.DatabaseURL {
 		return pool, func() {}, nil
 	}
-	direct, err = db.Open(ctx, cfg.directURL(), db.MaxConns(2))
+	direct, err = db.Open(ctx, cfg.DirectURL(), db.MaxConns(2))
 	if err != nil {
 		return nil, nil, fmt.Errorf("DATABASE_DIRECT_URL: %w", err)
 	}
@@ -363,23 +364,23 @@ func directPool(ctx context.Context, pool *pgxpool.Pool, cfg config) (direct *pg
 
 // processorTarget says which processor the process calls, for its log:
 // the URL without its credentials (R8).
-func processorTarget(cfg config) string {
-	if cfg.Processor == processorStripe {
+func processorTarget(cfg config.Config) string {
+	if cfg.Processor == config.ProcessorStripe {
 		return "stripe " + messaging.RedactURL(cfg.StripeURL)
 	}
 	return messaging.RedactURL(cfg.ProcessorURL)
 }
 
 // newProcessor is the adapter PROCESSOR names (S7).
-func newProcessor(cfg config) processor.Processor {
-	if cfg.Processor == processorStripe {
+func newProcessor(cfg config.Config) processor.Processor {
+	if cfg.Processor == config.ProcessorStripe {
 		return stripeproc.New(stripeproc.Config{APIKey: cfg.StripeAPIKey, URL: cfg.StripeURL, Timeout: cfg.ProcessorTimeout, SearchLag: cfg.StripeSearchLag})
 	}
 	return simproc.NewClient(cfg.ProcessorURL, cfg.ProcessorTimeout)
 }
 
 // services builds the idempotency store and the payments service from cfg.
-func services(pool *pgxpool.Pool, cfg config, logger *slog.Logger) (*idem.Store, *payments.Service) {
+func services(pool *pgxpool.Pool, cfg config.Config, logger *slog.Logger) (*idem.Store, *payments.Service) {
 	store := idem.NewStore(pool, idem.Config{
 		LockTimeout: cfg.LockTimeout, TTL: cfg.IdempotencyTTL, KeyRetention: cfg.KeyRetention, Lease: cfg.PaymentLease,
 		KeyBudget: cfg.KeyBudget,
@@ -389,7 +390,7 @@ func services(pool *pgxpool.Pool, cfg config, logger *slog.Logger) (*idem.Store,
 
 // runCompleter runs the completer alone, without the HTTP server, until ctx
 // is cancelled.
-func runCompleter(ctx context.Context, cfg config, logger *slog.Logger) error {
+func runCompleter(ctx context.Context, cfg config.Config, logger *slog.Logger) error {
 	if cfg.CompleterInterval <= 0 {
 		return errors.New("COMPLETER_INTERVAL must be positive for the completer command")
 	}
@@ -405,13 +406,13 @@ func runCompleter(ctx context.Context, cfg config, logger *slog.Logger) error {
 }
 
 // newReaper builds the reaper from cfg.
-func newReaper(pool *pgxpool.Pool, cfg config, logger *slog.Logger) *reaper.Reaper {
+func newReaper(pool *pgxpool.Pool, cfg config.Config, logger *slog.Logger) *reaper.Reaper {
 	return reaper.New(pool, reaper.Config{Interval: cfg.ReaperInterval, Batch: cfg.ReaperBatch, Duty: cfg.ReaperDuty, MessageRetention: cfg.MessageRetention, Logger: logger})
 }
 
 // runReaper makes one reaper pass and prints its counts, or with loop runs
 // the reaper every REAPER_INTERVAL until ctx is cancelled.
-func runReaper(ctx context.Context, cfg config, logger *slog.Logger, loop bool, stdout io.Writer) error {
+func runReaper(ctx context.Context, cfg config.Config, logger *slog.Logger, loop bool, stdout io.Writer) error {
 	if loop && cfg.ReaperInterval <= 0 {
 		return errors.New("REAPER_INTERVAL must be positive for reap --loop")
 	}

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemref/payments/internal/config"
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/tooling/processorsim"
 	"github.com/idemref/payments/internal/tooling/testdb"
@@ -57,7 +58,7 @@ func TestOnePaymentIsOneTrace(t *testing.T) {
 		"DATABASE_URL": dbURL, "NATS_URL": natsURLFor(t, dbURL), "PROCESSOR_URL": sim.URL(),
 		"ADDR": "127.0.0.1:0", "SHUTDOWN_GRACE": "0", "LOG_LEVEL": "warn",
 	}
-	cfg, err := loadConfig(func(k string) string { return env[k] })
+	cfg, err := config.Load(func(k string) string { return env[k] })
 	if err != nil {
 		t.Fatal(err)
 	}

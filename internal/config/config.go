@@ -1,4 +1,8 @@
-package main
+// Package config is the commands' configuration: the table of the
+// environment variables they read (Settings), with each one's default,
+// meaning and parser, and the rules between variables (Load). api help
+// and docs/configuration.md are printed from the same table.
+package config
 
 import (
 	"errors"
@@ -29,14 +33,14 @@ import (
 	"github.com/idemref/payments/internal/reaper"
 )
 
-// config is read from the environment: every variable is a row of
+// Config is read from the environment: every variable is a row of
 // settings, with its default (docs/configuration.md shows the same table).
-type config struct {
+type Config struct {
 	DatabaseURL string
 	// DatabaseDirectURL reaches PostgreSQL without a pooler in
 	// transaction mode, for what needs a session of its own (D3): the
 	// outbox relay's LISTEN and the migrations' advisory lock. Read it
-	// through directURL, which falls back to DatabaseURL.
+	// through DirectURL, which falls back to DatabaseURL.
 	DatabaseDirectURL string
 	Addr              string
 	// AdminAddr is the admin listener's address (/metrics, pprof); ""
@@ -62,8 +66,8 @@ type config struct {
 	// (R6); negative: no budget.
 	KeyBudget    int64
 	PaymentLease time.Duration
-	// Processor names the processor adapter (S7): processorSimulator
-	// (ProcessorURL) or processorStripe (the Stripe* fields).
+	// Processor names the processor adapter (S7): ProcessorSimulator
+	// (ProcessorURL) or ProcessorStripe (the Stripe* fields).
 	Processor    string
 	ProcessorURL string
 	// StripeAPIKey, StripeURL and StripeSearchLag configure the Stripe
@@ -134,85 +138,85 @@ type config struct {
 // too.
 const DefaultMessageRetention = 7 * 24 * time.Hour
 
-// defaultProcessorURL is where `go run ./tools/processor` listens: the
+// DefaultProcessorURL is where `go run ./tools/processor` listens: the
 // processor of serve and completer when PROCESSOR_URL is unset (dev starts
 // its own simulator instead).
-const defaultProcessorURL = "http://localhost:8090"
+const DefaultProcessorURL = "http://localhost:8090"
 
 // The processor adapters PROCESSOR chooses from.
 const (
-	processorSimulator = "simulator"
-	processorStripe    = "stripe"
+	ProcessorSimulator = "simulator"
+	ProcessorStripe    = "stripe"
 )
 
-// setting is one environment variable the configuration reads.
-type setting struct {
-	name string
-	// def is the value loadConfig uses when the variable is unset or
+// Setting is one environment variable the configuration reads.
+type Setting struct {
+	Name string
+	// Default is the value Load uses when the variable is unset or
 	// empty, written as the variable would be set to it; "" for none.
-	def string
-	// unset says what happens without a value where def does not say it
-	// all: in parentheses after def, or instead of it when def is "".
+	Default string
+	// unset says what happens without a value where Default does not say it
+	// all: in parentheses after Default, or instead of it when Default is "".
 	unset string
 	// about says what the variable does. Backticks mark code, as in the
 	// docs; `api help` prints the text without them.
 	about string
 	// parse reads the value into the configuration; its error says what
 	// is wanted ("want a positive duration such as 2s").
-	parse func(c *config, value string) error
-	// secret: the value is a credential, or a URL that may carry one (its
+	parse func(c *Config, value string) error
+	// Secret: the value is a credential, or a URL that may carry one (its
 	// password), so no error, log line or trace shows it (R8): an error
 	// names the variable and what is wrong with the value (flaws), never
 	// a character of it, and a log line shows a URL redacted.
-	secret bool
+	Secret bool
 }
 
-// The values of setting.secret, as the settings table reads.
+// The values of Setting.Secret, as the Settings table reads.
 const (
 	shown  = false
 	hidden = true
 )
 
-// settings is every environment variable the configuration reads, with its
-// default and meaning: the one source of the defaults (loadConfig applies
-// def), of `api help`'s configuration text and of the table in
+// Settings is every environment variable the configuration reads, with its
+// default and meaning: the one source of the defaults (Load applies
+// Default), of `api help`'s configuration text and of the table in
 // docs/configuration.md, which TestConfigurationTableInDocs holds to it.
-var settings = []setting{
+var Settings = []Setting{
 	{"DATABASE_URL", "", "none: `serve` requires it; `make run` starts its own",
 		"`postgres://user:pass@host:5432/db?sslmode=...`; pool settings such as `pool_max_conns` go in the URL",
-		postgresURL(func(c *config) *string { return &c.DatabaseURL }), hidden},
+		postgresURL(func(c *Config) *string { return &c.DatabaseURL }), hidden},
 	{"DATABASE_DIRECT_URL", "", "the value of `DATABASE_URL`",
 		"PostgreSQL without a pooler in transaction mode, for what needs a session: the outbox relay's `LISTEN` and the migrations' advisory lock; set it when `DATABASE_URL` goes through PgBouncer (see `docs/deployment.md`)",
-		postgresURL(func(c *config) *string { return &c.DatabaseDirectURL }), hidden},
+		postgresURL(func(c *Config) *string { return &c.DatabaseDirectURL }), hidden},
 	{"ADDR", ":8080", "", "listen address",
-		text(func(c *config) *string { return &c.Addr }), shown},
+		text(func(c *Config) *string { return &c.Addr }), shown},
 	{"ADMIN_ADDR", "", "off: neither `/metrics` nor pprof is served; `make run` uses a port of 127.0.0.1",
 		"the admin listener: `/metrics` for Prometheus and `/debug/pprof/`, unauthenticated, so only on the operator's network, such as `127.0.0.1:9090` or a port only the scraper reaches (the public listener serves neither)",
-		hostPort(func(c *config) *string { return &c.AdminAddr }), shown},
+		hostPort(func(c *Config) *string { return &c.AdminAddr }), shown},
 	{"REQUEST_TIMEOUT", "20s", "",
 		"deadline of each request, database work and the processor call included (expired: rolled back or released, 503); must exceed `PROCESSOR_TIMEOUT`",
-		positive(func(c *config) *time.Duration { return &c.RequestTimeout }), shown},
+		positive(func(c *Config) *time.Duration { return &c.RequestTimeout }), shown},
 	{"IDEMPOTENCY_LOCK_TIMEOUT", duration(idem.DefaultLockTimeout), "",
 		"longest wait of a duplicate behind an uncommitted claim before its 409",
-		positive(func(c *config) *time.Duration { return &c.LockTimeout }), shown},
+		positive(func(c *Config) *time.Duration { return &c.LockTimeout }), shown},
 	{"IDEMPOTENCY_TTL", duration(idem.DefaultTTL), "", "how long a key's exact response is replayed",
-		positive(func(c *config) *time.Duration { return &c.IdempotencyTTL }), shown},
+		positive(func(c *Config) *time.Duration { return &c.IdempotencyTTL }), shown},
 	{"IDEMPOTENCY_KEY_RETENTION", duration(idem.DefaultKeyRetention), "",
 		"how long the key's tombstone is kept after that (from creation; at least the TTL)",
-		positive(func(c *config) *time.Duration { return &c.KeyRetention }), shown},
+		positive(func(c *Config) *time.Duration { return &c.KeyRetention }), shown},
 	{"REAPER_INTERVAL", duration(reaper.DefaultInterval), "",
 		"how often `serve` prunes and deletes expired records; `0` turns it off (`api reap` runs it alone)",
-		orOff(func(c *config) *time.Duration { return &c.ReaperInterval }), shown},
+		orOff(func(c *Config) *time.Duration { return &c.ReaperInterval }), shown},
 	{"REAPER_BATCH", strconv.Itoa(reaper.DefaultBatch), "", "rows per reaper batch",
-		atLeastOne(func(c *config) *int { return &c.ReaperBatch }, "a positive number of rows, such as 500"), shown},
+		atLeastOne(func(c *Config) *int { return &c.ReaperBatch }, "a positive number of rows, such as 500"), shown},
 	{"REAPER_DUTY", strconv.FormatFloat(reaper.DefaultDuty, 'f', -1, 64), "",
 		"the largest share of its time the reaper spends in batches: higher reaps faster and costs live traffic more",
 		parseReaperDuty, shown},
-	{"PROCESSOR", processorSimulator, "",
+	{"PROCESSOR", ProcessorSimulator, "",
 		"the payment processor's adapter: `simulator` (ours, at `PROCESSOR_URL`) or `stripe` (Stripe through stripe-go, with `STRIPE_API_KEY`; see `docs/payments.md`)",
 		parseProcessor, shown},
-	{"PROCESSOR_URL", "", "`serve` and `completer`: `" + defaultProcessorURL + "`; `make run`: its own simulator",
-		"the payment processor (`go run ./tools/processor` serves the simulator at `" + defaultProcessorURL + "`)",
+	{"PROCESSOR_URL", "", "`serve` and `completer`: `" + DefaultProcessorURL + "`; `make run`: its own simulator",
+		"the payment processor (`go run ./tools/processor` serves the simulator at `" + DefaultProcessorURL + "`)",
 		parseProcessorURL, hidden},
 	{"STRIPE_API_KEY", "", "none: `PROCESSOR=stripe` requires it",
 		"Stripe's secret key (`sk_test_...` for test mode, `sk_live_...`, or a restricted `rk_...` key allowed to write PaymentIntents and Refunds); set only with `PROCESSOR=stripe`",
@@ -222,48 +226,48 @@ var settings = []setting{
 		parseStripeURL, hidden},
 	{"STRIPE_SEARCH_LAG", duration(stripeproc.DefaultSearchLag), "",
 		"how long Stripe's Search API may not show a new PaymentIntent (Stripe documents under a minute); added to `PROCESSOR_SETTLE_WINDOW` for Stripe, since an empty search is no proof before it passed",
-		positive(func(c *config) *time.Duration { return &c.StripeSearchLag }), shown},
+		positive(func(c *Config) *time.Duration { return &c.StripeSearchLag }), shown},
 	{"PROCESSOR_TIMEOUT", duration(processor.DefaultTimeout), "", "timeout of one processor call",
-		positive(func(c *config) *time.Duration { return &c.ProcessorTimeout }), shown},
+		positive(func(c *Config) *time.Duration { return &c.ProcessorTimeout }), shown},
 	{"PROCESSOR_WEBHOOK_RETRY_SPAN", duration(processor.DefaultWebhookRetrySpan), "",
 		"how long the processor keeps retrying a webhook, by its own schedule (Stripe's: 3 days; the simulator's: under 2 h); `MESSAGE_RETENTION` must exceed it",
-		positive(func(c *config) *time.Duration { return &c.WebhookRetrySpan }), shown},
+		positive(func(c *Config) *time.Duration { return &c.WebhookRetrySpan }), shown},
 	{"PROCESSOR_SETTLE_WINDOW", duration(payments.DefaultSettleWindow), "",
 		"how long after a processor call it may still land (the processor's longest execution, with room to spare; the simulator's is 30 s); no call is resent and nothing recorded as final until it has passed with nothing found; must exceed `PROCESSOR_TIMEOUT`",
-		positive(func(c *config) *time.Duration { return &c.SettleWindow }), shown},
+		positive(func(c *Config) *time.Duration { return &c.SettleWindow }), shown},
 	{"PAYMENT_LEASE", duration(idem.DefaultLease), "",
 		"how long a payment attempt owns its key before a retry or the completer may take over; must exceed `PROCESSOR_TIMEOUT`",
-		positive(func(c *config) *time.Duration { return &c.PaymentLease }), shown},
+		positive(func(c *Config) *time.Duration { return &c.PaymentLease }), shown},
 	{"COMPLETER_INTERVAL", "5s", "",
 		"how often `serve` looks for abandoned payments and runs the reconciliation sweep; `0` turns the in-process completer off (`api completer` runs it alone)",
-		orOff(func(c *config) *time.Duration { return &c.CompleterInterval }), shown},
+		orOff(func(c *Config) *time.Duration { return &c.CompleterInterval }), shown},
 	{"READ_HEADER_TIMEOUT", "5s", "", "`http.Server.ReadHeaderTimeout`",
-		positive(func(c *config) *time.Duration { return &c.ReadHeaderTimeout }), shown},
+		positive(func(c *Config) *time.Duration { return &c.ReadHeaderTimeout }), shown},
 	{"READ_TIMEOUT", "15s", "", "`http.Server.ReadTimeout`",
-		positive(func(c *config) *time.Duration { return &c.ReadTimeout }), shown},
+		positive(func(c *Config) *time.Duration { return &c.ReadTimeout }), shown},
 	{"WRITE_TIMEOUT", "30s", "", "`http.Server.WriteTimeout`",
-		positive(func(c *config) *time.Duration { return &c.WriteTimeout }), shown},
+		positive(func(c *Config) *time.Duration { return &c.WriteTimeout }), shown},
 	{"IDLE_TIMEOUT", "120s", "", "`http.Server.IdleTimeout`",
-		positive(func(c *config) *time.Duration { return &c.IdleTimeout }), shown},
+		positive(func(c *Config) *time.Duration { return &c.IdleTimeout }), shown},
 	{"SHUTDOWN_GRACE", "5s", "`make run`: `0`",
 		"on SIGTERM (or SIGINT), how long the listener keeps serving after `/readyz` turned 503, so that the load balancer stops sending first: as long as it takes to stop (Kubernetes: a few seconds for a terminating pod to leave its Service; a balancer that learns from health checks: their interval times the failures it needs); `0` closes the listener at once (see `docs/deployment.md`)",
-		orOff(func(c *config) *time.Duration { return &c.ShutdownGrace }), shown},
+		orOff(func(c *Config) *time.Duration { return &c.ShutdownGrace }), shown},
 	{"SHUTDOWN_TIMEOUT", "15s", "",
 		"after the grace, how long the requests in flight may take to finish (what still runs then is cut, and its retry recovers it), and then again the longest the outbox relay, the consumer, the completer and the reaper may take to stop at a safe point",
-		positive(func(c *config) *time.Duration { return &c.ShutdownTimeout }), shown},
+		positive(func(c *Config) *time.Duration { return &c.ShutdownTimeout }), shown},
 	{"RATE_LIMIT_RPS", strconv.FormatFloat(httpapi.DefaultRateLimit, 'f', -1, 64), "",
 		"requests per second per tenant and process; `0` turns the limit off",
 		parseRateLimit, shown},
 	{"RATE_LIMIT_BURST", strconv.Itoa(httpapi.DefaultRateBurst), "", "requests a tenant may send at once",
-		atLeastOne(func(c *config) *int { return &c.RateLimit.Burst }, "a positive number of requests, such as 200"), shown},
+		atLeastOne(func(c *Config) *int { return &c.RateLimit.Burst }, "a positive number of requests, such as 200"), shown},
 	{"IDEMPOTENCY_KEY_BUDGET", strconv.Itoa(idem.DefaultKeyBudget), "",
 		"how many live idempotency keys one tenant may hold (R6); past it a request with a new key is `429 idempotency_key_budget_exceeded`; `0` turns the budget off",
 		parseKeyBudget, shown},
 	{"AUTH_CACHE_TTL", "10s", "",
 		"how long an API key that authenticated is trusted without a lookup, so also how long a revoked key keeps working in a process that cached it (see `docs/operations.md`); `0` looks up every request",
-		orOff(func(c *config) *time.Duration { return &c.AuthCacheTTL }), shown},
+		orOff(func(c *Config) *time.Duration { return &c.AuthCacheTTL }), shown},
 	{"MAX_CONNECTIONS", "1024", "", "open connections one process accepts at a time; one client address holds at most a quarter of them, a trusted proxy any number",
-		atLeastOne(func(c *config) *int { return &c.MaxConnections }, "a positive number, such as 1024"), shown},
+		atLeastOne(func(c *Config) *int { return &c.MaxConnections }, "a positive number, such as 1024"), shown},
 	{"TRUSTED_PROXIES", "", "none: every client is its TCP peer",
 		"comma-separated addresses or CIDR ranges of the proxies or load balancers in front of the API (such as `10.0.0.0/8`); from these peers only, the client is read from `TRUSTED_PROXY_HEADER` for the per-client budgets, and they are not held to one address's share of `MAX_CONNECTIONS` (see `docs/deployment.md`)",
 		parseTrustedProxies, shown},
@@ -278,21 +282,21 @@ var settings = []setting{
 		parseNatsURL, hidden},
 	{"EVENTS_DUPLICATE_WINDOW", duration(broker.DefaultDuplicateWindow), "",
 		"the events stream's duplicates window: longer than `OUTBOX_CLAIM_HOLD` plus the 5 s publish timeout, so a relay's republish after a crash is dropped by the stream",
-		positive(func(c *config) *time.Duration { return &c.Broker.DuplicateWindow }), shown},
+		positive(func(c *Config) *time.Duration { return &c.Broker.DuplicateWindow }), shown},
 	{"EVENTS_ACK_WAIT", duration(broker.DefaultAckWait), "",
 		"how long a delivery may stay unacknowledged; the backoff doubles it per delivery",
-		positive(func(c *config) *time.Duration { return &c.Broker.AckWait }), shown},
+		positive(func(c *Config) *time.Duration { return &c.Broker.AckWait }), shown},
 	{"EVENTS_MAX_DELIVER", strconv.Itoa(broker.DefaultMaxDeliver), "", "deliveries before a message is dead-lettered",
-		atLeastOne(func(c *config) *int { return &c.Broker.MaxDeliver }, "a positive number of deliveries, such as 5"), shown},
+		atLeastOne(func(c *Config) *int { return &c.Broker.MaxDeliver }, "a positive number of deliveries, such as 5"), shown},
 	{"EVENTS_REPLICAS", "1", "",
 		"how many NATS servers keep each stream: `3` in a cluster of three, so losing one server loses no acknowledged event (see `docs/deployment.md`)",
 		parseEventsReplicas, shown},
 	{"OUTBOX_CLAIM_HOLD", duration(outbox.DefaultClaimHold), "",
 		"how long a relay's claim on outbox rows lasts; a dead relay's rows are published by another after it, and a batch publishes for at most four fifths of it",
-		positive(func(c *config) *time.Duration { return &c.OutboxClaimHold }), shown},
+		positive(func(c *Config) *time.Duration { return &c.OutboxClaimHold }), shown},
 	{"MESSAGE_RETENTION", duration(DefaultMessageRetention), "",
 		"how long processed message ids and published outbox rows are kept; must exceed the broker's redelivery horizon and the processor's webhook retry span",
-		positive(func(c *config) *time.Duration { return &c.MessageRetention }), shown},
+		positive(func(c *Config) *time.Duration { return &c.MessageRetention }), shown},
 	{"WEBHOOK_SECRETS", "", "none; `make run`: a development secret",
 		"comma-separated processor webhook secrets (two during a rotation); none rejects every webhook",
 		parseWebhookSecrets, hidden},
@@ -301,7 +305,7 @@ var settings = []setting{
 		parseWebhookScheme, shown},
 	{"WEBHOOK_TOLERANCE", duration(webhook.DefaultTolerance), "",
 		"how far a webhook signature's timestamp may be from now",
-		positive(func(c *config) *time.Duration { return &c.WebhookTolerance }), shown},
+		positive(func(c *Config) *time.Duration { return &c.WebhookTolerance }), shown},
 	{"LOG_LEVEL", "info", "", "`debug`, `info`, `warn`, `error` (JSON logs on stderr)",
 		parseLogLevel, shown},
 }
@@ -319,50 +323,50 @@ func duration(d time.Duration) string {
 	return d.String()
 }
 
-// defaultText is what the documentation says of a setting's default.
+// DefaultText is what the documentation says of a setting's default.
 // Backticks mark code.
-func (s setting) defaultText() string {
+func (s Setting) DefaultText() string {
 	switch {
-	case s.def == "" && s.unset == "":
+	case s.Default == "" && s.unset == "":
 		return "none"
-	case s.def == "":
+	case s.Default == "":
 		return s.unset
 	case s.unset == "":
-		return "`" + s.def + "`"
+		return "`" + s.Default + "`"
 	}
-	return "`" + s.def + "` (" + s.unset + ")"
+	return "`" + s.Default + "` (" + s.unset + ")"
 }
 
-// meaning is what the documentation says a setting does: about, and for
+// Meaning is what the documentation says a setting does: about, and for
 // a secret that it is never printed.
-func (s setting) meaning() string {
-	if s.secret {
+func (s Setting) Meaning() string {
+	if s.Secret {
 		return s.about + "; secret: never printed"
 	}
 	return s.about
 }
 
-// configurationHelp is settings as api help prints it, in plain text: each
+// Help is Settings as api help prints it, in plain text: each
 // variable and its default on one line, its meaning wrapped below.
-func configurationHelp() string {
+func Help() string {
 	width := len("VARIABLE")
-	for _, s := range settings {
-		width = max(width, len(s.name))
+	for _, s := range Settings {
+		width = max(width, len(s.Name))
 	}
 	plain := strings.NewReplacer("`", "").Replace
 	var b strings.Builder
 	b.WriteString("Configuration comes from the environment; a variable unset or empty takes its\n" +
 		"default. Durations use Go's syntax (500ms, 2s, 24h).\n\n")
 	fmt.Fprintf(&b, "  %-*s  %s\n", width, "VARIABLE", "DEFAULT")
-	for _, s := range settings {
-		for i, line := range wrap(plain(s.defaultText()), max(20, 76-width)) {
-			name := s.name
+	for _, s := range Settings {
+		for i, line := range wrap(plain(s.DefaultText()), max(20, 76-width)) {
+			name := s.Name
 			if i > 0 {
 				name = ""
 			}
 			fmt.Fprintf(&b, "  %-*s  %s\n", width, name, line)
 		}
-		for _, line := range wrap(plain(s.meaning()), 72) {
+		for _, line := range wrap(plain(s.Meaning()), 72) {
 			b.WriteString("      " + line + "\n")
 		}
 	}
@@ -391,30 +395,30 @@ func wrap(text string, width int) []string {
 	return lines
 }
 
-// directURL is DATABASE_DIRECT_URL, or DATABASE_URL when that is unset.
-func (c config) directURL() string {
+// DirectURL is DATABASE_DIRECT_URL, or DATABASE_URL when that is unset.
+func (c Config) DirectURL() string {
 	if c.DatabaseDirectURL != "" {
 		return c.DatabaseDirectURL
 	}
 	return c.DatabaseURL
 }
 
-// loadConfig reads the configuration from getenv: each variable in
+// Load reads the configuration from getenv: each variable in
 // settings' order, unset or empty taking its default, parsed by its own
 // row; then the rules between variables, each kept by the package that
 // relies on it.
-func loadConfig(getenv func(string) string) (config, error) {
-	var cfg config
-	for _, s := range settings {
-		v := getenv(s.name)
+func Load(getenv func(string) string) (Config, error) {
+	var cfg Config
+	for _, s := range Settings {
+		v := getenv(s.Name)
 		if v == "" {
-			v = s.def
+			v = s.Default
 		}
 		if err := s.parse(&cfg, v); err != nil {
-			if s.secret {
-				return config{}, fmt.Errorf("%s: %w%s", s.name, err, flaws(v))
+			if s.Secret {
+				return Config{}, fmt.Errorf("%s: %w%s", s.Name, err, flaws(v))
 			}
-			return config{}, fmt.Errorf("%s=%q: %w", s.name, v, err)
+			return Config{}, fmt.Errorf("%s=%q: %w", s.Name, v, err)
 		}
 	}
 	return cfg, cfg.check()
@@ -452,7 +456,7 @@ func flaws(v string) string {
 
 // check applies the rules between variables; here they are only given
 // the variables' names.
-func (cfg config) check() error {
+func (cfg Config) check() error {
 	if err := (idem.Config{TTL: cfg.IdempotencyTTL, KeyRetention: cfg.KeyRetention}).Check(); err != nil {
 		return fmt.Errorf("IDEMPOTENCY_KEY_RETENTION (%s) must be at least IDEMPOTENCY_TTL (%s): %w", cfg.KeyRetention, cfg.IdempotencyTTL, err)
 	}
@@ -482,13 +486,13 @@ func (cfg config) check() error {
 
 // checkProcessor holds the processor's settings together: each adapter
 // gets what it needs, and no Stripe key is ever ignored.
-func (cfg config) checkProcessor() error {
+func (cfg Config) checkProcessor() error {
 	switch {
-	case cfg.Processor == processorStripe && cfg.StripeAPIKey == "":
+	case cfg.Processor == ProcessorStripe && cfg.StripeAPIKey == "":
 		return errors.New("PROCESSOR=stripe needs STRIPE_API_KEY: set it to your Stripe secret key (sk_test_... for test mode)")
-	case cfg.Processor == processorSimulator && cfg.StripeAPIKey != "":
+	case cfg.Processor == ProcessorSimulator && cfg.StripeAPIKey != "":
 		return errors.New("STRIPE_API_KEY is set but PROCESSOR is simulator: set PROCESSOR=stripe to charge through Stripe, or unset STRIPE_API_KEY")
-	case cfg.Processor == processorStripe && cfg.WebhookScheme == webhook.SchemeStandard:
+	case cfg.Processor == ProcessorStripe && cfg.WebhookScheme == webhook.SchemeStandard:
 		return errors.New("PROCESSOR=stripe signs webhooks with Stripe-Signature: set WEBHOOK_SCHEME=processor (the default) and WEBHOOK_SECRETS to the endpoint's signing secret (whsec_...)")
 	}
 	return nil
@@ -497,8 +501,8 @@ func (cfg config) checkProcessor() error {
 // The parsers of settings: each reads one value into its field, or says
 // what it wants.
 
-func text(field func(*config) *string) func(*config, string) error {
-	return func(c *config, v string) error {
+func text(field func(*Config) *string) func(*Config, string) error {
+	return func(c *Config, v string) error {
 		*field(c) = v
 		return nil
 	}
@@ -507,8 +511,8 @@ func text(field func(*config) *string) func(*config, string) error {
 // postgresURL reads a PostgreSQL URL, or "" (unset), checked as pgx
 // reads it, so that its error comes now, naming the variable, and says
 // nothing of the URL (db.ParseConfig).
-func postgresURL(field func(*config) *string) func(*config, string) error {
-	return func(c *config, v string) error {
+func postgresURL(field func(*Config) *string) func(*Config, string) error {
+	return func(c *Config, v string) error {
 		if v != "" {
 			if _, err := db.ParseConfig(v); err != nil {
 				return err
@@ -521,8 +525,8 @@ func postgresURL(field func(*config) *string) func(*config, string) error {
 
 // hostPort reads a listen address such as 127.0.0.1:9090 or :9090, or
 // "" (off).
-func hostPort(field func(*config) *string) func(*config, string) error {
-	return func(c *config, v string) error {
+func hostPort(field func(*Config) *string) func(*Config, string) error {
+	return func(c *Config, v string) error {
 		if _, port, err := net.SplitHostPort(v); v != "" && (err != nil || port == "") {
 			return errors.New("want a listen address host:port, such as 127.0.0.1:9090 or :9090")
 		}
@@ -534,8 +538,8 @@ func hostPort(field func(*config) *string) func(*config, string) error {
 var errWantDuration = errors.New("want a positive duration such as 2s or 24h")
 
 // positive reads a duration above zero.
-func positive(field func(*config) *time.Duration) func(*config, string) error {
-	return func(c *config, v string) error {
+func positive(field func(*Config) *time.Duration) func(*Config, string) error {
+	return func(c *Config, v string) error {
 		d, err := time.ParseDuration(v)
 		if err != nil || d <= 0 {
 			return errWantDuration
@@ -546,8 +550,8 @@ func positive(field func(*config) *time.Duration) func(*config, string) error {
 }
 
 // orOff reads a duration of zero (which turns the thing off) or more.
-func orOff(field func(*config) *time.Duration) func(*config, string) error {
-	return func(c *config, v string) error {
+func orOff(field func(*Config) *time.Duration) func(*Config, string) error {
+	return func(c *Config, v string) error {
 		d, err := time.ParseDuration(v)
 		if err != nil || d < 0 {
 			return errors.New("want a positive duration such as 2s or 24h, or 0 to turn it off")
@@ -558,8 +562,8 @@ func orOff(field func(*config) *time.Duration) func(*config, string) error {
 }
 
 // atLeastOne reads a whole number of at least 1; want says what it counts.
-func atLeastOne(field func(*config) *int, want string) func(*config, string) error {
-	return func(c *config, v string) error {
+func atLeastOne(field func(*Config) *int, want string) func(*Config, string) error {
+	return func(c *Config, v string) error {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 {
 			return errors.New("want " + want)
@@ -569,14 +573,14 @@ func atLeastOne(field func(*config) *int, want string) func(*config, string) err
 	}
 }
 
-func parseReaperDuty(c *config, v string) (err error) {
+func parseReaperDuty(c *Config, v string) (err error) {
 	if c.ReaperDuty, err = strconv.ParseFloat(v, 64); err != nil || c.ReaperDuty <= 0 || c.ReaperDuty > 1 {
 		return errors.New("want a share of time above 0 and at most 1, such as 0.05")
 	}
 	return nil
 }
 
-func parseRateLimit(c *config, v string) (err error) {
+func parseRateLimit(c *Config, v string) (err error) {
 	r := &c.RateLimit.Rate
 	if *r, err = strconv.ParseFloat(v, 64); err != nil || *r < 0 || math.IsInf(*r, 0) || math.IsNaN(*r) {
 		return errors.New("want requests per second and tenant, such as 100 (0 turns the limit off)")
@@ -584,7 +588,7 @@ func parseRateLimit(c *config, v string) (err error) {
 	return nil
 }
 
-func parseKeyBudget(c *config, v string) (err error) {
+func parseKeyBudget(c *Config, v string) (err error) {
 	if c.KeyBudget, err = strconv.ParseInt(v, 10, 64); err != nil || c.KeyBudget < 0 {
 		return errors.New("want how many live keys a tenant may hold, such as 1000000 (0 turns the budget off)")
 	}
@@ -596,7 +600,7 @@ func parseKeyBudget(c *config, v string) (err error) {
 
 // parseTrustedProxies checks the list; TRUSTED_PROXY_HEADER, read next,
 // builds the resolver from it.
-func parseTrustedProxies(c *config, v string) error {
+func parseTrustedProxies(c *Config, v string) error {
 	if _, err := clientaddr.Parse(v, clientaddr.XForwardedFor); err != nil {
 		return err
 	}
@@ -604,26 +608,26 @@ func parseTrustedProxies(c *config, v string) error {
 	return nil
 }
 
-func parseTrustedProxyHeader(c *config, v string) (err error) {
+func parseTrustedProxyHeader(c *Config, v string) (err error) {
 	c.Clients, err = clientaddr.Parse(c.trustedProxies, clientaddr.Header(v))
 	return err
 }
 
-func parseEventWorkers(c *config, v string) (err error) {
+func parseEventWorkers(c *Config, v string) (err error) {
 	if c.EventWorkers, err = strconv.ParseBool(v); err != nil {
 		return errors.New("want true or false")
 	}
 	return nil
 }
 
-func parseEventsReplicas(c *config, v string) (err error) {
+func parseEventsReplicas(c *Config, v string) (err error) {
 	if c.Broker.Replicas, err = strconv.Atoi(v); err != nil || c.Broker.Replicas < 1 || c.Broker.Replicas > broker.MaxReplicas {
 		return fmt.Errorf("want the number of NATS servers that keep each stream, 1 to %d (3 in a cluster of three)", broker.MaxReplicas)
 	}
 	return nil
 }
 
-func parseWebhookSecrets(c *config, v string) error {
+func parseWebhookSecrets(c *Config, v string) error {
 	for sec := range strings.SplitSeq(v, ",") {
 		if sec = strings.TrimSpace(sec); sec != "" {
 			c.WebhookSecrets = append(c.WebhookSecrets, sec)
@@ -634,7 +638,7 @@ func parseWebhookSecrets(c *config, v string) error {
 
 // parseWebhookScheme reads the scheme, and checks the secrets read before
 // it against it.
-func parseWebhookScheme(c *config, v string) error {
+func parseWebhookScheme(c *Config, v string) error {
 	switch v {
 	case string(webhook.SchemeProcessor):
 		c.WebhookScheme = webhook.SchemeProcessor
@@ -651,15 +655,15 @@ func parseWebhookScheme(c *config, v string) error {
 	return nil
 }
 
-func parseLogLevel(c *config, v string) error {
+func parseLogLevel(c *Config, v string) error {
 	if err := c.LogLevel.UnmarshalText([]byte(v)); err != nil {
 		return errors.New("want debug, info, warn or error")
 	}
 	return nil
 }
 
-func parseProcessor(c *config, v string) error {
-	if v != processorSimulator && v != processorStripe {
+func parseProcessor(c *Config, v string) error {
+	if v != ProcessorSimulator && v != ProcessorStripe {
 		return errors.New("want simulator (the processor simulator at PROCESSOR_URL) or stripe (Stripe, with STRIPE_API_KEY)")
 	}
 	c.Processor = v
@@ -668,8 +672,8 @@ func parseProcessor(c *config, v string) error {
 
 // parseStripeAPIKey reads a secret or restricted key. A publishable key
 // (pk_) cannot charge, and a key with white space was pasted wrong, or
-// read from a file with its newline; loadConfig's error says which.
-func parseStripeAPIKey(c *config, v string) error {
+// read from a file with its newline; Load's error says which.
+func parseStripeAPIKey(c *Config, v string) error {
 	switch {
 	case v == "":
 	case strings.HasPrefix(v, "pk_"):
@@ -692,9 +696,9 @@ func baseURL(v string) (*url.URL, bool) {
 // parseProcessorURL reads the simulator's URL, or "" (the default of each
 // command): checked now, since net/http's error for a URL it cannot parse
 // quotes it, and a password with it.
-func parseProcessorURL(c *config, v string) error {
+func parseProcessorURL(c *Config, v string) error {
 	if _, ok := baseURL(v); v != "" && !ok {
-		return errors.New("want the processor's base URL, such as " + defaultProcessorURL)
+		return errors.New("want the processor's base URL, such as " + DefaultProcessorURL)
 	}
 	c.ProcessorURL = v
 	return nil
@@ -705,7 +709,7 @@ func parseProcessorURL(c *config, v string) error {
 // parse quotes it. The scheme is required, though the client would add
 // nats:// itself: without it a value set by mistake, a token, would be
 // taken for a host name, and logged.
-func parseNatsURL(c *config, v string) error {
+func parseNatsURL(c *Config, v string) error {
 	if v == "" {
 		return nil
 	}
@@ -719,7 +723,7 @@ func parseNatsURL(c *config, v string) error {
 	return nil
 }
 
-func parseStripeURL(c *config, v string) error {
+func parseStripeURL(c *Config, v string) error {
 	if u, ok := baseURL(v); !ok || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
 		return errors.New("want a base URL such as https://api.stripe.com or http://127.0.0.1:12111 (stripe-mock), without a path")
 	}
