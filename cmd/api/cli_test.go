@@ -3,14 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
-	"flag"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"reflect"
 	"regexp"
 	"strings"
 	"syscall"
@@ -349,33 +347,6 @@ func TestEveryVariableIsDocumented(t *testing.T) {
 	}
 }
 
-// Every documented default is the value the configuration takes when the
-// variable is unset: setting each variable to its documented default
-// changes nothing.
-func TestDocumentedDefaultsAreTheDefaults(t *testing.T) {
-	t.Parallel()
-	base, err := config.Load(func(string) string { return "" })
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range config.Settings {
-		if s.Default == "" {
-			continue
-		}
-		cfg, err := config.Load(func(name string) string {
-			if name == s.Name {
-				return s.Default
-			}
-			return ""
-		})
-		if err != nil {
-			t.Errorf("%s=%s (its documented default): %v", s.Name, s.Default, err)
-		} else if !reflect.DeepEqual(cfg, base) {
-			t.Errorf("%s=%s (its documented default) changes the configuration", s.Name, s.Default)
-		}
-	}
-}
-
 // api help prints the configuration as plain text: every variable with its
 // default, no markdown, nothing wider than a terminal but a long default.
 func TestHelpPrintsTheConfiguration(t *testing.T) {
@@ -408,65 +379,6 @@ func TestHelpPrintsTheConfiguration(t *testing.T) {
 		if len(line) > 80 {
 			t.Errorf("api help's line is %d columns wide, want at most 80: %q", len(line), line)
 		}
-	}
-}
-
-// updateDocs rewrites docs/configuration.md's table from settings:
-// go test ./cmd/api -run TestConfigurationTableInDocs -update-docs
-var updateDocs = flag.Bool("update-docs", false, "rewrite docs/configuration.md's table from settings")
-
-// configurationDoc is the documentation of the configuration, whose table
-// shows settings row by row.
-const configurationDoc = "../../docs/configuration.md"
-
-// markdownRow is s as a row of configurationDoc's table; a backticked path
-// under docs/ becomes a link.
-func markdownRow(s config.Setting) string {
-	link := regexp.MustCompile("`docs/([a-z-]+\\.md)`")
-	cell := func(text string) string { return link.ReplaceAllString(text, "[$1]($1)") }
-	return "| `" + s.Name + "` | " + cell(s.DefaultText()) + " | " + cell(s.Meaning()) + " |"
-}
-
-// The table in docs/configuration.md is settings, row by row, in its order.
-func TestConfigurationTableInDocs(t *testing.T) {
-	data, err := os.ReadFile(configurationDoc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const header = "| variable | default | meaning |\n|---|---|---|\n"
-	before, rest, ok := strings.Cut(string(data), header)
-	if !ok {
-		t.Fatalf("%s has no table starting %q", configurationDoc, header)
-	}
-	var got []string
-	for rest != "" && strings.HasPrefix(rest, "|") {
-		var row string
-		row, rest, _ = strings.Cut(rest, "\n")
-		got = append(got, row)
-	}
-	var want []string
-	for _, s := range config.Settings {
-		want = append(want, markdownRow(s))
-	}
-	if *updateDocs {
-		table := strings.Join(want, "\n") + "\n"
-		if err := os.WriteFile(configurationDoc, []byte(before+header+table+rest), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	for i := range max(len(got), len(want)) {
-		switch {
-		case i >= len(want):
-			t.Errorf("%s: row %d is not in settings (internal/config/config.go): %s", configurationDoc, i+1, got[i])
-		case i >= len(got):
-			t.Errorf("%s: row %d is missing: %s", configurationDoc, i+1, want[i])
-		case got[i] != want[i]:
-			t.Errorf("%s: row %d differs from settings (internal/config/config.go)\n got  %s\n want %s", configurationDoc, i+1, got[i], want[i])
-		}
-	}
-	if t.Failed() {
-		t.Log("config.Settings in internal/config/config.go is the source: go test ./cmd/api -run TestConfigurationTableInDocs -update-docs rewrites the table")
 	}
 }
 
