@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -283,6 +285,48 @@ func TestHelp(t *testing.T) {
 		}
 		if !strings.Contains(stdout.String(), "api migrate down N") {
 			t.Errorf("api %v printed %q, want the usage", args, stdout.String())
+		}
+	}
+}
+
+// Every line of the usage is a command run accepts: filled in, none is a
+// usage error (api dev is left out: it would start PostgreSQL).
+func TestUsageListsWhatRunAccepts(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"help"}, func(string) string { return "" }, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	usageText, _, _ := strings.Cut(out.String(), "\nConfiguration comes from the environment")
+	fill := strings.NewReplacer("NAME", "acme", "TENANT", "acme", "KEYID", "1a2b3c4d", " N", " 1", "[", "", "]", "")
+	lines := 0
+	for line := range strings.Lines(usageText) {
+		synopsis, _, _ := strings.Cut(strings.TrimPrefix(line, "  "), "  ")
+		if !strings.HasPrefix(line, "  api ") || synopsis == "api dev" {
+			continue
+		}
+		lines++
+		args := strings.Fields(fill.Replace(synopsis))[1:]
+		if err := run(context.Background(), args, func(string) string { return "" }, io.Discard, io.Discard); errors.Is(err, errUsage) {
+			t.Errorf("api %s, from the usage line %q: %v", strings.Join(args, " "), strings.TrimSpace(line), err)
+		}
+	}
+	if lines < 15 {
+		t.Errorf("the usage has %d commands, want every one:\n%s", lines, usageText)
+	}
+}
+
+// Every command that needs PostgreSQL says so when DATABASE_URL is unset,
+// before it opens anything.
+func TestCommandsSayTheyNeedDatabaseURL(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"serve"}, {"completer"}, {"reap"}, {"reap", "--loop"}, {"migrate", "up"}, {"migrate", "down", "1"}, {"migrate", "down", "--all"},
+		{"tenant", "create", "acme"}, {"tenant", "list"}, {"key", "create", "acme"}, {"key", "list", "acme"}, {"key", "revoke", "acme", "1a2b3c4d"},
+	} {
+		err := run(context.Background(), args, func(string) string { return "" }, io.Discard, io.Discard)
+		if !errors.Is(err, errNoDatabaseURL) {
+			t.Errorf("api %s without DATABASE_URL: %v, want %v", strings.Join(args, " "), err, errNoDatabaseURL)
 		}
 	}
 }

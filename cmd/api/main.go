@@ -1,47 +1,8 @@
-// Command api runs the payments API and its operator tasks:
-//
-//	api serve                  run the HTTP server, the outbox relay and the
-//	                           orders consumer (DATABASE_URL and NATS_URL
-//	                           required)
-//	api dev                    development mode: a private PostgreSQL when
-//	                           DATABASE_URL is unset, an embedded NATS when
-//	                           NATS_URL is unset, migrations, a demo tenant
-//	                           and ready-to-paste curl commands
-//	api completer              finish abandoned payments and run the
-//	                           reconciliation sweep (also runs inside serve)
-//	api reap [--loop]          prune expired idempotency results to tombstones
-//	                           and delete tombstones past retention, once
-//	                           (printing the counts) or every REAPER_INTERVAL
-//	                           until SIGINT (also runs inside serve)
-//	api migrate up             apply every migration not yet applied
-//	api migrate down N|--all   roll back the last N migrations, or all of
-//	                           them (every table and row: never by default)
-//	api tenant create NAME     create a tenant; prints its API key last
-//	api tenant list            list the tenants: id, creation, live and all
-//	                           keys, name
-//	api key create TENANT      another key for the tenant (by name or id),
-//	                           printed last and only once; the other keys
-//	                           keep working (rotation with overlap)
-//	api key list TENANT        the tenant's keys by id (the first 8 hex
-//	                           digits of the key's SHA-256, never the key):
-//	                           created, last used, revoked
-//	api key revoke TENANT KEYID [--force]
-//	                           revoke a key; every API process refuses it
-//	                           within AUTH_CACHE_TTL. Revoking a revoked key
-//	                           says so and succeeds; the tenant's last live
-//	                           key needs --force
-//	api deadletters list       list the events consumers gave up on
-//	api deadletters redrive    publish each of them again to its subject,
-//	                           under its message id, unless the consumers'
-//	                           inbox says it was applied or cannot vouch
-//	                           for it (NATS_URL and DATABASE_URL required)
-//	api version                print the module version, the VCS revision,
-//	                           its time and whether the tree was modified,
-//	                           and the Go version (also payments_build_info
-//	                           on /metrics)
-//
-// Configuration comes from the environment: api help lists every variable
-// with its default and meaning (docs/configuration.md has the same table).
+// Command api runs the payments API and its operator tasks: serve, dev,
+// completer, reap, migrate, tenant, key, deadletters and version. api help
+// prints the usage, from the table of commands below, and every variable
+// of the configuration with its default and meaning (docs/configuration.md
+// has the same table).
 package main
 
 import (
@@ -52,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -62,26 +24,6 @@ import (
 	"github.com/idemref/payments/internal/tracing"
 )
 
-const usage = `usage:
-  api serve                 run the HTTP server, the outbox relay and the orders consumer (DATABASE_URL, NATS_URL)
-  api dev                   development mode (private PostgreSQL and embedded NATS when DATABASE_URL, NATS_URL are unset)
-  api completer             finish abandoned payments, run the reconciliation sweep (serve also runs one)
-  api reap [--loop]         prune expired idempotency keys once, or until SIGINT with --loop (serve also runs one)
-  api migrate up            apply every database migration not yet applied
-  api migrate down N        roll back the last N migrations
-  api migrate down --all    roll back every migration: drops every table and row
-  api help                  this text (also -h, --help, and -h after any command)
-  api version               print the module version, VCS revision and time, modified flag and Go version
-  api tenant create NAME    create a tenant and print its API key
-  api tenant list           list the tenants with their key counts
-  api key create TENANT     create another API key for the tenant (name or id) and print it, once
-  api key list TENANT       list the tenant's keys by id (never the key): created, last used, revoked
-  api key revoke TENANT KEYID [--force]
-                            revoke a key: refused everywhere within AUTH_CACHE_TTL; the last live key needs --force
-  api deadletters list      list the events consumers gave up on (NATS_URL)
-  api deadletters redrive   publish them again to their subjects, under their message ids, once their cause is fixed; one the inbox says was applied is removed, one it can no longer vouch for is refused (NATS_URL, DATABASE_URL)
-`
-
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
@@ -89,7 +31,7 @@ func main() {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "api:", err)
 		if errors.Is(err, errUsage) {
-			fmt.Fprint(os.Stderr, usage)
+			fmt.Fprint(os.Stderr, usage())
 			os.Exit(2)
 		}
 		os.Exit(1)
@@ -102,8 +44,155 @@ var errUsage = errors.New("invalid command line")
 // without it.
 var errNoDatabaseURL = errors.New("DATABASE_URL is not set: point it at PostgreSQL, such as postgres://user:password@host:5432/payments (for a zero-setup local run use 'make run')")
 
-// commandLineError says what is wrong with args, which no case of run
-// accepted; main prints the usage after it.
+// env is what a command runs with: the configuration, the logger, the
+// environment (for what a command reads beyond the configuration) and
+// stdout.
+type env struct {
+	cfg    config.Config
+	logger *slog.Logger
+	getenv func(string) string
+	stdout io.Writer
+}
+
+// command is one line of the usage and what run does with it.
+type command struct {
+	synopsis string // as the usage shows it: api key create TENANT
+	about    string
+	// words name the command: the first arguments, such as key create.
+	words []string
+	// args reports whether the arguments after words are the command's;
+	// nil: it takes none.
+	args func(rest []string) bool
+	// database: the command needs DATABASE_URL, and says so without it.
+	database bool
+	// run runs it, after the configuration was read; rest are the
+	// arguments after words. nil for help, which needs no configuration
+	// (run answers it first).
+	run func(ctx context.Context, e env, rest []string) error
+	// bare, instead of run, runs it without reading the configuration:
+	// what it prints is the binary's, whatever the environment.
+	bare func(stdout io.Writer)
+}
+
+// commands are the commands run knows, in the usage's order.
+var commands = []command{
+	{synopsis: "api serve", about: "run the HTTP server, the outbox relay and the orders consumer (DATABASE_URL, NATS_URL)",
+		words: []string{"serve"}, database: true, run: runServe},
+	{synopsis: "api dev", about: "development mode (private PostgreSQL and embedded NATS when DATABASE_URL, NATS_URL are unset)",
+		words: []string{"dev"}, run: runDev},
+	{synopsis: "api completer", about: "finish abandoned payments, run the reconciliation sweep (serve also runs one)",
+		words: []string{"completer"}, database: true, run: func(ctx context.Context, e env, _ []string) error {
+			if e.cfg.ProcessorURL == "" {
+				e.cfg.ProcessorURL = config.DefaultProcessorURL
+			}
+			return runCompleter(ctx, e.cfg, e.logger)
+		}},
+	{synopsis: "api reap [--loop]", about: "prune expired idempotency keys once, or until SIGINT with --loop (serve also runs one)",
+		words: []string{"reap"}, database: true,
+		args: func(rest []string) bool { return len(rest) == 0 || len(rest) == 1 && rest[0] == "--loop" },
+		run: func(ctx context.Context, e env, rest []string) error {
+			return runReaper(ctx, e.cfg, e.logger, len(rest) == 1, e.stdout)
+		}},
+	{synopsis: "api migrate up", about: "apply every database migration not yet applied",
+		words: []string{"migrate", "up"}, database: true, run: func(ctx context.Context, e env, _ []string) error {
+			return migrate(ctx, e.cfg.DirectURL(), "up", 0, e.logger)
+		}},
+	{synopsis: "api migrate down N", about: "roll back the last N migrations",
+		words: []string{"migrate", "down"}, database: true,
+		args: func(rest []string) bool { return len(rest) == 1 && migrationCount(rest[0]) > 0 },
+		run: func(ctx context.Context, e env, rest []string) error {
+			return migrate(ctx, e.cfg.DirectURL(), "down", migrationCount(rest[0]), e.logger)
+		}},
+	// Rolling back everything drops every table and row: it is never what
+	// a bare "down" does.
+	{synopsis: "api migrate down --all", about: "roll back every migration: drops every table and row",
+		words: []string{"migrate", "down", "--all"}, database: true, run: func(ctx context.Context, e env, _ []string) error {
+			return migrate(ctx, e.cfg.DirectURL(), "down", -1, e.logger)
+		}},
+	{synopsis: "api help", about: "this text (also -h, --help, and -h after any command)", words: []string{"help"}},
+	{synopsis: "api version", about: "print the module version, VCS revision and time, modified flag and Go version",
+		words: []string{"version"}, bare: func(stdout io.Writer) { printVersion(stdout, readBuildVersion()) }},
+	{synopsis: "api tenant create NAME", about: "create a tenant and print its API key",
+		words: []string{"tenant", "create"}, args: oneArgument, database: true, run: func(ctx context.Context, e env, rest []string) error {
+			return createTenant(ctx, e.cfg.DatabaseURL, rest[0], e.stdout)
+		}},
+	{synopsis: "api tenant list", about: "list the tenants with their key counts",
+		words: []string{"tenant", "list"}, database: true, run: func(ctx context.Context, e env, _ []string) error {
+			return tenantList(ctx, e.cfg.DatabaseURL, e.stdout)
+		}},
+	{synopsis: "api key create TENANT", about: "create another API key for the tenant (name or id) and print it, once",
+		words: []string{"key", "create"}, args: oneArgument, database: true, run: func(ctx context.Context, e env, rest []string) error {
+			return keyCreate(ctx, e.cfg.DatabaseURL, rest[0], e.stdout)
+		}},
+	{synopsis: "api key list TENANT", about: "list the tenant's keys by id (never the key): created, last used, revoked",
+		words: []string{"key", "list"}, args: oneArgument, database: true, run: func(ctx context.Context, e env, rest []string) error {
+			return keyList(ctx, e.cfg.DatabaseURL, rest[0], e.stdout)
+		}},
+	{synopsis: "api key revoke TENANT KEYID [--force]", about: "revoke a key: refused everywhere within AUTH_CACHE_TTL; the last live key needs --force",
+		words: []string{"key", "revoke"}, database: true,
+		args: func(rest []string) bool { args, _ := withoutFlag(rest, "--force"); return len(args) == 2 },
+		run: func(ctx context.Context, e env, rest []string) error {
+			args, force := withoutFlag(rest, "--force")
+			return keyRevoke(ctx, e.cfg.DatabaseURL, args[0], args[1], force, e.cfg.AuthCacheTTL, e.stdout)
+		}},
+	{synopsis: "api deadletters list", about: "list the events consumers gave up on (NATS_URL)",
+		words: []string{"deadletters", "list"}, run: deadLettersCommand("list")},
+	{synopsis: "api deadletters redrive", about: "publish them again to their subjects, under their message ids, once their cause is fixed; one the inbox says was applied is removed, one it can no longer vouch for is refused (NATS_URL, DATABASE_URL)",
+		words: []string{"deadletters", "redrive"}, run: deadLettersCommand("redrive")},
+}
+
+// usage is the commands' synopses and what each does, a line each (a
+// long synopsis on a line of its own).
+func usage() string {
+	const width = 25
+	var b strings.Builder
+	b.WriteString("usage:\n")
+	for _, c := range commands {
+		if len(c.synopsis) > width {
+			fmt.Fprintf(&b, "  %s\n  %-*s %s\n", c.synopsis, width, "", c.about)
+			continue
+		}
+		fmt.Fprintf(&b, "  %-*s %s\n", width, c.synopsis, c.about)
+	}
+	return b.String()
+}
+
+// lookup finds the command args name and accept, and the arguments after
+// its words; nil when there is none.
+func lookup(args []string) (*command, []string) {
+	for i := range commands {
+		c := &commands[i]
+		rest, ok := cutWords(args, c.words)
+		if ok && (c.args == nil && len(rest) == 0 || c.args != nil && c.args(rest)) {
+			return c, rest
+		}
+	}
+	return nil, nil
+}
+
+// cutWords returns args after words, and whether args begin with them.
+func cutWords(args, words []string) ([]string, bool) {
+	if len(args) < len(words) || !slices.Equal(args[:len(words)], words) {
+		return nil, false
+	}
+	return args[len(words):], true
+}
+
+// oneArgument: the command takes one argument, such as a tenant's name.
+func oneArgument(rest []string) bool { return len(rest) == 1 }
+
+// migrationCount is N of migrate down N, or 0 when it is not a positive
+// number.
+func migrationCount(arg string) int {
+	n, err := strconv.Atoi(arg)
+	if err != nil || n < 1 {
+		return 0
+	}
+	return n
+}
+
+// commandLineError says what is wrong with args, which no command
+// accepts; main prints the usage after it.
 func commandLineError(args []string) error {
 	if len(args) == 0 {
 		return fmt.Errorf("%w: no command given", errUsage)
@@ -115,6 +204,12 @@ func commandLineError(args []string) error {
 	case "reap":
 		return fmt.Errorf("%w: reap takes --loop or nothing, got %q", errUsage, strings.Join(rest, " "))
 	case "migrate":
+		if len(rest) >= 1 && rest[0] == "down" {
+			if len(rest) != 2 {
+				return fmt.Errorf("%w: migrate down needs how many migrations to roll back (N) or --all", errUsage)
+			}
+			return fmt.Errorf("%w: migrate down %q: want a positive number of migrations or --all", errUsage, rest[1])
+		}
 		return fmt.Errorf("%w: migrate needs up, down N or down --all, got %q", errUsage, strings.Join(rest, " "))
 	case "tenant":
 		if len(rest) == 1 && rest[0] == "create" {
@@ -171,16 +266,17 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	// Help needs no configuration: it also explains a broken one.
 	if wantsHelp(args) {
-		fmt.Fprint(stdout, usage, "\n", config.Help())
+		fmt.Fprint(stdout, usage(), "\n", config.Help())
 		return nil
 	}
 	// Nor does the version: it is the binary's, whatever the environment.
-	if args[0] == "version" {
-		if len(args) > 1 {
-			return commandLineError(args)
-		}
-		printVersion(stdout, readBuildVersion())
+	c, rest := lookup(args)
+	switch {
+	case c != nil && c.bare != nil:
+		c.bare(stdout)
 		return nil
+	case c == nil && slices.ContainsFunc(commands, func(c command) bool { return c.bare != nil && c.words[0] == args[0] }):
+		return commandLineError(args)
 	}
 	cfg, err := config.Load(getenv)
 	if err != nil {
@@ -200,93 +296,42 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			logger.Warn("tracing: flush the last spans", slog.Any("error", err))
 		}
 	}()
-	switch cmd, rest := args[0], args[1:]; {
-	case cmd == "serve" && len(rest) == 0:
-		if cfg.DatabaseURL == "" {
-			return errNoDatabaseURL
-		}
-		if cfg.NatsURL == "" {
-			return errors.New("NATS_URL is not set: serve publishes events to and consumes them from NATS JetStream (for a zero-setup local run use 'make run')")
-		}
-		if cfg.ProcessorURL == "" {
-			cfg.ProcessorURL = config.DefaultProcessorURL
-		}
-		return serve(ctx, cfg, logger, nil)
-	case cmd == "completer" && len(rest) == 0:
-		if cfg.DatabaseURL == "" {
-			return errNoDatabaseURL
-		}
-		if cfg.ProcessorURL == "" {
-			cfg.ProcessorURL = config.DefaultProcessorURL
-		}
-		return runCompleter(ctx, cfg, logger)
-	case cmd == "reap" && (len(rest) == 0 || len(rest) == 1 && rest[0] == "--loop"):
-		if cfg.DatabaseURL == "" {
-			return errNoDatabaseURL
-		}
-		return runReaper(ctx, cfg, logger, len(rest) == 1, stdout)
-	case cmd == "dev" && len(rest) == 0:
-		if getenv("SHUTDOWN_GRACE") == "" {
-			cfg.ShutdownGrace = 0 // no load balancer to wait for: Ctrl-C stops at once
-		}
-		return dev(ctx, cfg, logger, stdout)
-	case cmd == "migrate" && len(rest) == 1 && rest[0] == "up":
-		if cfg.DatabaseURL == "" {
-			return errNoDatabaseURL
-		}
-		return migrate(ctx, cfg.DirectURL(), "up", 0, logger)
-	case cmd == "migrate" && len(rest) >= 1 && rest[0] == "down":
-		// Rolling back everything drops every table and row: it is never
-		// what a bare "down" does.
-		steps := -1
-		if len(rest) != 2 {
-			return fmt.Errorf("%w: migrate down needs how many migrations to roll back (N) or --all", errUsage)
-		}
-		if rest[1] != "--all" {
-			n, err := strconv.Atoi(rest[1])
-			if err != nil || n < 1 {
-				return fmt.Errorf("%w: migrate down %q: want a positive number of migrations or --all", errUsage, rest[1])
-			}
-			steps = n
-		}
-		if cfg.DatabaseURL == "" {
-			return errNoDatabaseURL
-		}
-		return migrate(ctx, cfg.DirectURL(), "down", steps, logger)
-	case cmd == "tenant" && len(rest) == 2 && rest[0] == "create":
-		if cfg.DatabaseURL == "" {
-			return errNoDatabaseURL
-		}
-		return createTenant(ctx, cfg.DatabaseURL, rest[1], stdout)
-	case cmd == "tenant" && len(rest) == 1 && rest[0] == "list":
-		if cfg.DatabaseURL == "" {
-			return errNoDatabaseURL
-		}
-		return tenantList(ctx, cfg.DatabaseURL, stdout)
-	case cmd == "key" && len(rest) == 2 && rest[0] == "create":
-		if cfg.DatabaseURL == "" {
-			return errNoDatabaseURL
-		}
-		return keyCreate(ctx, cfg.DatabaseURL, rest[1], stdout)
-	case cmd == "key" && len(rest) == 2 && rest[0] == "list":
-		if cfg.DatabaseURL == "" {
-			return errNoDatabaseURL
-		}
-		return keyList(ctx, cfg.DatabaseURL, rest[1], stdout)
-	case cmd == "key" && len(rest) >= 1 && rest[0] == "revoke":
-		args, force := withoutFlag(rest[1:], "--force")
-		if len(args) != 2 {
-			break
-		}
-		if cfg.DatabaseURL == "" {
-			return errNoDatabaseURL
-		}
-		return keyRevoke(ctx, cfg.DatabaseURL, args[0], args[1], force, cfg.AuthCacheTTL, stdout)
-	case cmd == "deadletters" && len(rest) == 1 && (rest[0] == "list" || rest[0] == "redrive"):
-		if cfg.NatsURL == "" {
+	switch {
+	case c == nil:
+		return commandLineError(args)
+	case c.database && cfg.DatabaseURL == "":
+		return errNoDatabaseURL
+	}
+	return c.run(ctx, env{cfg: cfg, logger: logger, getenv: getenv, stdout: stdout}, rest)
+}
+
+// runServe is api serve: NATS_URL is required, and the processor is the
+// simulator's default address when PROCESSOR_URL is unset.
+func runServe(ctx context.Context, e env, _ []string) error {
+	if e.cfg.NatsURL == "" {
+		return errors.New("NATS_URL is not set: serve publishes events to and consumes them from NATS JetStream (for a zero-setup local run use 'make run')")
+	}
+	if e.cfg.ProcessorURL == "" {
+		e.cfg.ProcessorURL = config.DefaultProcessorURL
+	}
+	return serve(ctx, e.cfg, e.logger, nil)
+}
+
+// runDev is api dev.
+func runDev(ctx context.Context, e env, _ []string) error {
+	if e.getenv("SHUTDOWN_GRACE") == "" {
+		e.cfg.ShutdownGrace = 0 // no load balancer to wait for: Ctrl-C stops at once
+	}
+	return dev(ctx, e.cfg, e.logger, e.stdout)
+}
+
+// deadLettersCommand is api deadletters action: the dead letters are in
+// NATS JetStream.
+func deadLettersCommand(action string) func(context.Context, env, []string) error {
+	return func(ctx context.Context, e env, _ []string) error {
+		if e.cfg.NatsURL == "" {
 			return errors.New("NATS_URL is not set: the dead letters are in NATS JetStream")
 		}
-		return deadLetters(ctx, cfg, rest[0], stdout)
+		return deadLetters(ctx, e.cfg, action, e.stdout)
 	}
-	return commandLineError(args)
 }
