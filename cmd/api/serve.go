@@ -72,66 +72,117 @@ const (
 // ready, when set, is called with the bound addresses once the listeners
 // are open (admin "" when ADMIN_ADDR is unset).
 func serve(ctx context.Context, cfg config.Config, logger *slog.Logger, ready func(addr, admin string)) error {
-	pool, err := db.Open(ctx, cfg.DatabaseURL)
+	s := &apiServer{cfg: cfg, logger: logger, draining: make(chan struct{}), served: make(chan error, 1)}
+	defer s.close()
+	if err := s.start(ctx); err != nil {
+		return err
+	}
+	if ready != nil {
+		ready(s.ln.Addr().String(), s.adminAddr)
+	}
+	go func() { s.served <- s.http.Serve(s.ln) }()
+	select {
+	case err := <-s.served:
+		return err
+	case <-ctx.Done():
+	}
+	return s.drain(ctx)
+}
+
+// apiServer is what serve runs: the pool, the HTTP server on its listener,
+// the workers beside it and the admin listener.
+type apiServer struct {
+	cfg    config.Config
+	logger *slog.Logger
+	pool   *pgxpool.Pool
+	// cut: something was cut in the drain, so the pool is left open (step 5).
+	cut  bool
+	http *http.Server
+	ln   net.Listener
+	// draining is closed when the drain begins: /readyz answers 503 from
+	// then on.
+	draining chan struct{}
+	// served receives what http.Server.Serve returned.
+	served    chan error
+	workers   workers
+	admin     *adminServer
+	adminAddr string // as bound, "" without an admin listener
+}
+
+// start opens the pool, checks the schema, builds the handler, listens,
+// starts the workers and then the admin listener: what serve needs before
+// it serves.
+func (s *apiServer) start(ctx context.Context) error {
+	pool, err := db.Open(ctx, s.cfg.DatabaseURL)
 	if err != nil {
 		return err
 	}
-	// Closed last (step 5).
-	closePool := true
-	defer func() {
-		if closePool {
-			pool.Close()
-		}
-	}()
+	s.pool = pool
 	// A binary whose migrations are not all applied would fail at its
 	// first query of a new column; it refuses to start instead, saying
 	// what to run (G8). A newer schema is fine: see dbmigrate.Up.
-	if err := checkSchema(ctx, pool, logger); err != nil {
+	if err := checkSchema(ctx, pool, s.logger); err != nil {
 		return err
 	}
 	// Pool statistics and the key gauges, served at /metrics (X1).
 	if err := db.RegisterPoolMetrics(pool); err != nil {
 		return fmt.Errorf("register pool metrics: %w", err)
 	}
-	if err := idem.RegisterKeyStats(pool, logger); err != nil {
+	if err := idem.RegisterKeyStats(pool, s.logger); err != nil {
 		return fmt.Errorf("register idempotency key metrics: %w", err)
 	}
-
-	store, paymentsSvc := services(pool, cfg, logger)
+	store, paymentsSvc := services(pool, s.cfg, s.logger)
 	// Whether events flow, for /readyz, when this process runs the relay
 	// and the consumers.
+	var eventsState *messaging.State
+	if s.cfg.EventWorkers {
+		eventsState = messaging.NewState()
+	}
+	s.http = newHTTPServer(s.cfg, s.logger, s.handler(store, paymentsSvc, eventsState))
+	if err := s.listen(); err != nil {
+		return err
+	}
+	if err := s.startWorkers(ctx, paymentsSvc, eventsState); err != nil {
+		return err
+	}
+	return s.listenAdmin()
+}
+
+// handler is the API's handler, with the services and events' state.
+func (s *apiServer) handler(store *idem.Store, paymentsSvc *payments.Service, eventsState *messaging.State) http.Handler {
 	var events func() (bool, string)
 	var brokerRefused func() error
-	var eventsState *messaging.State
-	if cfg.EventWorkers {
-		eventsState = messaging.NewState()
+	if eventsState != nil {
 		events, brokerRefused = eventsState.Status, eventsState.Refused
 	}
-	// Closed when the drain begins: /readyz answers 503 from then on.
-	draining := make(chan struct{})
-	handler := httpapi.NewHandler(httpapi.Config{
-		Pool:           pool,
+	return httpapi.NewHandler(httpapi.Config{
+		Pool:           s.pool,
 		Idem:           store,
 		Payments:       paymentsSvc,
-		Logger:         logger,
-		RequestTimeout: cfg.RequestTimeout,
-		RateLimit:      cfg.RateLimit,
-		AuthCacheTTL:   cfg.AuthCacheTTL,
-		Clients:        cfg.Clients,
+		Logger:         s.logger,
+		RequestTimeout: s.cfg.RequestTimeout,
+		RateLimit:      s.cfg.RateLimit,
+		AuthCacheTTL:   s.cfg.AuthCacheTTL,
+		Clients:        s.cfg.Clients,
 		// A client's share of the requests in flight is its share of the
 		// connections: a direct client can hold no more anyway, and a
 		// client behind a trusted proxy (exempt from the listener's share)
 		// no more than one direct client could.
-		ClientShare:      connlimit.Share(cfg.MaxConnections),
+		ClientShare:      connlimit.Share(s.cfg.MaxConnections),
 		OpenAPI:          apispec.OpenAPI,
-		WebhookSecrets:   cfg.WebhookSecrets,
-		WebhookTolerance: cfg.WebhookTolerance,
-		WebhookScheme:    cfg.WebhookScheme,
+		WebhookSecrets:   s.cfg.WebhookSecrets,
+		WebhookTolerance: s.cfg.WebhookTolerance,
+		WebhookScheme:    s.cfg.WebhookScheme,
 		Events:           events,
 		BrokerRefused:    brokerRefused,
-		Draining:         draining,
+		Draining:         s.draining,
 	})
-	srv := &http.Server{
+}
+
+// newHTTPServer is the public server: the timeouts of cfg, and the bounds
+// on the header block (R3).
+func newHTTPServer(cfg config.Config, logger *slog.Logger, handler http.Handler) *http.Server {
+	return &http.Server{
 		Handler:           handler,
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		ReadTimeout:       cfg.ReadTimeout,
@@ -146,120 +197,131 @@ func serve(ctx context.Context, cfg config.Config, logger *slog.Logger, ready fu
 		DisableGeneralOptionsHandler: true,
 		ErrorLog:                     slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
+}
 
+// listen opens the public listener.
+func (s *apiServer) listen() error {
 	// Listen synchronously: a port already in use is an error, not a log line.
-	ln, err := net.Listen("tcp", cfg.Addr)
+	ln, err := net.Listen("tcp", s.cfg.Addr)
 	if err != nil {
-		return fmt.Errorf("ADDR %s cannot be listened on (%w): stop what uses it, or set ADDR to another address, such as ADDR=:8081", cfg.Addr, err)
+		return fmt.Errorf("ADDR %s cannot be listened on (%w): stop what uses it, or set ADDR to another address, such as ADDR=:8081", s.cfg.Addr, err)
 	}
 	// At the limit silent and idle connections give way, and no client
 	// address but a trusted proxy holds more than its share (R4): see
 	// connlimit.Listener.
-	conns := connlimit.New(ln, cfg.MaxConnections, connlimit.Options{Proxies: cfg.Clients})
-	srv.ConnState = conns.Track
-	ln = conns
+	conns := connlimit.New(ln, s.cfg.MaxConnections, connlimit.Options{Proxies: s.cfg.Clients})
+	s.http.ConnState = conns.Track
+	s.ln = conns
+	return nil
+}
 
-	// The workers run beside the server until the drain stops them (step
-	// 4), under a context of their own: the signal does not reach them.
-	var workers workers
-	defer workers.stop(0) // on an early return; after a drain, a no-op
+// startWorkers starts what runs beside the server until the drain stops
+// it (step 4), under a context of its own: the signal does not reach it.
+func (s *apiServer) startWorkers(ctx context.Context, paymentsSvc *payments.Service, eventsState *messaging.State) error {
 	workersCtx := context.WithoutCancel(ctx)
-
 	// The relay and the consumers run beside the server, unless
 	// EVENT_WORKERS leaves them to other processes. They connect to the
 	// broker in the background: the server does not wait for it.
-	if cfg.EventWorkers {
-		listenPool, closeListenPool, err := directPool(ctx, pool, cfg)
+	if s.cfg.EventWorkers {
+		listenPool, closeListenPool, err := directPool(ctx, s.pool, s.cfg)
 		if err != nil {
 			return err
 		}
-		workers.add(messaging.Start(workersCtx, messaging.Config{
-			Pool: pool, ListenPool: listenPool, NatsURL: cfg.NatsURL, Broker: cfg.Broker, OutboxClaimHold: cfg.OutboxClaimHold,
+		s.workers.add(messaging.Start(workersCtx, messaging.Config{
+			Pool: s.pool, ListenPool: listenPool, NatsURL: s.cfg.NatsURL, Broker: s.cfg.Broker, OutboxClaimHold: s.cfg.OutboxClaimHold,
 			Consumer: messaging.Consumer{Name: orders.ConsumerName, Subjects: orders.Subjects, Apply: orders.ApplyEvent},
-			Logger:   logger, State: eventsState,
+			Logger:   s.logger, State: eventsState,
 		}), closeListenPool)
 	}
 	// So does the completer.
-	if cfg.CompleterInterval > 0 {
-		workers.add(beside(workersCtx, payments.NewCompleter(paymentsSvc, cfg.CompleterInterval).Run), nil)
+	if s.cfg.CompleterInterval > 0 {
+		s.workers.add(beside(workersCtx, payments.NewCompleter(paymentsSvc, s.cfg.CompleterInterval).Run), nil)
 	}
 	// And the reaper (E1, E3), when enabled.
-	if cfg.ReaperInterval > 0 {
-		workers.add(beside(workersCtx, newReaper(pool, cfg, logger).Run), nil)
+	if s.cfg.ReaperInterval > 0 {
+		s.workers.add(beside(workersCtx, newReaper(s.pool, s.cfg, s.logger).Run), nil)
 	}
+	return nil
+}
 
-	// The admin listener opens once the workers have started, so that the
-	// first scrape finds every series the alerts name (the consumer's are
-	// made by messaging.Start); then the public listener is announced.
-	adminAddr := ""
-	if cfg.AdminAddr != "" {
-		admin, err := listenAdmin(cfg.AdminAddr, logger)
+// listenAdmin opens the admin listener once the workers have started, so
+// that the first scrape finds every series the alerts name (the
+// consumer's are made by messaging.Start); then the public listener is
+// announced.
+func (s *apiServer) listenAdmin() error {
+	if s.cfg.AdminAddr != "" {
+		admin, err := listenAdmin(s.cfg.AdminAddr, s.logger)
 		if err != nil {
-			_ = ln.Close()
+			_ = s.ln.Close()
 			return err
 		}
-		defer func() { _ = admin.Close() }() // after the drain: /metrics shows it to the end
-		adminAddr = admin.addr
-		logger.Info("admin listening: /metrics and /debug/pprof/", slog.String("addr", adminAddr))
+		s.admin, s.adminAddr = admin, admin.addr
+		s.logger.Info("admin listening: /metrics and /debug/pprof/", slog.String("addr", s.adminAddr))
 	} else {
-		logger.Info("no admin listener: /metrics and pprof are not served (set ADMIN_ADDR)")
+		s.logger.Info("no admin listener: /metrics and pprof are not served (set ADMIN_ADDR)")
 	}
-	logger.Info("listening", slog.String("addr", ln.Addr().String()), slog.Int("max_connections", cfg.MaxConnections),
-		slog.String("database", databaseTarget(cfg.DatabaseURL)), slog.String("processor", processorTarget(cfg)),
-		slog.String("nats", messaging.RedactURL(cfg.NatsURL)))
-	if ready != nil {
-		ready(ln.Addr().String(), adminAddr)
-	}
+	s.logger.Info("listening", slog.String("addr", s.ln.Addr().String()), slog.Int("max_connections", s.cfg.MaxConnections),
+		slog.String("database", databaseTarget(s.cfg.DatabaseURL)), slog.String("processor", processorTarget(s.cfg)),
+		slog.String("nats", messaging.RedactURL(s.cfg.NatsURL)))
+	return nil
+}
 
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	select {
-	case err := <-served:
-		return err
-	case <-ctx.Done():
-	}
-
+// drain runs steps 1 to 4 once ctx is cancelled; step 5 is close's.
+func (s *apiServer) drain(ctx context.Context) error {
 	// Steps 1 and 2: not ready, and still serving.
 	start := time.Now()
-	logger.Info("draining: /readyz answers 503; still serving until the grace ends",
-		slog.Duration("grace", cfg.ShutdownGrace), slog.Duration("timeout", cfg.ShutdownTimeout))
-	srv.SetKeepAlivesEnabled(false) // before the first 503: every answer after it says Connection: close
-	close(draining)
-	if cfg.ShutdownGrace > 0 {
+	s.logger.Info("draining: /readyz answers 503; still serving until the grace ends",
+		slog.Duration("grace", s.cfg.ShutdownGrace), slog.Duration("timeout", s.cfg.ShutdownTimeout))
+	s.http.SetKeepAlivesEnabled(false) // before the first 503: every answer after it says Connection: close
+	close(s.draining)
+	if s.cfg.ShutdownGrace > 0 {
 		select {
-		case <-time.After(cfg.ShutdownGrace):
-		case err := <-served:
+		case <-time.After(s.cfg.ShutdownGrace):
+		case err := <-s.served:
 			return err
 		}
 	}
 
 	// Step 3: the listener closes; the requests in flight finish.
-	logger.Info("shutting down: the listener is closed; waiting for the requests in flight", slog.Duration("timeout", cfg.ShutdownTimeout))
-	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
+	s.logger.Info("shutting down: the listener is closed; waiting for the requests in flight", slog.Duration("timeout", s.cfg.ShutdownTimeout))
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.ShutdownTimeout)
 	defer cancel()
 	var shutdownErr error
-	if err := srv.Shutdown(shutdownCtx); err != nil {
+	if err := s.http.Shutdown(shutdownCtx); err != nil {
 		// Their connections are closed unanswered: a client sees a
 		// connection closed before the answer, and its retry with the same
 		// key replays what committed or runs what did not.
-		shutdownErr = fmt.Errorf("shutdown: requests still running after SHUTDOWN_TIMEOUT (%s) were cut: %w", cfg.ShutdownTimeout, err)
-		_ = srv.Close()
+		shutdownErr = fmt.Errorf("shutdown: requests still running after SHUTDOWN_TIMEOUT (%s) were cut: %w", s.cfg.ShutdownTimeout, err)
+		_ = s.http.Close()
 	}
-	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+	if err := <-s.served; !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 
 	// Step 4: the workers stop at a safe point.
-	logger.Info("stopping the workers", slog.Duration("timeout", cfg.ShutdownTimeout))
-	if !workers.stop(cfg.ShutdownTimeout) {
-		shutdownErr = errors.Join(shutdownErr, fmt.Errorf("shutdown: the workers did not stop within SHUTDOWN_TIMEOUT (%s); what they held is recovered as after a crash", cfg.ShutdownTimeout))
+	s.logger.Info("stopping the workers", slog.Duration("timeout", s.cfg.ShutdownTimeout))
+	if !s.workers.stop(s.cfg.ShutdownTimeout) {
+		shutdownErr = errors.Join(shutdownErr, fmt.Errorf("shutdown: the workers did not stop within SHUTDOWN_TIMEOUT (%s); what they held is recovered as after a crash", s.cfg.ShutdownTimeout))
 	}
 	if shutdownErr != nil {
-		closePool = false
+		s.cut = true
 		return shutdownErr
 	}
-	logger.Info("stopped", slog.Duration("took", time.Since(start)))
+	s.logger.Info("stopped", slog.Duration("took", time.Since(start)))
 	return nil
+}
+
+// close releases what start opened, after a drain or an early return:
+// the admin listener (it served the drain to the end), the workers (after
+// a drain, a no-op), then the pool, unless something was cut (step 5).
+func (s *apiServer) close() {
+	if s.admin != nil {
+		_ = s.admin.Close()
+	}
+	s.workers.stop(0)
+	if s.pool != nil && !s.cut {
+		s.pool.Close()
+	}
 }
 
 // adminServer is the admin listener's server.
