@@ -8,6 +8,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/idemref/payments/internal/broker"
 	"github.com/idemref/payments/internal/config"
 	"github.com/idemref/payments/internal/consumer"
@@ -50,6 +53,13 @@ func deadLetters(ctx context.Context, cfg config.Config, action string, stdout i
 		return err
 	}
 	defer pool.Close()
+	return redrive(ctx, js, pool, letters, stdout)
+}
+
+// redrive redrives each of letters (consumer.Redrive), printing what it
+// did with each and then the counts; the error says what to do with the
+// dead letters kept or refused.
+func redrive(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, letters []consumer.DeadLetter, stdout io.Writer) error {
 	done := map[consumer.Outcome]int{}
 	for _, letter := range letters {
 		r, err := consumer.Redrive(ctx, js, pool, letter.Seq)

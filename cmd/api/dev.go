@@ -69,116 +69,45 @@ func dev(ctx context.Context, cfg config.Config, logger *slog.Logger, stdout io.
 		return err
 	}
 	ports := readDevPorts()
-	ownCluster := false
-	if cfg.DatabaseURL == "" {
-		if _, err := pgtmp.FindBinDir(); err != nil {
-			return err
-		}
-		dir, err := filepath.Abs(devDataDir)
-		if err != nil {
-			return err
-		}
-		cluster, err := pgtmp.Start(ctx, pgtmp.Options{Dir: dir, Port: portIfFree(ports.postgres), Logger: logger})
-		if err != nil {
-			return fmt.Errorf("start the development PostgreSQL in %s: %w", devDataDir, err)
-		}
-		defer func() {
-			if err := cluster.Stop(); err != nil {
-				logger.Error("stop the development PostgreSQL", slog.Any("error", err))
-			}
-		}()
-		if err := ensureDatabase(ctx, cluster.URL("postgres"), "payments"); err != nil {
-			return err
-		}
-		cfg.DatabaseURL = cluster.URL("payments")
-		ownCluster = true
-		ports.postgres = cluster.Port()
-		logger.Info("development PostgreSQL running", slog.String("data_dir", devDataDir), slog.Int("port", cluster.Port()))
-	}
-	if cfg.NatsURL == "" {
-		// NATS with JetStream, in this process, storing in .dev/nats.
-		dir, err := filepath.Abs(devNatsDir)
-		if err != nil {
-			return err
-		}
-		ns, err := natstmp.StartOn(dir, portIfFree(ports.nats))
-		if err != nil {
-			return err
-		}
-		defer ns.Shutdown()
-		cfg.NatsURL = ns.URL()
-		ports.nats = ns.Port()
-		logger.Info("embedded NATS running", slog.String("url", cfg.NatsURL), slog.String("store_dir", devNatsDir))
-	}
-	// Development mode also logs every event published, so a payment can
-	// be watched flowing to its order; the line carries the trace_id of
-	// the request that wrote the event (the message's traceparent).
-	if nc, err := nats.Connect(cfg.NatsURL); err == nil {
-		defer nc.Close()
-		_, _ = nc.Subscribe(events.SubjectPrefix+">", func(m *nats.Msg) {
-			logger.InfoContext(tracing.ExtractNATS(ctx, m.Header), "event on the stream", slog.String("subject", m.Subject), slog.String("nats_msg_id", m.Header.Get("Nats-Msg-Id")), slog.String("data", string(m.Data)))
-		})
-	}
-	var sim *processorsim.Server
-	if cfg.ProcessorURL == "" && cfg.Processor == config.ProcessorSimulator {
-		// The processor simulator, in this process but over real HTTP.
-		var err error
-		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(portIfFree(ports.simulator)))
-		sim, err = processorsim.Start(addr, processorsim.Config{Logger: logger})
-		if err != nil {
-			return fmt.Errorf("start the processor simulator: %w", err)
-		}
-		defer func() { _ = sim.Shutdown(context.WithoutCancel(ctx)) }()
-		cfg.ProcessorURL = sim.URL()
-		ports.simulator = urlPort(cfg.ProcessorURL)
-		logger.Info("processor simulator running", slog.String("url", cfg.ProcessorURL))
-		if len(cfg.WebhookSecrets) == 0 {
-			cfg.WebhookSecrets = []string{devWebhookSecret}
-			if cfg.WebhookScheme == webhook.SchemeStandard {
-				cfg.WebhookSecrets = []string{devStandardWebhookSecret}
-			}
-		}
-	}
-	if err := ports.write(); err != nil {
-		return err
-	}
-	if err := dbmigrate.Up(ctx, cfg.DatabaseURL); err != nil {
-		return err
-	}
-	pool, err := db.Open(ctx, cfg.DatabaseURL)
-	if err != nil {
-		return err
-	}
-	key, created, err := demoKey(ctx, pool)
-	pool.Close()
-	if err != nil {
-		return err
-	}
 	psql := ""
-	if ownCluster {
+	if cfg.DatabaseURL == "" {
+		stop, err := startDevPostgres(ctx, &cfg, &ports, logger)
+		if err != nil {
+			return err
+		}
+		defer stop()
 		// Only the private cluster's URL: one given in DATABASE_URL may
 		// carry a password.
 		psql = cfg.DatabaseURL
+	}
+	if cfg.NatsURL == "" {
+		stop, err := startDevNATS(&cfg, &ports, logger)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	if nc := logEvents(ctx, cfg.NatsURL, logger); nc != nil {
+		defer nc.Close()
+	}
+	sim, stopSim, err := startDevSimulator(ctx, &cfg, &ports, logger)
+	if err != nil {
+		return err
+	}
+	defer stopSim()
+	if err := ports.write(); err != nil {
+		return err
+	}
+	key, created, err := migrateForDemo(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return err
 	}
 	if cfg.AdminAddr == "" {
 		// Metrics and the profiler for the developer, on this machine only.
 		cfg.AdminAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(portIfFree(ports.admin)))
 	}
-	// Every request is traced in development mode, collector or not: run
-	// installed a provider when OpenTelemetry's variables name one
-	// (tracing.Setup); otherwise a provider without an exporter samples
-	// every span and sends it nowhere, which costs little and gives each
-	// request's log lines a trace_id (and the outbox row and the event its
-	// traceparent), so a payment can be followed through the log.
-	_, exported := otel.GetTracerProvider().(*sdktrace.TracerProvider)
-	if !exported {
-		prev, tp := otel.GetTracerProvider(), sdktrace.NewTracerProvider()
-		otel.SetTracerProvider(tp)
-		defer func() {
-			otel.SetTracerProvider(prev)
-			_ = tp.Shutdown(context.WithoutCancel(ctx))
-		}()
-	}
+	exported, restoreTracing := devTracing(ctx)
+	defer restoreTracing()
 	return serve(ctx, cfg, logger, func(addr, admin string) {
 		ports.admin = urlPort("http://" + admin)
 		if err := ports.write(); err != nil {
@@ -191,6 +120,126 @@ func dev(ctx context.Context, cfg config.Config, logger *slog.Logger, stdout io.
 		// A NATS_URL given by the developer may carry credentials (R8).
 		fmt.Fprint(stdout, devBanner(addr, admin, key, created, psql, processorBanner(cfg), messaging.RedactURL(cfg.NatsURL), exported))
 	})
+}
+
+// startDevPostgres starts the private PostgreSQL in devDataDir, on the
+// port of the last run when it is free, and points cfg at its payments
+// database; stop stops it.
+func startDevPostgres(ctx context.Context, cfg *config.Config, ports *devPorts, logger *slog.Logger) (stop func(), err error) {
+	if _, err := pgtmp.FindBinDir(); err != nil {
+		return nil, err
+	}
+	dir, err := filepath.Abs(devDataDir)
+	if err != nil {
+		return nil, err
+	}
+	cluster, err := pgtmp.Start(ctx, pgtmp.Options{Dir: dir, Port: portIfFree(ports.postgres), Logger: logger})
+	if err != nil {
+		return nil, fmt.Errorf("start the development PostgreSQL in %s: %w", devDataDir, err)
+	}
+	stop = func() {
+		if err := cluster.Stop(); err != nil {
+			logger.Error("stop the development PostgreSQL", slog.Any("error", err))
+		}
+	}
+	if err := ensureDatabase(ctx, cluster.URL("postgres"), "payments"); err != nil {
+		stop()
+		return nil, err
+	}
+	cfg.DatabaseURL = cluster.URL("payments")
+	ports.postgres = cluster.Port()
+	logger.Info("development PostgreSQL running", slog.String("data_dir", devDataDir), slog.Int("port", cluster.Port()))
+	return stop, nil
+}
+
+// startDevNATS starts NATS with JetStream, in this process, storing in
+// devNatsDir, and points cfg at it; stop shuts it down.
+func startDevNATS(cfg *config.Config, ports *devPorts, logger *slog.Logger) (stop func(), err error) {
+	dir, err := filepath.Abs(devNatsDir)
+	if err != nil {
+		return nil, err
+	}
+	ns, err := natstmp.StartOn(dir, portIfFree(ports.nats))
+	if err != nil {
+		return nil, err
+	}
+	cfg.NatsURL = ns.URL()
+	ports.nats = ns.Port()
+	logger.Info("embedded NATS running", slog.String("url", cfg.NatsURL), slog.String("store_dir", devNatsDir))
+	return ns.Shutdown, nil
+}
+
+// logEvents: development mode also logs every event published, so a
+// payment can be watched flowing to its order; the line carries the
+// trace_id of the request that wrote the event (the message's
+// traceparent). The caller closes the connection; nil when there is none.
+func logEvents(ctx context.Context, natsURL string, logger *slog.Logger) *nats.Conn {
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		return nil
+	}
+	_, _ = nc.Subscribe(events.SubjectPrefix+">", func(m *nats.Msg) {
+		logger.InfoContext(tracing.ExtractNATS(ctx, m.Header), "event on the stream", slog.String("subject", m.Subject), slog.String("nats_msg_id", m.Header.Get("Nats-Msg-Id")), slog.String("data", string(m.Data)))
+	})
+	return nc
+}
+
+// startDevSimulator starts the processor simulator, in this process but
+// over real HTTP, and points cfg at it, with a development webhook secret
+// unless WEBHOOK_SECRETS names one; stop shuts it down. None (nil) when
+// PROCESSOR_URL is set or PROCESSOR is not the simulator.
+func startDevSimulator(ctx context.Context, cfg *config.Config, ports *devPorts, logger *slog.Logger) (sim *processorsim.Server, stop func(), err error) {
+	if cfg.ProcessorURL != "" || cfg.Processor != config.ProcessorSimulator {
+		return nil, func() {}, nil
+	}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(portIfFree(ports.simulator)))
+	sim, err = processorsim.Start(addr, processorsim.Config{Logger: logger})
+	if err != nil {
+		return nil, nil, fmt.Errorf("start the processor simulator: %w", err)
+	}
+	cfg.ProcessorURL = sim.URL()
+	ports.simulator = urlPort(cfg.ProcessorURL)
+	logger.Info("processor simulator running", slog.String("url", cfg.ProcessorURL))
+	if len(cfg.WebhookSecrets) == 0 {
+		cfg.WebhookSecrets = []string{devWebhookSecret}
+		if cfg.WebhookScheme == webhook.SchemeStandard {
+			cfg.WebhookSecrets = []string{devStandardWebhookSecret}
+		}
+	}
+	return sim, func() { _ = sim.Shutdown(context.WithoutCancel(ctx)) }, nil
+}
+
+// migrateForDemo applies the migrations and returns the demo tenant's key
+// (demoKey).
+func migrateForDemo(ctx context.Context, databaseURL string) (key string, created bool, err error) {
+	if err := dbmigrate.Up(ctx, databaseURL); err != nil {
+		return "", false, err
+	}
+	pool, err := db.Open(ctx, databaseURL)
+	if err != nil {
+		return "", false, err
+	}
+	defer pool.Close()
+	return demoKey(ctx, pool)
+}
+
+// devTracing: every request is traced in development mode, collector or
+// not. run installed a provider when OpenTelemetry's variables name one
+// (tracing.Setup: exported); otherwise a provider without an exporter
+// samples every span and sends it nowhere, which costs little and gives
+// each request's log lines a trace_id (and the outbox row and the event
+// its traceparent), so a payment can be followed through the log. restore
+// puts the previous provider back.
+func devTracing(ctx context.Context) (exported bool, restore func()) {
+	if _, exported := otel.GetTracerProvider().(*sdktrace.TracerProvider); exported {
+		return true, func() {}
+	}
+	prev, tp := otel.GetTracerProvider(), sdktrace.NewTracerProvider()
+	otel.SetTracerProvider(tp)
+	return false, func() {
+		otel.SetTracerProvider(prev)
+		_ = tp.Shutdown(context.WithoutCancel(ctx))
+	}
 }
 
 // demoKey returns the demo tenant's API key: the one kept in devKeyFile
@@ -295,22 +344,29 @@ func processorBanner(cfg config.Config) bannerProcessor {
 	}
 }
 
+// curlAuth is the headers of the banner's curl commands.
+const curlAuth = `-H "Authorization: Bearer $API_KEY" -H 'Content-Type: application/json'`
+
+// curlPost is a curl command of the banner: body POSTed to path under key.
+func curlPost(path, key, body string) string {
+	return fmt.Sprintf("curl -i -X POST $API%s %s -H 'Idempotency-Key: %s' -d %s", path, curlAuth, key, body)
+}
+
+// idOf is curlPost that captures the "id" of the created resource (the first
+// member of every body this API returns) in the shell variable name.
+func idOf(name, path, key, body string) string {
+	return fmt.Sprintf(`%s=$(curl -s -X POST $API%s %s -H 'Idempotency-Key: %s' -d %s | sed -E 's/^\{"id":"([^"]+)".*/\1/'); echo $%s`, name, path, curlAuth, key, body, name)
+}
+
+// payBody is the body of a payment of the order in the shell variable order.
+func payBody(order, method string) string {
+	return `"{\"order_id\":\"$` + order + `\",\"amount\":2500,\"currency\":\"EUR\",\"payment_method\":\"` + method + `\"}"`
+}
+
 func devBanner(addr, admin, key string, created bool, psql string, processor bannerProcessor, natsURL string, tracesExported bool) string {
 	base := "http://" + loopback(addr)
 	adminBase := "http://" + loopback(admin)
-	auth := `-H "Authorization: Bearer $API_KEY" -H 'Content-Type: application/json'`
-	post := func(path, key, body string) string {
-		return fmt.Sprintf("curl -i -X POST $API%s %s -H 'Idempotency-Key: %s' -d %s", path, auth, key, body)
-	}
-	// idOf captures the "id" of a created resource (the first member of
-	// every body this API returns).
-	idOf := func(name, path, key, body string) string {
-		return fmt.Sprintf(`%s=$(curl -s -X POST $API%s %s -H 'Idempotency-Key: %s' -d %s | sed -E 's/^\{"id":"([^"]+)".*/\1/'); echo $%s`, name, path, auth, key, body, name)
-	}
 	order := `'{"reference":"order-1001","customer_id":"cus_42","amount":2500,"currency":"EUR"}'`
-	pay := func(order, method string) string {
-		return `"{\"order_id\":\"$` + order + `\",\"amount\":2500,\"currency\":\"EUR\",\"payment_method\":\"` + method + `\"}"`
-	}
 	lines := []string{
 		"",
 		"Payments API (development mode) on " + base,
@@ -328,23 +384,23 @@ func devBanner(addr, admin, key string, created bool, psql string, processor ban
 		"",
 		psqlLine(psql),
 		"Create an order (201 Created):",
-		"  " + post("/v1/orders", "demo-create-1", order),
+		"  " + curlPost("/v1/orders", "demo-create-1", order),
 		"Send the same request again: the stored 201 is replayed byte for byte, with Idempotent-Replayed: true:",
-		"  " + post("/v1/orders", "demo-create-1", order),
+		"  " + curlPost("/v1/orders", "demo-create-1", order),
 		"Reuse the key for a different body (422 idempotency_key_reused):",
-		"  " + post("/v1/orders", "demo-create-1", `'{"reference":"order-1001","customer_id":"cus_42","amount":9999,"currency":"EUR"}'`),
+		"  " + curlPost("/v1/orders", "demo-create-1", `'{"reference":"order-1001","customer_id":"cus_42","amount":9999,"currency":"EUR"}'`),
 		"Same order under a new key: the reference backstop answers 409 order_reference_exists with the order's id:",
-		"  " + post("/v1/orders", "demo-create-2", order),
+		"  " + curlPost("/v1/orders", "demo-create-2", order),
 		"",
 		"Pay an order (201; the processor is charged once, with a key derived from yours):",
 		"  " + idOf("ORDER_ID", "/v1/orders", "demo-order-2", `'{"reference":"order-1002","customer_id":"cus_42","amount":2500,"currency":"EUR"}'`),
-		"  " + post("/v1/payments", "demo-pay-1", pay("ORDER_ID", "pm_card_visa")),
+		"  " + curlPost("/v1/payments", "demo-pay-1", payBody("ORDER_ID", "pm_card_visa")),
 		"A declined card (402 card_declined, recorded: the same key replays the decline):",
 		"  " + idOf("ORDER2_ID", "/v1/orders", "demo-order-3", `'{"reference":"order-1003","customer_id":"cus_42","amount":2500,"currency":"EUR"}'`),
-		"  " + post("/v1/payments", "demo-pay-2", pay("ORDER2_ID", "pm_card_chargeDeclined")),
+		"  " + curlPost("/v1/payments", "demo-pay-2", payBody("ORDER2_ID", "pm_card_chargeDeclined")),
 		"Refund part of the first payment (201; replaying demo-pay-1 gives its id):",
-		"  " + idOf("PAYMENT_ID", "/v1/payments", "demo-pay-1", pay("ORDER_ID", "pm_card_visa")),
-		"  " + post("/v1/payments/$PAYMENT_ID/refunds", "demo-refund-1", `'{"amount":1000}'`),
+		"  " + idOf("PAYMENT_ID", "/v1/payments", "demo-pay-1", payBody("ORDER_ID", "pm_card_visa")),
+		"  " + curlPost("/v1/payments/$PAYMENT_ID/refunds", "demo-refund-1", `'{"amount":1000}'`),
 		"",
 		"List the orders:",
 		`  curl -s $API/v1/orders -H "Authorization: Bearer $API_KEY"`,
