@@ -34,16 +34,10 @@
 package consumer
 
 import (
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
-	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
-	"go.opentelemetry.io/otel/trace"
-
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/idemref/payments/internal/tracing"
 	"log/slog"
 	"math"
 	"time"
@@ -52,12 +46,17 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemref/payments/internal/broker"
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/events"
 	"github.com/idemref/payments/internal/failpoint"
 	"github.com/idemref/payments/internal/inbox"
+	"github.com/idemref/payments/internal/tracing"
 )
 
 // Handler applies one event in tx, the transaction that also holds its

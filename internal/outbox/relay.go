@@ -1,14 +1,9 @@
 package outbox
 
 import (
-	"go.opentelemetry.io/otel/codes"
-	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
-	"go.opentelemetry.io/otel/trace"
-
 	"cmp"
 	"context"
 	"errors"
-	"github.com/idemref/payments/internal/tracing"
 	"log/slog"
 	"slices"
 	"time"
@@ -17,10 +12,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/db/dbsqlc"
 	"github.com/idemref/payments/internal/failpoint"
+	"github.com/idemref/payments/internal/tracing"
 )
 
 // Defaults for RelayConfig.

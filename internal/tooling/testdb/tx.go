@@ -9,9 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemref/payments/internal/db"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemref/payments/internal/db"
 )
 
 // acquireTimeout bounds how long Tx waits for a connection of the shared
