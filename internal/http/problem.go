@@ -114,10 +114,11 @@ func newProblem(status int, code, title, detail string) Problem {
 // 5xx answers are logged by the caller, never serialised.
 //
 // A sentinel error with a fixed answer is answered from sentinelProblems.
-// The switch is for the errors whose answer carries what they hold: the
-// typed errors, and the sentinels that come wrapped in one (the 401's
-// challenge, the processor's delay); then any transient failure, then 500.
-// The table is asked first. No error in the switch wraps a sentinel of the
+// The functions asked next, in order, are for the errors whose answer
+// carries what they hold: the typed errors, and the sentinels that come
+// wrapped in one (the 401's challenge, the processor's delay); the last of
+// them also takes any transient failure; anything else is a 500. The table
+// is asked first. No error they answer wraps a sentinel of the
 // table (the ones that wrap anything wrap tenants.ErrUnauthenticated, a
 // body or signature failure, or payments.ErrProcessorUnavailable or
 // ErrOutcomeUnknown and a processor failure), so which is asked first
@@ -129,53 +130,75 @@ func problemFor(err error) Problem {
 			return s.problem(err)
 		}
 	}
+	for _, answer := range []func(error) (Problem, bool){
+		admissionProblem, keyProblem, domainProblem, unavailableProblem,
+	} {
+		if p, ok := answer(err); ok {
+			return p
+		}
+	}
+	return newProblem(http.StatusInternalServerError, CodeInternal, "Internal server error",
+		"The request was rolled back. Retrying with the same Idempotency-Key is safe.")
+}
+
+// admissionProblem answers the errors that refuse a request before it is
+// read: credentials, rate limits, webhook signatures and the body itself.
+func admissionProblem(err error) (Problem, bool) {
 	var (
-		invalid   *validation.Error
-		refExists *orders.ReferenceExistsError
 		bodyErr   *bodyError
 		limited   *rateLimitedError
 		throttled *authThrottledError
-		expired   *idem.ResultExpiredError
-		mismatch  *payments.AmountMismatchError
-		payExists *payments.PaymentExistsError
-		declined  *payments.DeclinedError
-		rejected  *payments.ProcessorRejectedError
-		exceeds   *payments.RefundExceedsError
-		refundDup *payments.RefundExistsError
 		hookErr   *webhookError
-		notYet    *keyNotRecordedError
 	)
 	switch {
 	case errors.Is(err, tenants.ErrUnauthenticated):
-		p := newProblem(http.StatusUnauthorized, CodeUnauthorized, "Unauthorized",
-			"Send the API key as one 'Authorization: Bearer <key>' header.")
-		// RFC 9110 section 11.6.1: a 401 names the scheme to use; RFC 6750
-		// section 3.1 adds what was wrong with the credentials.
-		challenge := "Bearer"
-		var ae *authError
-		if errors.As(err, &ae) {
-			challenge = ae.challenge
-		}
-		p.header = map[string]string{"WWW-Authenticate": challenge}
-		return p
+		return unauthorizedProblem(err), true
 	case errors.As(err, &limited):
 		p := newProblem(http.StatusTooManyRequests, CodeRateLimited, "Too many requests",
 			"This API key sent more requests than its rate limit allows. Nothing was recorded: retry after the Retry-After delay, with the same Idempotency-Key.")
 		p.header = map[string]string{"Retry-After": strconv.FormatInt(limited.retryAfter, 10)}
-		return p
+		return p, true
 	case errors.As(err, &throttled):
 		p := newProblem(http.StatusTooManyRequests, CodeRateLimited, "Too many requests",
 			"This address sent too many API keys that are not known. Nothing was recorded: retry after the Retry-After delay, with a valid key.")
 		p.header = map[string]string{"Retry-After": strconv.FormatInt(throttled.retryAfter, 10)}
-		return p
+		return p, true
 	case errors.As(err, &hookErr) && errors.Is(err, webhook.ErrStale):
 		return newProblem(http.StatusBadRequest, CodeWebhookTimestampInvalid, "Webhook timestamp out of tolerance",
-			"The signature's timestamp t is more than the tolerance away from now. Nothing was recorded; sign again and resend.")
+			"The signature's timestamp t is more than the tolerance away from now. Nothing was recorded; sign again and resend."), true
 	case errors.As(err, &hookErr):
 		return newProblem(http.StatusBadRequest, CodeWebhookSignatureInvalid, "Invalid webhook signature",
-			"The signature headers ("+webhook.Header+", or webhook-id, webhook-timestamp and webhook-signature under Standard Webhooks) are missing or malformed, or no v1 signature matches the body with a current secret. Nothing was recorded.")
+			"The signature headers ("+webhook.Header+", or webhook-id, webhook-timestamp and webhook-signature under Standard Webhooks) are missing or malformed, or no v1 signature matches the body with a current secret. Nothing was recorded."), true
 	case errors.As(err, &bodyErr):
-		return newProblem(bodyErr.status, bodyErr.code, bodyErr.title, bodyErr.Error())
+		return newProblem(bodyErr.status, bodyErr.code, bodyErr.title, bodyErr.Error()), true
+	}
+	return Problem{}, false
+}
+
+// unauthorizedProblem is the 401, with the challenge that says how to
+// authenticate.
+func unauthorizedProblem(err error) Problem {
+	p := newProblem(http.StatusUnauthorized, CodeUnauthorized, "Unauthorized",
+		"Send the API key as one 'Authorization: Bearer <key>' header.")
+	// RFC 9110 section 11.6.1: a 401 names the scheme to use; RFC 6750
+	// section 3.1 adds what was wrong with the credentials.
+	challenge := "Bearer"
+	var ae *authError
+	if errors.As(err, &ae) {
+		challenge = ae.challenge
+	}
+	p.header = map[string]string{"WWW-Authenticate": challenge}
+	return p
+}
+
+// keyProblem answers what the Idempotency-Key's record cannot give: a key
+// with no record yet, and a result past its replay window.
+func keyProblem(err error) (Problem, bool) {
+	var (
+		notYet  *keyNotRecordedError
+		expired *idem.ResultExpiredError
+	)
+	switch {
 	case errors.As(err, &notYet):
 		// No record is final only once no request under the key can still
 		// commit: the window since its last request was sent.
@@ -185,44 +208,70 @@ func problemFor(err error) Problem {
 		if notYet.window <= 0 {
 			p.Detail = "No record of this Idempotency-Key on this endpoint for this tenant. A request under it that is still running has no record until it commits."
 		}
-		return p
+		return p, true
 	case errors.As(err, &expired):
 		p := newProblem(http.StatusConflict, CodeResultExpired, "Idempotency result expired",
 			fmt.Sprintf("This request was already made under this Idempotency-Key; its result expired at %s and is no longer replayed, and the request is not run again. See resource (if it created one) and original_status. The key is forgotten after %s.",
 				expired.ExpiredAt.UTC().Format(time.RFC3339), expired.RetainedUntil.UTC().Format(time.RFC3339)))
 		p.Resource, p.OriginalStatus = expired.Location, expired.Status
-		return p
+		return p, true
+	}
+	return Problem{}, false
+}
+
+// domainProblem answers the rules of orders, payments and refunds: invalid
+// fields, duplicates, amounts, and what the processor decided.
+func domainProblem(err error) (Problem, bool) {
+	var (
+		invalid   *validation.Error
+		refExists *orders.ReferenceExistsError
+		mismatch  *payments.AmountMismatchError
+		payExists *payments.PaymentExistsError
+		declined  *payments.DeclinedError
+		rejected  *payments.ProcessorRejectedError
+		exceeds   *payments.RefundExceedsError
+		refundDup *payments.RefundExistsError
+	)
+	switch {
 	case errors.As(err, &invalid):
 		p := newProblem(http.StatusBadRequest, CodeValidationFailed, "Validation failed",
 			"One or more fields are invalid; see errors.")
 		p.Errors = invalid.Fields
-		return p
+		return p, true
 	case errors.As(err, &refExists):
 		p := newProblem(http.StatusConflict, CodeReferenceExists, "Order reference already used",
 			"An order with this reference already exists; see order_id.")
 		p.OrderID = &refExists.OrderID
-		return p
+		return p, true
 	case errors.As(err, &mismatch):
 		return newProblem(http.StatusUnprocessableEntity, CodeAmountMismatch, "Amount does not match the order",
-			fmt.Sprintf("The order still owes %d %s; amount and currency must match it.", mismatch.Owed, mismatch.Currency))
+			fmt.Sprintf("The order still owes %d %s; amount and currency must match it.", mismatch.Owed, mismatch.Currency)), true
 	case errors.As(err, &payExists):
 		p := newProblem(http.StatusConflict, CodePaymentExists, "Order already has a payment",
 			"The order already has a payment that has not failed; see payment_id.")
 		p.PaymentID = &payExists.PaymentID
-		return p
+		return p, true
 	case errors.As(err, &declined):
 		p := newProblem(http.StatusPaymentRequired, CodeCardDeclined, "Card declined",
 			"The processor declined the card. Retrying this request replays the decline; pay with a new Idempotency-Key to try again.")
 		p.PaymentID, p.DeclineCode = &declined.PaymentID, declined.DeclineCode
-		return p
+		return p, true
 	case errors.As(err, &rejected):
-		return newProblem(http.StatusUnprocessableEntity, CodeProcessorRejected, "Rejected by the processor", rejected.Message)
+		return newProblem(http.StatusUnprocessableEntity, CodeProcessorRejected, "Rejected by the processor", rejected.Message), true
 	case errors.As(err, &refundDup):
 		return newProblem(http.StatusConflict, CodeRefundExists, "Refund exists",
-			fmt.Sprintf("This request made refund %s already, under an Idempotency-Key past its retention: GET /v1/payments/{id}/refunds/%s shows it.", refundDup.RefundID, refundDup.RefundID))
+			fmt.Sprintf("This request made refund %s already, under an Idempotency-Key past its retention: GET /v1/payments/{id}/refunds/%s shows it.", refundDup.RefundID, refundDup.RefundID)), true
 	case errors.As(err, &exceeds):
 		return newProblem(http.StatusUnprocessableEntity, CodeRefundExceeds, "Refund exceeds the payment",
-			fmt.Sprintf("At most %d can still be refunded.", exceeds.Refundable))
+			fmt.Sprintf("At most %d can still be refunded.", exceeds.Refundable)), true
+	}
+	return Problem{}, false
+}
+
+// unavailableProblem answers the failures a retry after Retry-After can
+// get past: the processor's, then any other transient one.
+func unavailableProblem(err error) (Problem, bool) {
+	switch {
 	// The two processor sentinels come as a *payments.RetryError, whose
 	// delay is their Retry-After.
 	case errors.Is(err, payments.ErrProcessorUnavailable):
@@ -230,20 +279,19 @@ func problemFor(err error) Problem {
 		p := newProblem(http.StatusServiceUnavailable, CodeProcessorUnavailable, "Payment processor unavailable",
 			"The payment processor did not execute the request. Nothing was recorded as final: retry with the same Idempotency-Key after the Retry-After delay and the request resumes where it stopped.")
 		p.header = map[string]string{"Retry-After": retryAfter(payments.RetryAfter(err))}
-		return p
+		return p, true
 	case errors.Is(err, payments.ErrOutcomeUnknown):
 		p := newProblem(http.StatusServiceUnavailable, CodeOutcomeUnknown, "Outcome not known yet",
 			"The payment processor has not confirmed whether the request took effect, and it may still do so. Nothing was recorded as final and the payment shows status processing: retry with the same Idempotency-Key after the Retry-After delay. The request resumes where it stopped and never charges or refunds twice.")
 		p.header = map[string]string{"Retry-After": retryAfter(payments.RetryAfter(err))}
-		return p
+		return p, true
 	case isUnavailable(err):
 		p := newProblem(http.StatusServiceUnavailable, CodeUnavailable, "Service unavailable",
 			"A temporary failure interrupted the request and nothing was recorded. Retry after the Retry-After delay; for a POST, with the same Idempotency-Key.")
 		p.header = map[string]string{"Retry-After": retryAfterSeconds}
-		return p
+		return p, true
 	}
-	return newProblem(http.StatusInternalServerError, CodeInternal, "Internal server error",
-		"The request was rolled back. Retrying with the same Idempotency-Key is safe.")
+	return Problem{}, false
 }
 
 // sentinelProblem is the fixed answer to a sentinel error: any of errs,

@@ -107,30 +107,9 @@ var buildRoutes []func(a *api, r chi.Router)
 
 // NewHandler returns the service's HTTP handler.
 func NewHandler(cfg Config) http.Handler {
-	a := &api{pool: cfg.Pool, idem: cfg.Idem, payments: cfg.Payments, auth: tenants.NewCache(cfg.Pool, cfg.AuthCacheTTL),
-		webhookSecrets: cfg.WebhookSecrets, webhookTolerance: cfg.WebhookTolerance, webhookScheme: cfg.WebhookScheme, events: cfg.Events,
-		brokerRefused: cfg.BrokerRefused, draining: cfg.Draining}
-	if a.webhookTolerance <= 0 {
-		a.webhookTolerance = webhook.DefaultTolerance
-	}
+	cfg = cfg.withDefaults()
+	a := newAPI(cfg)
 	idem.InitEndpointMetrics(slices.Sorted(maps.Keys(idempotentEndpoints))...)
-	if cfg.AuthLookups.Rate <= 0 {
-		cfg.AuthLookups = DefaultAuthLookups
-	}
-	if cfg.AuthLookupsTotal.Rate <= 0 {
-		cfg.AuthLookupsTotal = DefaultAuthLookupsTotal
-	}
-	if cfg.lookupClients <= 0 {
-		cfg.lookupClients = DefaultLookupClients
-	}
-	a.authLookups = newLookupBudget(cfg.AuthLookups, cfg.AuthLookupsTotal, cfg.lookupClients)
-	a.clients = cfg.Clients
-	if cfg.RateLimit.Rate > 0 {
-		a.limiter = newLimiter[uuid.UUID](cfg.RateLimit)
-	}
-	if cfg.RequestTimeout <= 0 {
-		cfg.RequestTimeout = 30 * time.Second
-	}
 	r := chi.NewRouter()
 	r.Use(requestContext(cfg.Logger, cfg.RequestTimeout))
 	r.Use(requestFraming)
@@ -151,49 +130,90 @@ func NewHandler(cfg Config) http.Handler {
 	// /metrics and the profiler are on the admin listener only
 	// (NewAdminHandler): here they are 404 like any unknown path.
 	if cfg.OpenAPI != nil {
-		r.Get("/openapi.yaml", func(w http.ResponseWriter, r *http.Request) {
-			w.Header().Set("Content-Type", "application/yaml")
-			_, _ = w.Write(cfg.OpenAPI)
-		})
-		// The reference page, rendered from /openapi.yaml.
-		r.Get("/docs", apidocs.Page)
-		r.Get(apidocs.BundlePath, apidocs.Bundle)
+		docsRoutes(r, cfg.OpenAPI)
 	}
-
-	r.Route("/v1", func(r chi.Router) {
-		r.Use(noStore)
-		// The processor authenticates with its signature, not an API key,
-		// and deduplicates with its event id, not an Idempotency-Key.
-		r.Post("/webhooks/processor", a.processorWebhook)
-		r.Group(func(r chi.Router) {
-			r.Use(a.authenticate, a.rateLimit)
-			r.Route("/orders", func(r chi.Router) {
-				r.Post("/", idempotent[createOrderRequest](a, createOrderEndpoint, createOrder))
-				r.Get("/", a.listOrders)
-				r.Get("/{id}", a.getOrder)
-				r.Patch("/{id}", a.updateOrder)
-			})
-			r.Route("/customers", func(r chi.Router) {
-				r.Put("/{id}", a.putCustomer)
-				r.Get("/{id}", a.getCustomer)
-			})
-			r.Get("/idempotency-keys/{key}", a.getKeyStatus)
-			r.Route("/payments", func(r chi.Router) {
-				r.Post("/", multiStep[createPaymentRequest](payments.CreatePayment, a.createPayment))
-				r.Get("/", a.listPayments)
-				r.Get("/{id}", a.getPayment)
-				r.Post("/{id}/refunds", a.createRefund)
-				r.Get("/{id}/refunds/{refund_id}", a.getRefund)
-			})
-			// Routes of other builds (the load benchmark's baseline), behind
-			// the same authentication and rate limit.
-			for _, add := range buildRoutes {
-				add(a, r)
-			}
-		})
-	})
+	r.Route("/v1", a.v1Routes)
 	allow = routeIndex(r)
 	return traced(r)
+}
+
+// withDefaults fills in what cfg leaves zero.
+func (cfg Config) withDefaults() Config {
+	if cfg.WebhookTolerance <= 0 {
+		cfg.WebhookTolerance = webhook.DefaultTolerance
+	}
+	if cfg.AuthLookups.Rate <= 0 {
+		cfg.AuthLookups = DefaultAuthLookups
+	}
+	if cfg.AuthLookupsTotal.Rate <= 0 {
+		cfg.AuthLookupsTotal = DefaultAuthLookupsTotal
+	}
+	if cfg.lookupClients <= 0 {
+		cfg.lookupClients = DefaultLookupClients
+	}
+	if cfg.RequestTimeout <= 0 {
+		cfg.RequestTimeout = 30 * time.Second
+	}
+	return cfg
+}
+
+// newAPI builds the handlers' shared state from a cfg with its defaults.
+func newAPI(cfg Config) *api {
+	a := &api{pool: cfg.Pool, idem: cfg.Idem, payments: cfg.Payments, auth: tenants.NewCache(cfg.Pool, cfg.AuthCacheTTL),
+		webhookSecrets: cfg.WebhookSecrets, webhookTolerance: cfg.WebhookTolerance, webhookScheme: cfg.WebhookScheme, events: cfg.Events,
+		brokerRefused: cfg.BrokerRefused, draining: cfg.Draining}
+	a.authLookups = newLookupBudget(cfg.AuthLookups, cfg.AuthLookupsTotal, cfg.lookupClients)
+	a.clients = cfg.Clients
+	if cfg.RateLimit.Rate > 0 {
+		a.limiter = newLimiter[uuid.UUID](cfg.RateLimit)
+	}
+	return a
+}
+
+// docsRoutes serves the OpenAPI document and the reference page rendered
+// from it.
+func docsRoutes(r chi.Router, spec []byte) {
+	r.Get("/openapi.yaml", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/yaml")
+		_, _ = w.Write(spec)
+	})
+	r.Get("/docs", apidocs.Page)
+	r.Get(apidocs.BundlePath, apidocs.Bundle)
+}
+
+// v1Routes is the API under /v1: the processor's webhooks, and the rest
+// behind authentication and the rate limit.
+func (a *api) v1Routes(r chi.Router) {
+	r.Use(noStore)
+	// The processor authenticates with its signature, not an API key,
+	// and deduplicates with its event id, not an Idempotency-Key.
+	r.Post("/webhooks/processor", a.processorWebhook)
+	r.Group(func(r chi.Router) {
+		r.Use(a.authenticate, a.rateLimit)
+		r.Route("/orders", func(r chi.Router) {
+			r.Post("/", idempotent[createOrderRequest](a, createOrderEndpoint, createOrder))
+			r.Get("/", a.listOrders)
+			r.Get("/{id}", a.getOrder)
+			r.Patch("/{id}", a.updateOrder)
+		})
+		r.Route("/customers", func(r chi.Router) {
+			r.Put("/{id}", a.putCustomer)
+			r.Get("/{id}", a.getCustomer)
+		})
+		r.Get("/idempotency-keys/{key}", a.getKeyStatus)
+		r.Route("/payments", func(r chi.Router) {
+			r.Post("/", multiStep[createPaymentRequest](payments.CreatePayment, a.createPayment))
+			r.Get("/", a.listPayments)
+			r.Get("/{id}", a.getPayment)
+			r.Post("/{id}/refunds", a.createRefund)
+			r.Get("/{id}/refunds/{refund_id}", a.getRefund)
+		})
+		// Routes of other builds (the load benchmark's baseline), behind
+		// the same authentication and rate limit.
+		for _, add := range buildRoutes {
+			add(a, r)
+		}
+	})
 }
 
 // ready is /readyz: 503 while the database does not answer, since then
