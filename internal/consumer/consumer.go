@@ -146,6 +146,9 @@ func (c *Consumer) isStopping() bool {
 	}
 }
 
+// process reads one message, applies its event and settles the message
+// with the broker: acked once applied, terminated when unreadable, handed
+// back otherwise.
 func (c *Consumer) process(ctx context.Context, msg jetstream.Msg) {
 	ctx = context.WithoutCancel(ctx) // a message in hand is finished, not abandoned half-way
 	md, err := msg.Metadata()
@@ -177,8 +180,28 @@ func (c *Consumer) process(ctx context.Context, msg jetstream.Msg) {
 			attribute.Int64("messaging.nats.delivery", int64(min(md.NumDelivered, math.MaxInt64)))))
 	defer span.End()
 
+	duplicate, err := c.applyHeld(ctx, log, msg, ev)
+	if err != nil {
+		span.SetStatus(codes.Error, "apply failed")
+		c.handBack(ctx, log, msg, md, err)
+		return
+	}
+	// Committed. A crash here leaves the message unacknowledged: it is
+	// redelivered and the inbox row skips it (test: consumer killed after
+	// commit, before ack).
+	failpoint.Inject("consumer-after-commit")
+	span.SetAttributes(attribute.Bool("messaging.duplicate", duplicate))
+	c.ack(ctx, log, msg, duplicate)
+}
+
+// applyHeld applies ev, and holds the message in hand through transient
+// failures (a database outage), kept in progress on the server, retrying
+// after heldRetryMin and on (see maxHeldRetries) until it applies, the
+// retries run out or Stop comes. The error is the last attempt's.
+func (c *Consumer) applyHeld(ctx context.Context, log *slog.Logger, msg jetstream.Msg, ev events.Envelope) (duplicate bool, err error) {
 	stopProgress := c.keepInProgress(msg)
-	duplicate, err := c.apply(ctx, ev)
+	defer stopProgress()
+	duplicate, err = c.apply(ctx, ev)
 	wait, answered := heldRetryMin, 0
 	for db.IsTransient(err) {
 		if c.databaseAnswers(ctx) {
@@ -194,37 +217,35 @@ func (c *Consumer) process(ctx context.Context, msg jetstream.Msg) {
 		wait = min(2*wait, heldRetryMax)
 		duplicate, err = c.apply(ctx, ev)
 	}
-	stopProgress()
-	if err != nil {
-		span.SetStatus(codes.Error, "apply failed")
-	}
+	return duplicate, err
+}
+
+// handBack settles a message whose event did not apply (err): terminated
+// when unreadable, else handed back for redelivery.
+func (c *Consumer) handBack(ctx context.Context, log *slog.Logger, msg jetstream.Msg, md *jetstream.MsgMetadata, err error) {
 	switch {
 	case errors.Is(err, events.ErrUnreadable):
 		log.ErrorContext(ctx, "unreadable event; terminating it for the dead-letter stream", slog.Any("error", err))
 		_ = msg.TermWithReason("unreadable")
-		return
-	case err != nil && c.isStopping() && db.IsTransient(err):
+	case c.isStopping() && db.IsTransient(err):
 		// Held through a database outage when Stop came: handed back with
 		// a nak without delay, so that another process takes it at once,
 		// neither after the ack wait nor after the backoff. It is no
 		// failure of the message: not counted as one.
 		log.InfoContext(ctx, "stopping: the event held in hand is handed back for redelivery", slog.Any("error", err))
 		_ = msg.Nak()
-		return
-	case err != nil:
+	default:
 		// Nothing committed: the redelivery applies it. Nak (not waiting
 		// out the ack wait) with the delay of the backoff's next step.
 		delay := c.backoff[min(md.NumDelivered, uint64(len(c.backoff)))-1]
 		log.WarnContext(ctx, "apply event; it will be redelivered", slog.Any("error", err), slog.Duration("delay", delay))
 		failuresTotal.WithLabelValues(c.cfg.Name).Inc()
 		_ = msg.NakWithDelay(delay)
-		return
 	}
-	// Committed. A crash here leaves the message unacknowledged: it is
-	// redelivered and the inbox row skips it (test: consumer killed after
-	// commit, before ack).
-	failpoint.Inject("consumer-after-commit")
-	span.SetAttributes(attribute.Bool("messaging.duplicate", duplicate))
+}
+
+// ack counts a committed event and acknowledges its message.
+func (c *Consumer) ack(ctx context.Context, log *slog.Logger, msg jetstream.Msg, duplicate bool) {
 	if duplicate {
 		duplicatesTotal.WithLabelValues(c.cfg.Name).Inc()
 		log.InfoContext(ctx, "duplicate event skipped")
