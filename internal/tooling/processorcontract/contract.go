@@ -64,98 +64,132 @@ type Harness struct {
 
 // Run runs the contract against h.
 func Run(t *testing.T, h Harness) {
-	p := h.Processor
-	newKey := func() string { return "contract-" + uuid.NewString() }
-	request := func(pm string) processor.ChargeRequest {
-		return processor.ChargeRequest{Amount: 1500, Currency: "EUR", PaymentMethod: pm, Metadata: map[string]string{"payment_id": uuid.NewString()}}
+	c := contract{h}
+	t.Run("AChargeIsFinalAndItsKeyFindsIt", c.chargeIsFinal)
+	t.Run("TheSameKeyMakesNoSecondCharge", c.sameKeyChargesOnce)
+	t.Run("AnUnusedKeyFindsNothing", c.unusedKeyFindsNothing)
+	t.Run("ADeclineIsFinalAndLeavesAFailedCharge", c.declineIsFinal)
+	t.Run("ARefundIsFinalListedWithItsKeyAndNotRepeated", c.refundIsFinal)
+	c.faults(t)
+	t.Run("ASignedWebhookOfASucceededChargeReads", c.signedWebhookReads)
+}
+
+// contract is the harness the cases run against.
+type contract struct{ Harness }
+
+// newKey is an idempotency key no case used before.
+func newKey() string { return "contract-" + uuid.NewString() }
+
+// request asks for a charge of 1500 EUR by payment method pm.
+func request(pm string) processor.ChargeRequest {
+	return processor.ChargeRequest{Amount: 1500, Currency: "EUR", PaymentMethod: pm, Metadata: map[string]string{"payment_id": uuid.NewString()}}
+}
+
+// chargeIsFinal checks that a charge succeeds, and the lookup of its key
+// finds it.
+func (c contract) chargeIsFinal(t *testing.T) {
+	p := c.Processor
+	key := newKey()
+	ch, err := p.CreateCharge(t.Context(), request(c.Approved), key)
+	if err != nil {
+		t.Fatalf("CreateCharge: %v (class %s)", err, processor.ClassOf(err))
 	}
+	if ch.ID == "" || ch.Status != processor.StatusSucceeded || ch.Amount != 1500 {
+		t.Fatalf("charge = %+v, want an id, succeeded, 1500", ch)
+	}
+	found := lookUp(t, p, key, 1)
+	if found[0].ID != ch.ID || found[0].Status != processor.StatusSucceeded || found[0].IdempotencyKey != key || found[0].Amount != 1500 {
+		t.Errorf("lookup = %+v, want charge %s succeeded under %s", found[0], ch.ID, key)
+	}
+}
 
-	t.Run("AChargeIsFinalAndItsKeyFindsIt", func(t *testing.T) {
-		key := newKey()
-		ch, err := p.CreateCharge(t.Context(), request(h.Approved), key)
-		if err != nil {
-			t.Fatalf("CreateCharge: %v (class %s)", err, processor.ClassOf(err))
-		}
-		if ch.ID == "" || ch.Status != processor.StatusSucceeded || ch.Amount != 1500 {
-			t.Fatalf("charge = %+v, want an id, succeeded, 1500", ch)
-		}
-		found := lookUp(t, p, key, 1)
-		if found[0].ID != ch.ID || found[0].Status != processor.StatusSucceeded || found[0].IdempotencyKey != key || found[0].Amount != 1500 {
-			t.Errorf("lookup = %+v, want charge %s succeeded under %s", found[0], ch.ID, key)
-		}
-	})
+// sameKeyChargesOnce checks that a resend under the same key returns the
+// first charge.
+func (c contract) sameKeyChargesOnce(t *testing.T) {
+	p := c.Processor
+	key := newKey()
+	req := request(c.Approved)
+	first, err := p.CreateCharge(t.Context(), req, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := p.CreateCharge(t.Context(), req, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.ID != first.ID {
+		t.Errorf("resend made charge %s beside %s", again.ID, first.ID)
+	}
+	lookUp(t, p, key, 1)
+}
 
-	t.Run("TheSameKeyMakesNoSecondCharge", func(t *testing.T) {
-		key := newKey()
-		req := request(h.Approved)
-		first, err := p.CreateCharge(t.Context(), req, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		again, err := p.CreateCharge(t.Context(), req, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if again.ID != first.ID {
-			t.Errorf("resend made charge %s beside %s", again.ID, first.ID)
-		}
-		lookUp(t, p, key, 1)
-	})
+// unusedKeyFindsNothing checks that the lookup of a key never sent finds
+// no charge.
+func (c contract) unusedKeyFindsNothing(t *testing.T) {
+	p := c.Processor
+	got, err := p.ChargesByIdempotencyKey(t.Context(), newKey())
+	if err != nil || len(got) != 0 {
+		t.Errorf("lookup of an unused key = %v, %v; want nothing, nil", got, err)
+	}
+}
 
-	t.Run("AnUnusedKeyFindsNothing", func(t *testing.T) {
-		got, err := p.ChargesByIdempotencyKey(t.Context(), newKey())
-		if err != nil || len(got) != 0 {
-			t.Errorf("lookup of an unused key = %v, %v; want nothing, nil", got, err)
-		}
-	})
+// declineIsFinal checks that a decline is a final error, and its failed
+// charge is found under its key.
+func (c contract) declineIsFinal(t *testing.T) {
+	p := c.Processor
+	key := newKey()
+	_, err := p.CreateCharge(t.Context(), request(c.Declined), key)
+	var declined *processor.DeclineError
+	if !errors.As(err, &declined) || processor.ClassOf(err) != processor.ClassFinal {
+		t.Fatalf("CreateCharge = %v, want a final *DeclineError", err)
+	}
+	if declined.ChargeID == "" || declined.DeclineCode == "" {
+		t.Errorf("decline = %+v, want the failed charge's id and a decline code", declined)
+	}
+	found := lookUp(t, p, key, 1)
+	if found[0].ID != declined.ChargeID || found[0].Status != processor.StatusFailed || found[0].DeclineCode == "" {
+		t.Errorf("lookup = %+v, want failed charge %s with its decline code", found[0], declined.ChargeID)
+	}
+}
 
-	t.Run("ADeclineIsFinalAndLeavesAFailedCharge", func(t *testing.T) {
-		key := newKey()
-		_, err := p.CreateCharge(t.Context(), request(h.Declined), key)
-		var declined *processor.DeclineError
-		if !errors.As(err, &declined) || processor.ClassOf(err) != processor.ClassFinal {
-			t.Fatalf("CreateCharge = %v, want a final *DeclineError", err)
-		}
-		if declined.ChargeID == "" || declined.DeclineCode == "" {
-			t.Errorf("decline = %+v, want the failed charge's id and a decline code", declined)
-		}
-		found := lookUp(t, p, key, 1)
-		if found[0].ID != declined.ChargeID || found[0].Status != processor.StatusFailed || found[0].DeclineCode == "" {
-			t.Errorf("lookup = %+v, want failed charge %s with its decline code", found[0], declined.ChargeID)
-		}
-	})
+// refundIsFinal checks that a refund succeeds once under its key, is
+// listed with it, and cannot exceed what is left.
+func (c contract) refundIsFinal(t *testing.T) {
+	p := c.Processor
+	ch, err := p.CreateCharge(t.Context(), request(c.Approved), newKey())
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := newKey()
+	re, err := p.Refund(t.Context(), processor.RefundRequest{Charge: ch.ID, Amount: 400}, key)
+	if err != nil {
+		t.Fatalf("Refund: %v", err)
+	}
+	if re.ID == "" || re.Charge != ch.ID || re.Amount != 400 || re.Status != processor.StatusSucceeded {
+		t.Fatalf("refund = %+v, want 400 of %s, succeeded", re, ch.ID)
+	}
+	again, err := p.Refund(t.Context(), processor.RefundRequest{Charge: ch.ID, Amount: 400}, key)
+	if err != nil || again.ID != re.ID {
+		t.Fatalf("resend = %+v, %v; want refund %s again", again, err, re.ID)
+	}
+	list, err := p.RefundsByCharge(t.Context(), ch.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 1 || list[0].ID != re.ID || list[0].IdempotencyKey != key || list[0].Amount != 400 {
+		t.Errorf("RefundsByCharge = %+v, want refund %s under %s only", list, re.ID, key)
+	}
+	_, err = p.Refund(t.Context(), processor.RefundRequest{Charge: ch.ID, Amount: 5000}, newKey())
+	var rejected *processor.RequestError
+	if !errors.As(err, &rejected) {
+		t.Errorf("refund above what is left = %v, want a final *RequestError", err)
+	}
+}
 
-	t.Run("ARefundIsFinalListedWithItsKeyAndNotRepeated", func(t *testing.T) {
-		ch, err := p.CreateCharge(t.Context(), request(h.Approved), newKey())
-		if err != nil {
-			t.Fatal(err)
-		}
-		key := newKey()
-		re, err := p.Refund(t.Context(), processor.RefundRequest{Charge: ch.ID, Amount: 400}, key)
-		if err != nil {
-			t.Fatalf("Refund: %v", err)
-		}
-		if re.ID == "" || re.Charge != ch.ID || re.Amount != 400 || re.Status != processor.StatusSucceeded {
-			t.Fatalf("refund = %+v, want 400 of %s, succeeded", re, ch.ID)
-		}
-		again, err := p.Refund(t.Context(), processor.RefundRequest{Charge: ch.ID, Amount: 400}, key)
-		if err != nil || again.ID != re.ID {
-			t.Fatalf("resend = %+v, %v; want refund %s again", again, err, re.ID)
-		}
-		list, err := p.RefundsByCharge(t.Context(), ch.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(list) != 1 || list[0].ID != re.ID || list[0].IdempotencyKey != key || list[0].Amount != 400 {
-			t.Errorf("RefundsByCharge = %+v, want refund %s under %s only", list, re.ID, key)
-		}
-		_, err = p.Refund(t.Context(), processor.RefundRequest{Charge: ch.ID, Amount: 5000}, newKey())
-		var rejected *processor.RequestError
-		if !errors.As(err, &rejected) {
-			t.Errorf("refund above what is left = %v, want a final *RequestError", err)
-		}
-	})
-
+// faults checks that each fault of the charge call has its class; one not
+// executed leaves nothing to find.
+func (c contract) faults(t *testing.T) {
+	p := c.Processor
 	for _, tt := range []struct {
 		name  string
 		fault Fault
@@ -167,8 +201,8 @@ func Run(t *testing.T, h Harness) {
 		{"ARefusedSecretKeyIsNotExecuted", FaultUnauthorized, processor.ClassNotExecuted},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			key, req := newKey(), request(h.Approved)
-			h.Fail(t, tt.fault, req, key)
+			key, req := newKey(), request(c.Approved)
+			c.Fail(t, tt.fault, req, key)
 			_, err := p.CreateCharge(t.Context(), req, key)
 			if got := processor.ClassOf(err); got != tt.want {
 				t.Errorf("class of %v = %s, want %s", err, got, tt.want)
@@ -185,31 +219,34 @@ func Run(t *testing.T, h Harness) {
 			}
 		})
 	}
+}
 
-	t.Run("ASignedWebhookOfASucceededChargeReads", func(t *testing.T) {
-		key := newKey()
-		ch, err := p.CreateCharge(t.Context(), request(h.Approved), key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		payload, hdr := h.Deliver(t, ch)
-		ev, err := p.VerifyWebhook(payload, hdr, h.Verifier)
-		if err != nil {
-			t.Fatalf("VerifyWebhook: %v", err)
-		}
-		if ev.ID == "" || ev.Type != processor.EventChargeSucceeded || ev.Data.Object.ID != ch.ID ||
-			ev.Data.Object.IdempotencyKey != key || ev.Data.Object.Status != processor.StatusSucceeded {
-			t.Errorf("event = %+v, want charge.succeeded of %s under %s", ev, ch.ID, key)
-		}
-		tampered := slices.Clone(payload)
-		tampered[len(tampered)-2] ^= 1
-		if _, err := p.VerifyWebhook(tampered, hdr, h.Verifier); err == nil || errors.Is(err, processor.ErrBadEvent) {
-			t.Errorf("a tampered delivery: %v, want a signature error", err)
-		}
-		if _, err := p.VerifyWebhook(payload, http.Header{}, h.Verifier); err == nil {
-			t.Error("an unsigned delivery was accepted")
-		}
-	})
+// signedWebhookReads checks that a signed delivery of a succeeded charge
+// verifies and reads; a tampered or unsigned one does not.
+func (c contract) signedWebhookReads(t *testing.T) {
+	p := c.Processor
+	key := newKey()
+	ch, err := p.CreateCharge(t.Context(), request(c.Approved), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload, hdr := c.Deliver(t, ch)
+	ev, err := p.VerifyWebhook(payload, hdr, c.Verifier)
+	if err != nil {
+		t.Fatalf("VerifyWebhook: %v", err)
+	}
+	if ev.ID == "" || ev.Type != processor.EventChargeSucceeded || ev.Data.Object.ID != ch.ID ||
+		ev.Data.Object.IdempotencyKey != key || ev.Data.Object.Status != processor.StatusSucceeded {
+		t.Errorf("event = %+v, want charge.succeeded of %s under %s", ev, ch.ID, key)
+	}
+	tampered := slices.Clone(payload)
+	tampered[len(tampered)-2] ^= 1
+	if _, err := p.VerifyWebhook(tampered, hdr, c.Verifier); err == nil || errors.Is(err, processor.ErrBadEvent) {
+		t.Errorf("a tampered delivery: %v, want a signature error", err)
+	}
+	if _, err := p.VerifyWebhook(payload, http.Header{}, c.Verifier); err == nil {
+		t.Error("an unsigned delivery was accepted")
+	}
 }
 
 // lookUp polls the lookup of key until it shows want charges, for as long
