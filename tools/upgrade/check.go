@@ -74,9 +74,8 @@ func check(ctx context.Context, o options, stdout io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
-	oldName := prev.Rev[:12]
 	e := &env{out: stdout, verbose: o.verbose, http: &http.Client{Timeout: 30 * time.Second}}
-	e.say("the previous release is %s, chosen by the rule: %s", oldName, prev.Rule)
+	e.say("the previous release is %s, chosen by the rule: %s", prev.Rev[:12], prev.Rule)
 
 	if e.work, err = os.MkdirTemp("", "upgrade-"); err != nil {
 		return err
@@ -99,6 +98,60 @@ func check(ctx context.Context, o options, stdout io.Writer) (err error) {
 		_ = os.RemoveAll(e.dataDir)
 	}()
 
+	r, err := e.buildReleases(ctx, root, prev)
+	if err != nil {
+		return err
+	}
+	if err := e.start(ctx); err != nil {
+		return err
+	}
+	if err := e.migrate(ctx, r); err != nil {
+		return err
+	}
+	// 2. A tenant from each binary's CLI: each server must authenticate
+	// the other's.
+	if r.keyNew, err = e.tenant(ctx, r.newBin, "upgrade-new"); err != nil {
+		return fmt.Errorf("api-new tenant create: %w", err)
+	}
+	if r.keyOld, err = e.tenant(ctx, r.oldBin, "upgrade-old"); err != nil {
+		return fmt.Errorf("the previous release's api tenant create on schema %d: %w", r.version, err)
+	}
+	if err := e.upgrade(ctx, r); err != nil {
+		return err
+	}
+	e.say("ok: %s (migrations to %d) served beside the work tree (to %d) on schema %d: order, replay, payment, cross-replays, reaper; no error logged; %s",
+		r.oldName, r.oldKnows, r.newKnows, r.version, time.Since(began).Round(100*time.Millisecond))
+	return nil
+}
+
+// releases is what the check compares: the previous release's api and
+// this tree's, and what the steps learn of them.
+type releases struct {
+	oldName, oldBin, newBin string
+	// oldKnows and newKnows are the newest migration each knows; version
+	// is the schema's after api-new migrate up.
+	oldKnows, newKnows int
+	version            int64
+	// keyNew and keyOld are the API keys of the tenants each binary's CLI
+	// created.
+	keyNew, keyOld string
+}
+
+// sent is an idempotent request sent once, to be sent again: its first
+// answer is what every replay must be.
+type sent struct {
+	path, idemKey, body string
+	first               answer
+}
+
+// replayOf sends s again to the server at base as who; see replay.
+func (e *env) replayOf(ctx context.Context, who, base, apiKey string, s sent) error {
+	return e.replay(ctx, who, base, apiKey, s.path, s.idemKey, s.body, s.first)
+}
+
+// buildReleases builds the previous release's api and this tree's.
+func (e *env) buildReleases(ctx context.Context, root string, prev release) (*releases, error) {
+	r := &releases{oldName: prev.Rev[:12]}
 	// The previous release's tree is extracted once per revision into the
 	// user's cache and built there: a package's directory is part of its
 	// build cache key, so the same directory each run makes a second build
@@ -106,143 +159,172 @@ func check(ctx context.Context, o options, stdout io.Writer) (err error) {
 	// filled.
 	oldTree, err := extract(root, prev.Rev)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	t := time.Now()
-	newBin, err := build(ctx, root, filepath.Join(e.work, "api-new"))
-	if err != nil {
-		return fmt.Errorf("build this tree's api: %w", err)
+	if r.newBin, err = build(ctx, root, filepath.Join(e.work, "api-new")); err != nil {
+		return nil, fmt.Errorf("build this tree's api: %w", err)
 	}
-	oldBin, err := build(ctx, oldTree, filepath.Join(e.work, "api-old"))
-	if err != nil {
-		return fmt.Errorf("build the previous release's api (%s): %w", oldName, err)
+	if r.oldBin, err = build(ctx, oldTree, filepath.Join(e.work, "api-old")); err != nil {
+		return nil, fmt.Errorf("build the previous release's api (%s): %w", r.oldName, err)
 	}
-	e.say("built api-old (%s) and api-new (the work tree) in %s", oldName, time.Since(t).Round(100*time.Millisecond))
-	oldKnows, err := newestMigration(filepath.Join(oldTree, "db", "migrations"))
-	if err != nil {
-		return err
+	e.say("built api-old (%s) and api-new (the work tree) in %s", r.oldName, time.Since(t).Round(100*time.Millisecond))
+	if r.oldKnows, err = newestMigration(filepath.Join(oldTree, "db", "migrations")); err != nil {
+		return nil, err
 	}
-	newKnows, err := newestMigration(filepath.Join(root, "db", "migrations"))
-	if err != nil {
-		return err
+	if r.newKnows, err = newestMigration(filepath.Join(root, "db", "migrations")); err != nil {
+		return nil, err
 	}
+	return r, nil
+}
 
-	if err := e.start(ctx); err != nil {
-		return err
-	}
-
-	// 1. This tree's migrations, by this tree's binary, as the release's
-	// migration Job runs them before the rolling update.
-	if out, err := e.cli(ctx, newBin, "migrate", "up"); err != nil {
+// migrate is step 1: this tree's migrations, by this tree's binary, as the
+// release's migration Job runs them before the rolling update.
+func (e *env) migrate(ctx context.Context, r *releases) error {
+	if out, err := e.cli(ctx, r.newBin, "migrate", "up"); err != nil {
 		return fmt.Errorf("api-new migrate up: %w\n%s", err, out)
 	}
-	var version int64
 	var dirty bool
-	if err := e.db.QueryRow(ctx, "SELECT version, dirty FROM schema_migrations").Scan(&version, &dirty); err != nil {
+	if err := e.db.QueryRow(ctx, "SELECT version, dirty FROM schema_migrations").Scan(&r.version, &dirty); err != nil {
 		return fmt.Errorf("read schema_migrations: %w", err)
 	}
-	if dirty || version != int64(newKnows) {
-		return fmt.Errorf("after api-new migrate up the schema is at version %d (dirty %v), want %d, this tree's newest migration", version, dirty, newKnows)
+	if dirty || r.version != int64(r.newKnows) {
+		return fmt.Errorf("after api-new migrate up the schema is at version %d (dirty %v), want %d, this tree's newest migration", r.version, dirty, r.newKnows)
 	}
-	e.say("migrated with api-new to version %d; the previous release knows migrations up to %d", version, oldKnows)
+	e.say("migrated with api-new to version %d; the previous release knows migrations up to %d", r.version, r.oldKnows)
 	// What a rollback meets if it reruns the previous release's migration
 	// Job: said, not judged (the rolling update itself never runs it).
-	if out, err := e.cli(ctx, oldBin, "migrate", "up"); err != nil {
-		e.say("note: api-old migrate up on schema %d fails (%v): %s", version, err, lastLine(out))
+	if out, err := e.cli(ctx, r.oldBin, "migrate", "up"); err != nil {
+		e.say("note: api-old migrate up on schema %d fails (%v): %s", r.version, err, lastLine(out))
 	} else {
-		e.say("note: api-old migrate up on schema %d succeeds: %s", version, lastLine(out))
+		e.say("note: api-old migrate up on schema %d succeeds: %s", r.version, lastLine(out))
 	}
+	return nil
+}
 
-	// 2. A tenant from each binary's CLI: each server must authenticate
-	// the other's.
-	keyNew, err := e.tenant(ctx, newBin, "upgrade-new")
-	if err != nil {
-		return fmt.Errorf("api-new tenant create: %w", err)
-	}
-	keyOld, err := e.tenant(ctx, oldBin, "upgrade-old")
-	if err != nil {
-		return fmt.Errorf("the previous release's api tenant create on schema %d: %w", version, err)
-	}
-
-	// 3. The previous release alone on the new schema.
-	oldAPI, oldURL, err := e.serve(ctx, "api-old", oldBin, "REAPER_INTERVAL=500ms")
-	if err != nil {
-		return fmt.Errorf("the previous release's api serve (%s, migrations up to %d) does not start on schema version %d: %w", oldName, oldKnows, version, err)
-	}
-	e.say("api-old serves on schema %d at %s", version, oldURL)
-
-	order1 := `{"reference":"upgrade-1","customer_id":"cus_upgrade","amount":` + strconv.Itoa(amount) + `,"currency":"EUR"}`
-	created1, err := e.create(ctx, "api-old", oldURL, keyNew, "/v1/orders", "upgrade-order-1", order1)
+// upgrade is steps 3 to 5, the rolling update: the previous release alone
+// on the new schema, then both at once, then this tree's alone.
+func (e *env) upgrade(ctx context.Context, r *releases) error {
+	oldAPI, oldURL, order1, pay1, err := e.oldAlone(ctx, r)
 	if err != nil {
 		return err
 	}
-	if err := e.replay(ctx, "api-old", oldURL, keyNew, "/v1/orders", "upgrade-order-1", order1, created1); err != nil {
-		return err
-	}
-	if err := e.count(ctx, "orders with reference upgrade-1", 1, "SELECT count(*) FROM orders WHERE reference = 'upgrade-1'"); err != nil {
-		return err
-	}
-	if err := e.count(ctx, "key rows for upgrade-order-1", 1, "SELECT count(*) FROM idempotency_keys WHERE idem_key = 'upgrade-order-1'"); err != nil {
-		return err
-	}
-	orderID1, err := idOf(created1)
-	if err != nil {
-		return err
-	}
-	e.say("api-old: order %s created, replayed byte for byte, one row", orderID1)
-
-	e.sim.Simulator.SetWebhooks(processorsim.WebhookConfig{URL: oldURL + "/v1/webhooks/processor", Secrets: []string{webhookSecret}})
-	pay1 := fmt.Sprintf(`{"order_id":%q,"amount":%d,"currency":"EUR","payment_method":"pm_card_visa"}`, orderID1, amount)
-	paid1, err := e.pay(ctx, "api-old", oldURL, keyNew, "upgrade-pay-1", pay1, orderID1)
-	if err != nil {
-		return err
-	}
-	if err := e.replay(ctx, "api-old", oldURL, keyNew, "/v1/payments", "upgrade-pay-1", pay1, paid1); err != nil {
-		return err
-	}
-	e.say("api-old: order %s paid: one charge, the payment row succeeded, the order paid by its events, the webhook applied", orderID1)
-
 	// 4. Both at once, as during the rolling update.
-	newAPI, newURL, err := e.serve(ctx, "api-new", newBin, "REAPER_INTERVAL=0")
+	newAPI, newURL, err := e.serve(ctx, "api-new", r.newBin, "REAPER_INTERVAL=0")
 	if err != nil {
 		return fmt.Errorf("this tree's api serve: %w", err)
 	}
 	e.say("api-new serves beside api-old at %s", newURL)
-	if err := e.replay(ctx, "api-new", newURL, keyNew, "/v1/orders", "upgrade-order-1", order1, created1); err != nil {
-		return err
-	}
-	if err := e.replay(ctx, "api-new", newURL, keyNew, "/v1/payments", "upgrade-pay-1", pay1, paid1); err != nil {
-		return err
-	}
-	order2 := `{"reference":"upgrade-2","customer_id":"cus_upgrade","amount":` + strconv.Itoa(amount) + `,"currency":"EUR"}`
-	created2, err := e.create(ctx, "api-new", newURL, keyOld, "/v1/orders", "upgrade-order-2", order2)
+	order2, pay2, err := e.crossReplays(ctx, r, oldURL, newURL, order1, pay1)
 	if err != nil {
 		return err
 	}
-	if err := e.replay(ctx, "api-old", oldURL, keyOld, "/v1/orders", "upgrade-order-2", order2, created2); err != nil {
+	if err := e.overlapAndReap(ctx, r, oldAPI, newAPI); err != nil {
 		return err
 	}
-	orderID2, err := idOf(created2)
-	if err != nil {
+
+	// 5. The previous release goes; this one keeps answering.
+	oldAPI.Stop()
+	if err := e.replayOf(ctx, "api-new", newURL, r.keyOld, order2); err != nil {
 		return err
+	}
+	if err := e.replayOf(ctx, "api-new", newURL, r.keyOld, pay2); err != nil {
+		return err
+	}
+	newAPI.Stop()
+	for _, p := range []*harness.Process{oldAPI, newAPI} {
+		if lines := harness.ErrorLines(p.LogPath, 10); len(lines) > 0 {
+			return fmt.Errorf("%s logged errors:\n%s", p.Name, strings.Join(lines, "\n"))
+		}
+	}
+	return nil
+}
+
+// oldAlone is step 3: the previous release alone on the new schema
+// creates an order and pays it, and replays both.
+func (e *env) oldAlone(ctx context.Context, r *releases) (oldAPI *harness.Process, oldURL string, order1, pay1 sent, err error) {
+	oldAPI, oldURL, err = e.serve(ctx, "api-old", r.oldBin, "REAPER_INTERVAL=500ms")
+	if err != nil {
+		return nil, "", sent{}, sent{}, fmt.Errorf("the previous release's api serve (%s, migrations up to %d) does not start on schema version %d: %w", r.oldName, r.oldKnows, r.version, err)
+	}
+	e.say("api-old serves on schema %d at %s", r.version, oldURL)
+
+	order1 = sent{path: "/v1/orders", idemKey: "upgrade-order-1",
+		body: `{"reference":"upgrade-1","customer_id":"cus_upgrade","amount":` + strconv.Itoa(amount) + `,"currency":"EUR"}`}
+	if order1.first, err = e.create(ctx, "api-old", oldURL, r.keyNew, order1.path, order1.idemKey, order1.body); err != nil {
+		return nil, "", sent{}, sent{}, err
+	}
+	if err := e.replayOf(ctx, "api-old", oldURL, r.keyNew, order1); err != nil {
+		return nil, "", sent{}, sent{}, err
+	}
+	if err := e.count(ctx, "orders with reference upgrade-1", 1, "SELECT count(*) FROM orders WHERE reference = 'upgrade-1'"); err != nil {
+		return nil, "", sent{}, sent{}, err
+	}
+	if err := e.count(ctx, "key rows for upgrade-order-1", 1, "SELECT count(*) FROM idempotency_keys WHERE idem_key = 'upgrade-order-1'"); err != nil {
+		return nil, "", sent{}, sent{}, err
+	}
+	orderID1, err := idOf(order1.first)
+	if err != nil {
+		return nil, "", sent{}, sent{}, err
+	}
+	e.say("api-old: order %s created, replayed byte for byte, one row", orderID1)
+
+	e.sim.Simulator.SetWebhooks(processorsim.WebhookConfig{URL: oldURL + "/v1/webhooks/processor", Secrets: []string{webhookSecret}})
+	pay1 = sent{path: "/v1/payments", idemKey: "upgrade-pay-1",
+		body: fmt.Sprintf(`{"order_id":%q,"amount":%d,"currency":"EUR","payment_method":"pm_card_visa"}`, orderID1, amount)}
+	if pay1.first, err = e.pay(ctx, "api-old", oldURL, r.keyNew, pay1.idemKey, pay1.body, orderID1); err != nil {
+		return nil, "", sent{}, sent{}, err
+	}
+	if err := e.replayOf(ctx, "api-old", oldURL, r.keyNew, pay1); err != nil {
+		return nil, "", sent{}, sent{}, err
+	}
+	e.say("api-old: order %s paid: one charge, the payment row succeeded, the order paid by its events, the webhook applied", orderID1)
+	return oldAPI, oldURL, order1, pay1, nil
+}
+
+// crossReplays is step 4's traffic: each server replays what the other
+// answered, with the tenant the other's CLI made.
+func (e *env) crossReplays(ctx context.Context, r *releases, oldURL, newURL string, order1, pay1 sent) (order2, pay2 sent, err error) {
+	if err := e.replayOf(ctx, "api-new", newURL, r.keyNew, order1); err != nil {
+		return sent{}, sent{}, err
+	}
+	if err := e.replayOf(ctx, "api-new", newURL, r.keyNew, pay1); err != nil {
+		return sent{}, sent{}, err
+	}
+	order2 = sent{path: "/v1/orders", idemKey: "upgrade-order-2",
+		body: `{"reference":"upgrade-2","customer_id":"cus_upgrade","amount":` + strconv.Itoa(amount) + `,"currency":"EUR"}`}
+	if order2.first, err = e.create(ctx, "api-new", newURL, r.keyOld, order2.path, order2.idemKey, order2.body); err != nil {
+		return sent{}, sent{}, err
+	}
+	if err := e.replayOf(ctx, "api-old", oldURL, r.keyOld, order2); err != nil {
+		return sent{}, sent{}, err
+	}
+	orderID2, err := idOf(order2.first)
+	if err != nil {
+		return sent{}, sent{}, err
 	}
 	e.sim.Simulator.SetWebhooks(processorsim.WebhookConfig{URL: newURL + "/v1/webhooks/processor", Secrets: []string{webhookSecret}})
-	pay2 := fmt.Sprintf(`{"order_id":%q,"amount":%d,"currency":"EUR","payment_method":"pm_card_visa"}`, orderID2, amount)
-	paid2, err := e.pay(ctx, "api-new", newURL, keyOld, "upgrade-pay-2", pay2, orderID2)
-	if err != nil {
-		return err
+	pay2 = sent{path: "/v1/payments", idemKey: "upgrade-pay-2",
+		body: fmt.Sprintf(`{"order_id":%q,"amount":%d,"currency":"EUR","payment_method":"pm_card_visa"}`, orderID2, amount)}
+	if pay2.first, err = e.pay(ctx, "api-new", newURL, r.keyOld, pay2.idemKey, pay2.body, orderID2); err != nil {
+		return sent{}, sent{}, err
 	}
-	if err := e.replay(ctx, "api-old", oldURL, keyOld, "/v1/payments", "upgrade-pay-2", pay2, paid2); err != nil {
-		return err
+	if err := e.replayOf(ctx, "api-old", oldURL, r.keyOld, pay2); err != nil {
+		return sent{}, sent{}, err
 	}
 	if err := e.count(ctx, "orders", 2, "SELECT count(*) FROM orders"); err != nil {
-		return err
+		return sent{}, sent{}, err
 	}
 	if n := len(e.sim.Simulator.Charges()); n != 2 {
-		return fmt.Errorf("the simulator holds %d charges after two payments, want 2: %+v", n, e.sim.Simulator.Charges())
+		return sent{}, sent{}, fmt.Errorf("the simulator holds %d charges after two payments, want 2: %+v", n, e.sim.Simulator.Charges())
 	}
 	e.say("both: each replayed the other's order and payment byte for byte, with the tenant the other's CLI made; 2 orders, 2 charges")
+	return order2, pay2, nil
+}
 
+// overlapAndReap lets both servers run side by side with nothing asked of
+// them, then has the previous release's reaper prune on the new schema.
+func (e *env) overlapAndReap(ctx context.Context, r *releases, oldAPI, newAPI *harness.Process) error {
 	select {
 	case <-time.After(overlap):
 	case <-ctx.Done():
@@ -262,24 +344,7 @@ func check(ctx context.Context, o options, stdout io.Writer) (err error) {
 	if err := e.oldReaper(ctx, "upgrade-order-1"); err != nil {
 		return err
 	}
-	e.say("api-old's reaper pruned the inbox (the horizon moved), the published outbox and a key past retention on schema %d", version)
-
-	// 5. The previous release goes; this one keeps answering.
-	oldAPI.Stop()
-	if err := e.replay(ctx, "api-new", newURL, keyOld, "/v1/orders", "upgrade-order-2", order2, created2); err != nil {
-		return err
-	}
-	if err := e.replay(ctx, "api-new", newURL, keyOld, "/v1/payments", "upgrade-pay-2", pay2, paid2); err != nil {
-		return err
-	}
-	newAPI.Stop()
-	for _, p := range []*harness.Process{oldAPI, newAPI} {
-		if lines := harness.ErrorLines(p.LogPath, 10); len(lines) > 0 {
-			return fmt.Errorf("%s logged errors:\n%s", p.Name, strings.Join(lines, "\n"))
-		}
-	}
-	e.say("ok: %s (migrations to %d) served beside the work tree (to %d) on schema %d: order, replay, payment, cross-replays, reaper; no error logged; %s",
-		oldName, oldKnows, newKnows, version, time.Since(began).Round(100*time.Millisecond))
+	e.say("api-old's reaper pruned the inbox (the horizon moved), the published outbox and a key past retention on schema %d", r.version)
 	return nil
 }
 
