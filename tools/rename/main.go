@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"go/format"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -197,6 +198,28 @@ func run(dir string, n names, out io.Writer) ([]change, error) {
 	if err := checkGoMod(root); err != nil {
 		return nil, err
 	}
+	files, err := trackedFiles(dir)
+	if err != nil {
+		return nil, err
+	}
+	var changes []change
+	for _, f := range files {
+		info, err := root.Lstat(filepath.FromSlash(f))
+		if err != nil || !info.Mode().IsRegular() {
+			continue // deleted in the work tree, or a symbolic link
+		}
+		fileChanges, err := renameFile(root, f, info.Mode().Perm(), n, out)
+		changes = append(changes, fileChanges...)
+		if err != nil {
+			return changes, err
+		}
+	}
+	summarize(changes, n, out)
+	return changes, nil
+}
+
+// trackedFiles lists the files git tracks in dir, this command's own last.
+func trackedFiles(dir string) ([]string, error) {
 	ls := exec.Command("git", "ls-files", "-z")
 	ls.Dir = dir
 	listed, err := ls.Output()
@@ -214,44 +237,50 @@ func run(dir string, n names, out io.Writer) ([]change, error) {
 		}
 		return 0
 	})
+	return files, nil
+}
 
-	var changes []change
-	for _, f := range files {
-		path := filepath.FromSlash(f)
-		info, err := root.Lstat(path)
-		if err != nil || !info.Mode().IsRegular() {
-			continue // deleted in the work tree, or a symbolic link
-		}
-		src, err := root.ReadFile(path)
-		if err != nil {
-			return changes, err
-		}
-		if bytes.IndexByte(src, 0) >= 0 {
-			continue // binary
-		}
-		dst, counts := rewrite(src, n)
-		if bytes.Equal(src, dst) {
-			continue
-		}
-		if strings.HasSuffix(f, ".go") {
-			// A longer or shorter import path can reorder an import block
-			// or realign comments; the result must pass gofmt -l.
-			if dst, err = format.Source(dst); err != nil {
-				return changes, fmt.Errorf("%s: gofmt after the rename: %w", f, err)
-			}
-		}
-		if err := root.WriteFile(path, dst, info.Mode().Perm()); err != nil {
-			return changes, err
-		}
-		var said []string
-		for i, c := range counts {
-			if c > 0 {
-				changes = append(changes, change{file: f, rule: i, count: c})
-				said = append(said, fmt.Sprintf("%s ×%d", rules[i].what, c))
-			}
-		}
-		fmt.Fprintf(out, "%s: %s\n", f, strings.Join(said, ", "))
+// renameFile rewrites the regular file f under root, whose permissions
+// are perm, with the names n, and reports to out what it changed. A binary
+// file is left alone.
+func renameFile(root *os.Root, f string, perm fs.FileMode, n names, out io.Writer) ([]change, error) {
+	path := filepath.FromSlash(f)
+	src, err := root.ReadFile(path)
+	if err != nil {
+		return nil, err
 	}
+	if bytes.IndexByte(src, 0) >= 0 {
+		return nil, nil // binary
+	}
+	dst, counts := rewrite(src, n)
+	if bytes.Equal(src, dst) {
+		return nil, nil
+	}
+	if strings.HasSuffix(f, ".go") {
+		// A longer or shorter import path can reorder an import block
+		// or realign comments; the result must pass gofmt -l.
+		if dst, err = format.Source(dst); err != nil {
+			return nil, fmt.Errorf("%s: gofmt after the rename: %w", f, err)
+		}
+	}
+	if err := root.WriteFile(path, dst, perm); err != nil {
+		return nil, err
+	}
+	var changes []change
+	var said []string
+	for i, c := range counts {
+		if c > 0 {
+			changes = append(changes, change{file: f, rule: i, count: c})
+			said = append(said, fmt.Sprintf("%s ×%d", rules[i].what, c))
+		}
+	}
+	fmt.Fprintf(out, "%s: %s\n", f, strings.Join(said, ", "))
+	return changes, nil
+}
+
+// summarize tells out each rule's old and new name and how often it
+// applied, and what to do next.
+func summarize(changes []change, n names, out io.Writer) {
 	if len(changes) == 0 {
 		fmt.Fprintln(out, "rename: nothing to change; the names are already:")
 	} else {
@@ -273,7 +302,6 @@ func run(dir string, n names, out io.Writer) ([]change, error) {
 	if len(changes) > 0 {
 		fmt.Fprintln(out, "rename: next, go build ./... && make test, then review git diff and commit")
 	}
-	return changes, nil
 }
 
 // checkGoMod refuses a checkout whose go.mod does not hold the module path
