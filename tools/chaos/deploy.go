@@ -119,51 +119,11 @@ func deploy(ctx context.Context, work string, bins binaries, o deployOptions) (d
 	if d.faults, err = startFaults(); err != nil {
 		return d, err
 	}
-	d.pg, err = startPGCluster(ctx, pgClusterOptions{Work: dir, Sync: !o.Async, Faults: d.faults, Log: o.Log})
-	if err != nil {
-		return d, fmt.Errorf("postgres: %w", err)
-	}
-	bouncers := d.pg.BouncerAddrs()
-	for i, addr := range bouncers {
-		if d.dbLinks[i], err = d.faults.Link("db"+strconv.Itoa(i), addr); err != nil {
-			return d, err
-		}
-	}
-	if d.nats, err = startNATSCluster(filepath.Join(dir, "nats"), d.faults); err != nil {
-		return d, fmt.Errorf("nats: %w", err)
-	}
-	var natsURLs []string
-	for i, addr := range d.nats.ClientAddrs() {
-		l, err := d.faults.Link("nats"+strconv.Itoa(i), addr)
-		if err != nil {
-			return d, err
-		}
-		d.natsLinks = append(d.natsLinks, l)
-		natsURLs = append(natsURLs, "nats://"+l.Addr())
-	}
-
-	var addr string
-	d.processor, addr, err = harness.StartProcess(ctx, dir, "processor", bins.processor, nil,
-		[]string{"PROCESSOR_ADDR=127.0.0.1:0"}, "processor simulator listening")
+	natsURLs, err := d.startBackends(ctx, dir, o)
 	if err != nil {
 		return d, err
 	}
-	d.processorURL = "http://" + addr
-	if d.procLink, err = d.faults.Link("processor", addr); err != nil {
-		return d, err
-	}
-
-	// The API reaches PostgreSQL the way a deployment does (D1, D3): the
-	// pooled URL lists both nodes' PgBouncers and asks for the one that
-	// accepts writes, in exec mode (PgBouncer 1.18 in transaction mode
-	// keeps no prepared statement across transactions); the direct URL
-	// lists both nodes for LISTEN and the migrations.
-	user := d.pg.User()
-	nodes := d.pg.NodeAddrs()
-	pooled := fmt.Sprintf("postgres://%s@%s,%s/payments?sslmode=disable&target_session_attrs=read-write&default_query_exec_mode=exec&connect_timeout=3&pool_max_conns=8",
-		user, d.dbLinks[0].Addr(), d.dbLinks[1].Addr())
-	direct := fmt.Sprintf("postgres://%s@%s,%s/payments?sslmode=disable&target_session_attrs=read-write&connect_timeout=3",
-		user, nodes[0], nodes[1])
+	pooled, direct := d.databaseURLs()
 	d.apiEnv = append([]string{
 		"DATABASE_URL=" + pooled,
 		"DATABASE_DIRECT_URL=" + direct,
@@ -192,6 +152,60 @@ func deploy(ctx context.Context, work string, bins binaries, o deployOptions) (d
 		}
 	}
 	return d, nil
+}
+
+// startBackends starts what the API depends on, each behind a faultable
+// link: the PostgreSQL cluster and its PgBouncers, the NATS cluster, and
+// the processor simulator. It returns the NATS URLs through the links.
+func (d *deployment) startBackends(ctx context.Context, dir string, o deployOptions) (natsURLs []string, err error) {
+	d.pg, err = startPGCluster(ctx, pgClusterOptions{Work: dir, Sync: !o.Async, Faults: d.faults, Log: o.Log})
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	bouncers := d.pg.BouncerAddrs()
+	for i, addr := range bouncers {
+		if d.dbLinks[i], err = d.faults.Link("db"+strconv.Itoa(i), addr); err != nil {
+			return nil, err
+		}
+	}
+	if d.nats, err = startNATSCluster(filepath.Join(dir, "nats"), d.faults); err != nil {
+		return nil, fmt.Errorf("nats: %w", err)
+	}
+	for i, addr := range d.nats.ClientAddrs() {
+		l, err := d.faults.Link("nats"+strconv.Itoa(i), addr)
+		if err != nil {
+			return nil, err
+		}
+		d.natsLinks = append(d.natsLinks, l)
+		natsURLs = append(natsURLs, "nats://"+l.Addr())
+	}
+
+	var addr string
+	d.processor, addr, err = harness.StartProcess(ctx, dir, "processor", d.bins.processor, nil,
+		[]string{"PROCESSOR_ADDR=127.0.0.1:0"}, "processor simulator listening")
+	if err != nil {
+		return nil, err
+	}
+	d.processorURL = "http://" + addr
+	if d.procLink, err = d.faults.Link("processor", addr); err != nil {
+		return nil, err
+	}
+	return natsURLs, nil
+}
+
+// databaseURLs are the URLs the API reaches PostgreSQL by, the way a
+// deployment does (D1, D3): the pooled URL lists both nodes' PgBouncers
+// and asks for the one that accepts writes, in exec mode (PgBouncer 1.18
+// in transaction mode keeps no prepared statement across transactions);
+// the direct URL lists both nodes for LISTEN and the migrations.
+func (d *deployment) databaseURLs() (pooled, direct string) {
+	user := d.pg.User()
+	nodes := d.pg.NodeAddrs()
+	pooled = fmt.Sprintf("postgres://%s@%s,%s/payments?sslmode=disable&target_session_attrs=read-write&default_query_exec_mode=exec&connect_timeout=3&pool_max_conns=8",
+		user, d.dbLinks[0].Addr(), d.dbLinks[1].Addr())
+	direct = fmt.Sprintf("postgres://%s@%s,%s/payments?sslmode=disable&target_session_attrs=read-write&connect_timeout=3",
+		user, nodes[0], nodes[1])
+	return pooled, direct
 }
 
 // apiCommand runs one api command to completion with the deployment's

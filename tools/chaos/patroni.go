@@ -216,12 +216,6 @@ func (m *patroniMember) writeConfig(other *patroniMember, sync bool, binDir stri
 	for _, l := range m.etcdLinks {
 		etcdHosts = append(etcdHosts, l.Addr())
 	}
-	trust := []string{
-		"local all all trust",
-		"host all all 127.0.0.1/32 trust",
-		"host replication all 127.0.0.1/32 trust",
-	}
-	user := map[string]string{"username": pgUser}
 	config := map[string]any{
 		"scope": patroniScope,
 		"name":  m.name,
@@ -239,61 +233,80 @@ func (m *patroniMember) writeConfig(other *patroniMember, sync bool, binDir stri
 		// There is no /dev/watchdog here. In production Patroni arms one,
 		// so that a Patroni that hangs cannot leave its PostgreSQL a
 		// writable leader after the key expired (docs/deployment.md).
-		"watchdog": map[string]any{"mode": "off"},
-		"bootstrap": map[string]any{
-			"dcs": map[string]any{
-				"ttl":                     int(patroniTTL.Seconds()),
-				"loop_wait":               int(patroniLoopWait.Seconds()),
-				"retry_timeout":           int(patroniRetryTimeout.Seconds()),
-				"maximum_lag_on_failover": 1 << 20,
-				"synchronous_mode":        sync,
-				// Not strict: with the standby gone, the leader goes on
-				// alone once it has recorded in etcd that the standby is
-				// no longer synchronous, and Patroni then promotes no one
-				// until the standby has caught up again. Strict would stop
-				// every write while one of two members is down
-				// (docs/deployment.md weighs the two).
-				"synchronous_mode_strict": false,
-				"postgresql": map[string]any{
-					"use_pg_rewind": true,
-					"use_slots":     true,
-					"parameters": map[string]any{
-						// pg_rewind needs hint bits in the WAL.
-						"wal_log_hints":         "on",
-						"max_wal_senders":       10,
-						"max_replication_slots": 10,
-						"hot_standby":           "on",
-						"fsync":                 "on",
-						"synchronous_commit":    "on",
-						"full_page_writes":      "on",
-						// A standby whose upstream went away retries after
-						// this long (the default is 5 s).
-						"wal_retrieve_retry_interval": "200ms",
-					},
-				},
-			},
-			"initdb": []any{map[string]string{"encoding": "UTF8"}, map[string]string{"auth": "trust"}},
-		},
-		"postgresql": map[string]any{
-			"listen":          m.pgAddr,
-			"connect_address": m.pgLink.Addr(),
-			"data_dir":        m.dataDir,
-			"bin_dir":         binDir,
-			"pgpass":          filepath.Join(m.dir, "pgpass"),
-			"authentication": map[string]any{
-				"superuser":   user,
-				"replication": user,
-				"rewind":      user,
-			},
-			"parameters": map[string]any{"unix_socket_directories": m.dir},
-			"pg_hba":     trust,
-		},
+		"watchdog":   map[string]any{"mode": "off"},
+		"bootstrap":  patroniBootstrap(sync),
+		"postgresql": m.postgresqlConfig(binDir),
 	}
 	text, err := json.MarshalIndent(config, "", "  ")
 	if err != nil {
 		return err
 	}
 	return os.WriteFile(m.config, text, 0o644)
+}
+
+// patroniBootstrap is the bootstrap section: the cluster's settings in
+// etcd (synchronous replication when sync) and how initdb runs.
+func patroniBootstrap(sync bool) map[string]any {
+	return map[string]any{
+		"dcs": map[string]any{
+			"ttl":                     int(patroniTTL.Seconds()),
+			"loop_wait":               int(patroniLoopWait.Seconds()),
+			"retry_timeout":           int(patroniRetryTimeout.Seconds()),
+			"maximum_lag_on_failover": 1 << 20,
+			"synchronous_mode":        sync,
+			// Not strict: with the standby gone, the leader goes on
+			// alone once it has recorded in etcd that the standby is
+			// no longer synchronous, and Patroni then promotes no one
+			// until the standby has caught up again. Strict would stop
+			// every write while one of two members is down
+			// (docs/deployment.md weighs the two).
+			"synchronous_mode_strict": false,
+			"postgresql": map[string]any{
+				"use_pg_rewind": true,
+				"use_slots":     true,
+				"parameters": map[string]any{
+					// pg_rewind needs hint bits in the WAL.
+					"wal_log_hints":         "on",
+					"max_wal_senders":       10,
+					"max_replication_slots": 10,
+					"hot_standby":           "on",
+					"fsync":                 "on",
+					"synchronous_commit":    "on",
+					"full_page_writes":      "on",
+					// A standby whose upstream went away retries after
+					// this long (the default is 5 s).
+					"wal_retrieve_retry_interval": "200ms",
+				},
+			},
+		},
+		"initdb": []any{map[string]string{"encoding": "UTF8"}, map[string]string{"auth": "trust"}},
+	}
+}
+
+// postgresqlConfig is the member's own PostgreSQL section: where it
+// listens and is reached (through its link), its directories and the
+// accounts, all trusted on 127.0.0.1.
+func (m *patroniMember) postgresqlConfig(binDir string) map[string]any {
+	trust := []string{
+		"local all all trust",
+		"host all all 127.0.0.1/32 trust",
+		"host replication all 127.0.0.1/32 trust",
+	}
+	user := map[string]string{"username": pgUser}
+	return map[string]any{
+		"listen":          m.pgAddr,
+		"connect_address": m.pgLink.Addr(),
+		"data_dir":        m.dataDir,
+		"bin_dir":         binDir,
+		"pgpass":          filepath.Join(m.dir, "pgpass"),
+		"authentication": map[string]any{
+			"superuser":   user,
+			"replication": user,
+			"rewind":      user,
+		},
+		"parameters": map[string]any{"unix_socket_directories": m.dir},
+		"pg_hba":     trust,
+	}
 }
 
 // startMember starts Patroni for member i, as the account PostgreSQL runs
