@@ -18,11 +18,13 @@
 //  1. Replay, looked up first: one read of the key (L4, L5), ahead of the
 //     transaction's BEGIN in the round trip of exec's first statement.
 //     Completed with the same fingerprint → the stored response, replayed
-//     = true (the HTTP layer adds Idempotent-Replayed: true); a different
-//     fingerprint → ErrKeyReused (422); unfinished → ErrKeyInUse (409 with
-//     Retry-After). No row: the request is new.
+//     = true (the HTTP layer adds Idempotent-Replayed: true), and exec
+//     does not run; a different fingerprint → ErrKeyReused (422);
+//     unfinished → ErrKeyInUse (409 with Retry-After). No row: the request
+//     is new.
 //  2. Execute: in a new READ COMMITTED transaction, exec runs (L2), with
-//     an UndoableTx: the transaction's statements and nothing else.
+//     an UndoableTx: the transaction's statements and nothing else. No
+//     savepoint (see Outcomes).
 //  3. Claim and record, in one statement: the key row is inserted on the
 //     primary key (tenant_id, endpoint, idem_key) (L1, K2) already
 //     completed with the exact status, the RecordedHeaders and the body
@@ -37,11 +39,17 @@
 // recorded (L6).
 //
 // Outcomes (O1-O3): a response with status >= 400 is a deterministic
-// failure; its transaction is rolled back (so a statement that aborted it
-// leaves no trace) and the failure is recorded, alone in a transaction of
-// its own, and replayed. An
-// error from exec rolls everything back, and nothing is recorded, so the
-// retry runs again; transient errors come back wrapped in ErrUnavailable.
+// failure (validation, natural-key conflict); its transaction is rolled
+// back (so no half-written business row survives, nor a statement that
+// aborted it) and the failure is recorded, alone in a transaction of its
+// own, and replayed like a success. Rolling back the transaction rather
+// than a savepoint keeps SAVEPOINT and RELEASE off the path that commits
+// (P7); a failure costs one more round trip instead. Recording it apart
+// commits nothing the one transaction would not: its work is rolled back
+// either way, and a duplicate that records the key first wins as at step
+// 4. An error from exec rolls everything back, and nothing is recorded, so
+// the retry runs again; transient errors come back wrapped in
+// ErrUnavailable, others as they are.
 //
 // Why the claim comes last: the key row is then written once, complete,
 // instead of inserted in progress and updated to completed (two heap
@@ -92,7 +100,12 @@
 // the COMMIT with the claim. When the key has a row, IdemKeyAbsent fails,
 // the server skips the rest of that round trip (BEGIN and exec's
 // statement included) and rolls back, and the read's row is replayed: a
-// replay's one round trip runs nothing of exec's in the database. The steps above
+// replay's one round trip runs nothing of exec's in the database (exec's
+// Go code runs until its first statement, which returns the failure).
+// exec must pass its statements' errors on, as it must anyway; one that
+// swallowed this one would find the transaction closed. Since the lookup
+// precedes BEGIN READ WRITE, it refuses a standby itself (IdemKeyGet's
+// on_primary()): a replay comes from the primary only. The steps above
 // are still statements run in order, each seeing the one before it;
 // pipelining only saves the waits between those whose results nothing
 // reads. The one rule it adds: COMMIT may travel behind a statement only

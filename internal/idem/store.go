@@ -200,66 +200,24 @@ type UndoableTx interface {
 type UndoableWork func(ctx context.Context, tx UndoableTx) (Response, error)
 
 // Execute is the one-transaction idempotency path (L1-L5), for side effects
-// that live in our own database. Its four steps run in this order:
+// that live in our own database. It replays the response recorded under
+// the key (replayed = true) without running exec; or it runs exec in a new
+// transaction and records exec's response under the key as that
+// transaction's last statement, so that both commit or neither does; or,
+// when a duplicate recorded the key first, it rolls exec's work back and
+// replays the duplicate's response. exec returns the response to record;
+// one with status >= 400 is recorded apart, its work rolled back (O1). An
+// error from exec records nothing (O2).
 //
-//  1. Replay, looked up first: read the key. A completed record with the
-//     same fingerprint is returned (replayed = true) without running exec;
-//     another request's key gives ErrKeyReused, an unfinished one
-//     ErrKeyInUse. No row: the request is new.
-//  2. Execute: in a new transaction, run exec (no savepoint: see below).
-//  3. Claim and record, in one statement: INSERT the key row already
-//     completed with exec's exact response, as the transaction's last
-//     statement, with COMMIT behind it, so the business rows and the record
-//     commit together or not at all.
-//  4. Replay, after a lost race: if that INSERT hits the primary key
-//     (a duplicate committed the key while this request executed), the
-//     transaction rolls back, business rows included, and the request
-//     replays what the winner recorded, as in step 1.
+// Errors: ErrKeyReused (the key was used for another request), ErrKeyInUse
+// (its request is unfinished, or a duplicate held the key past
+// Config.LockTimeout), ErrConflictingWrite (exec waited past it on a row
+// another transaction is writing), ErrUnavailable wrapping a transient
+// failure; other errors from exec as they are.
 //
-// Steps 1 and 2 share a round trip (P7). The lookup (IdemKeyGet) and a
-// statement that fails when the key has a row (IdemKeyAbsent) go ahead of
-// the transaction's BEGIN, in the round trip of exec's first statement
-// (db.Ahead). A new key costs two round trips: that one, and the record
-// with COMMIT. A key that has a row makes IdemKeyAbsent fail, and
-// PostgreSQL skips the rest of that round trip, BEGIN and exec's statement
-// included: a replay costs one round trip and runs nothing of exec in the
-// database (exec's Go code runs until its first statement, which returns
-// the failure). exec must pass its statements' errors on, as it must
-// anyway; one that swallowed this one would find the transaction closed.
-// Since the lookup precedes BEGIN READ WRITE, it refuses a standby itself
-// (IdemKeyGet's on_primary()): a replay comes from the primary only.
-//
-// The claim comes last so that the key row is written once (P7): the
-// primary key still decides who owns the key, at the moment of the record.
-// A duplicate that arrives while the first request runs finds no row in
-// step 1 and executes too; whichever records first wins, and the other's
-// INSERT waits on the winner's uncommitted row (bounded by
-// Config.LockTimeout, then ErrKeyInUse), fails, and rolls its own work back.
-// exec must therefore have no effect outside the transaction: it gets an
-// UndoableTx, statements in the transaction and nothing else, and side
-// effects elsewhere take the multi-step path (lease.go).
-//
-// Until step 3 commits the key has no row: Status reports it unknown, and
-// the key budget does not count it. That lasts at most as long as ctx
-// allows the request to run, plus one lock wait (see CommitWindow).
-//
-// exec returns the response to record. A response with status >= 400 is a
-// deterministic failure (validation, natural-key conflict): its whole
-// transaction is rolled back, so no half-written business row survives
-// (nor a statement that aborted the transaction), and the failure is
-// recorded, in a transaction of its own holding only the key row, and
-// replayed like a success (O1). Rolling back the transaction rather than
-// a savepoint keeps SAVEPOINT and RELEASE off the path that commits (P7);
-// a failure costs one more round trip instead. Recording it apart commits
-// nothing the one transaction would not: its work is rolled back either
-// way, and a duplicate that records the key first wins as at step 4. An error from exec
-// rolls everything back, and nothing is recorded, so the retry runs again
-// (O2): transient errors come back wrapped in ErrUnavailable, others as
-// they are. A lock wait past Config.LockTimeout in exec is
-// ErrConflictingWrite: another transaction, most often another key's
-// request for the same natural key, holds a row this request must write.
-// A lock wait past it in the claim is ErrKeyInUse: a duplicate holds the
-// key.
+// The package documentation tells the rule: the four steps in order, why
+// the claim comes last, the round trips (P2, P7), how long the key has no
+// row (CommitWindow), and what exec may and may not do (UndoableTx).
 func (s *Store) Execute(ctx context.Context, c Claim, exec UndoableWork) (res Response, replayed bool, err error) {
 	caller := trace.SpanFromContext(ctx)
 	ctx, span := startSpan(ctx, spanExecute)
