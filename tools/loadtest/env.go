@@ -98,46 +98,13 @@ func start(ctx context.Context, o options) (*environment, error) {
 		return env, err
 	}
 
-	env.cluster, env.settings, err = startDatabase(ctx, dataDir)
+	dbURL, err := env.prepareDatabase(ctx, apiBin, dataDir)
 	if err != nil {
 		return env, err
 	}
-	dbURL := env.cluster.URL("payments")
-	migrate := exec.CommandContext(ctx, apiBin, "migrate", "up")
-	migrate.Env = append(os.Environ(), "DATABASE_URL="+dbURL)
-	if out, err := migrate.CombinedOutput(); err != nil {
-		return env, fmt.Errorf("api migrate up: %w\n%s", err, out)
-	}
-	if env.apiKey, err = harness.CreateTenant(apiBin, dbURL, "loadtest"); err != nil {
+	if err := env.startBrokerAndProcessor(ctx, work, processorBin); err != nil {
 		return env, err
 	}
-	for i := range env.unusedKeys {
-		if env.unusedKeys[i], err = harness.CreateTenant(apiBin, dbURL, "loadtest-unused-"+strconv.Itoa(i)); err != nil {
-			return env, err
-		}
-	}
-	if env.db, err = pgxpool.New(ctx, dbURL); err != nil {
-		return env, err
-	}
-
-	// The broker: serve publishes every payment's event through it (the
-	// outbox relay), so it is part of what a payment costs.
-	natsDir, err := os.MkdirTemp("", "loadtest-nats-")
-	if err != nil {
-		return env, err
-	}
-	env.dirs = append(env.dirs, natsDir)
-	if env.nats, err = natstmp.Start(natsDir); err != nil {
-		return env, err
-	}
-
-	var addr string
-	env.processor, addr, err = harness.StartProcess(ctx, work, "processor", processorBin, nil,
-		[]string{"PROCESSOR_ADDR=127.0.0.1:0"}, "processor simulator listening")
-	if err != nil {
-		return env, err
-	}
-	env.processorURL = "http://" + addr
 
 	// Both APIs run as `api serve` with its defaults, except that the
 	// per-tenant rate limit is off (the benchmark is one tenant sending as
@@ -149,6 +116,7 @@ func start(ctx context.Context, o options) (*environment, error) {
 	// No balancer in front: SHUTDOWN_GRACE=0 stops the processes at once.
 	common := []string{"ADDR=127.0.0.1:0", "PROCESSOR_URL=" + env.processorURL, "RATE_LIMIT_RPS=0", "NATS_URL=" + env.nats.URL(), "SHUTDOWN_GRACE=0"}
 	common = append(common, untracedEnv...)
+	var addr string
 	env.loadAPI, addr, err = harness.StartProcess(ctx, work, "api-load", apiBin, []string{"serve"},
 		append(common, "DATABASE_URL="+apiURL), "listening")
 	if err != nil {
@@ -162,21 +130,80 @@ func start(ctx context.Context, o options) (*environment, error) {
 	if err := startPeers(ctx, env, root); err != nil {
 		return env, err
 	}
+	return env, env.startObservedAPIs(ctx)
+}
 
+// prepareDatabase starts PostgreSQL in dataDir, migrates it with apiBin,
+// creates the benchmark's tenants and opens env.db; it returns the
+// database's URL.
+func (env *environment) prepareDatabase(ctx context.Context, apiBin, dataDir string) (string, error) {
+	var err error
+	env.cluster, env.settings, err = startDatabase(ctx, dataDir)
+	if err != nil {
+		return "", err
+	}
+	dbURL := env.cluster.URL("payments")
+	migrate := exec.CommandContext(ctx, apiBin, "migrate", "up")
+	migrate.Env = append(os.Environ(), "DATABASE_URL="+dbURL)
+	if out, err := migrate.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("api migrate up: %w\n%s", err, out)
+	}
+	if env.apiKey, err = harness.CreateTenant(apiBin, dbURL, "loadtest"); err != nil {
+		return "", err
+	}
+	for i := range env.unusedKeys {
+		if env.unusedKeys[i], err = harness.CreateTenant(apiBin, dbURL, "loadtest-unused-"+strconv.Itoa(i)); err != nil {
+			return "", err
+		}
+	}
+	if env.db, err = pgxpool.New(ctx, dbURL); err != nil {
+		return "", err
+	}
+	return dbURL, nil
+}
+
+// startBrokerAndProcessor starts NATS and the processor simulator.
+func (env *environment) startBrokerAndProcessor(ctx context.Context, work, processorBin string) error {
+	// The broker: serve publishes every payment's event through it (the
+	// outbox relay), so it is part of what a payment costs.
+	natsDir, err := os.MkdirTemp("", "loadtest-nats-")
+	if err != nil {
+		return err
+	}
+	env.dirs = append(env.dirs, natsDir)
+	if env.nats, err = natstmp.Start(natsDir); err != nil {
+		return err
+	}
+	var addr string
+	env.processor, addr, err = harness.StartProcess(ctx, work, "processor", processorBin, nil,
+		[]string{"PROCESSOR_ADDR=127.0.0.1:0"}, "processor simulator listening")
+	if err != nil {
+		return err
+	}
+	env.processorURL = "http://" + addr
+	return nil
+}
+
+// startObservedAPIs starts the probe's API, behind the round-trip counting
+// proxy, and the traced API, each with the load API's settings.
+func (env *environment) startObservedAPIs(ctx context.Context) error {
+	work, apiBin, common, apiURL := env.workDir, env.apiBin, env.apiEnv, env.apiDBURL
+	var err error
 	if env.proxy, err = pgwire.Listen(net.JoinHostPort("127.0.0.1", strconv.Itoa(env.cluster.Port()))); err != nil {
-		return env, err
+		return err
 	}
 	proxied, err := env.proxy.URL(apiURL)
 	if err != nil {
-		return env, err
+		return err
 	}
 	// The probe's background jobs (completer, reaper, outbox relay, orders
 	// consumer) are off, so that every round trip the proxy counts belongs
 	// to the request being measured; the load API relays its events.
+	var addr string
 	env.probeAPI, addr, err = harness.StartProcess(ctx, work, "api-probe", apiBin, []string{"serve"},
 		append(common, "DATABASE_URL="+proxied, "COMPLETER_INTERVAL=0", "REAPER_INTERVAL=0", "EVENT_WORKERS=false"), "listening")
 	if err != nil {
-		return env, err
+		return err
 	}
 	env.probeURL = "http://" + addr
 
@@ -186,15 +213,15 @@ func start(ctx context.Context, o options) (*environment, error) {
 	// and consumes the payments' events and those figures stay as they
 	// were; during a create run the load API's jobs are idle either way.
 	if env.sink, err = startSpanSink(); err != nil {
-		return env, err
+		return err
 	}
 	env.tracedAPI, addr, err = harness.StartProcess(ctx, work, "api-traced", apiBin, []string{"serve"},
 		slices.Concat(common, []string{"DATABASE_URL=" + apiURL, "COMPLETER_INTERVAL=0", "REAPER_INTERVAL=0", "EVENT_WORKERS=false"}, tracedEnv(env.sink.url)), "listening")
 	if err != nil {
-		return env, err
+		return err
 	}
 	env.tracedURL = "http://" + addr
-	return env, nil
+	return nil
 }
 
 // stop ends every process, the proxy and PostgreSQL, and removes the

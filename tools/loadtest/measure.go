@@ -114,87 +114,16 @@ type tracedSide struct {
 // one round to the next, so that none always runs on the warmer (or
 // fuller) database.
 func oneRound(ctx context.Context, o options, l *load, traced *tracedSide, fiber *load, res *results, d time.Duration, round int) error {
-	ids := &orderIDs{}
-	steps := []func() error{
-		func() error {
-			r, spans, err := traced.sink.withSpans(ctx, "create", false, func() (outcome, error) {
-				return l.create(ctx, o.concurrency, d, ids)
-			})
-			res.create.add(r)
-			res.untracedCreateSpans += spans.createSpans
-			return err
-		},
-		func() error {
-			r, err := l.baseline(ctx, o.concurrency, d, ids)
-			res.baseline.add(r)
-			return err
-		},
-		func() error {
-			// The traced creates' orders are not the round's: the
-			// scenarios that follow read and pay the untraced API's.
-			r, spans, err := traced.sink.withSpans(ctx, "traced", true, func() (outcome, error) {
-				return traced.load.createOn(ctx, "traced", "/v1/orders", true, o.concurrency, d, &orderIDs{})
-			})
-			res.traced.add(r)
-			res.tracedSpans += spans.spans
-			res.tracedCreateSpans += spans.createSpans
-			return err
-		},
-		func() error {
-			r, err := l.createOn(ctx, peerClaimFirst, "/v1/_claimfirst/orders", true, o.concurrency, d, &orderIDs{})
-			res.claimFirst.add(r)
-			return err
-		},
-		func() error {
-			r, err := fiber.fiberCreate(ctx, peerFiber, true, o.concurrency, d)
-			res.fiber.add(r)
-			return err
-		},
-		func() error {
-			r, err := fiber.fiberCreate(ctx, "fiber-plain", false, o.concurrency, d)
-			res.fiberPlain.add(r)
-			return err
-		},
-	}
-	payments := []func() error{
-		func() error {
-			r, ranOut, err := l.payment(ctx, o.concurrency, d, ids)
-			res.payment.add(r)
-			res.paymentsRanOut = res.paymentsRanOut || ranOut
-			return err
-		},
-		func() error {
-			r, ranOut, err := l.paymentBaseline(ctx, o.concurrency, d, ids)
-			res.paymentBaseline.add(r)
-			res.paymentsRanOut = res.paymentsRanOut || ranOut
-			return err
-		},
-	}
+	r := &roundRun{ctx: ctx, o: o, l: l, traced: traced, fiber: fiber, res: res, d: d, ids: &orderIDs{}}
+	steps := r.creates()
 	first := round % len(steps)
 	steps = slices.Concat(steps[first:], steps[:first])
-	steps = append(steps,
-		func() error {
-			r, err := l.replay(ctx, o.concurrency, d)
-			res.replay.add(r)
-			return err
-		},
-		func() error {
-			r, err := l.get(o.concurrency, d, ids)
-			res.get.add(r)
-			return err
-		},
+	payments := r.payments()
+	steps = append(steps, r.replay, r.get,
 		// The payment and its baseline take turns at going first.
 		payments[round%2],
 		payments[(round+1)%2],
-		func() error {
-			s, err := l.storm(ctx, o.storm)
-			res.stormP99 = append(res.stormP99, ms(s.p99))
-			res.stormExecutions += s.executions
-			res.stormReplays += s.replays
-			res.stormInProgress += s.inProgress
-			res.storms++
-			return err
-		},
+		r.storm,
 	)
 	for _, step := range steps {
 		if err := ctx.Err(); err != nil {
@@ -205,6 +134,109 @@ func oneRound(ctx context.Context, o options, l *load, traced *tracedSide, fiber
 		}
 	}
 	return nil
+}
+
+// roundRun is one round of oneRound: each step runs a scenario for d at
+// o's concurrency and adds its figures to res. ids are the orders the
+// round's untraced creates made, for the reads and payments after them.
+type roundRun struct {
+	ctx    context.Context
+	o      options
+	l      *load
+	traced *tracedSide
+	fiber  *load
+	res    *results
+	d      time.Duration
+	ids    *orderIDs
+}
+
+// creates are the create scenarios: ours, the baseline, the traced create
+// and the peers'.
+func (r *roundRun) creates() []func() error {
+	return []func() error{
+		func() error {
+			out, spans, err := r.traced.sink.withSpans(r.ctx, "create", false, func() (outcome, error) {
+				return r.l.create(r.ctx, r.o.concurrency, r.d, r.ids)
+			})
+			r.res.create.add(out)
+			r.res.untracedCreateSpans += spans.createSpans
+			return err
+		},
+		func() error {
+			out, err := r.l.baseline(r.ctx, r.o.concurrency, r.d, r.ids)
+			r.res.baseline.add(out)
+			return err
+		},
+		func() error {
+			// The traced creates' orders are not the round's: the
+			// scenarios that follow read and pay the untraced API's.
+			out, spans, err := r.traced.sink.withSpans(r.ctx, "traced", true, func() (outcome, error) {
+				return r.traced.load.createOn(r.ctx, "traced", "/v1/orders", true, r.o.concurrency, r.d, &orderIDs{})
+			})
+			r.res.traced.add(out)
+			r.res.tracedSpans += spans.spans
+			r.res.tracedCreateSpans += spans.createSpans
+			return err
+		},
+		func() error {
+			out, err := r.l.createOn(r.ctx, peerClaimFirst, "/v1/_claimfirst/orders", true, r.o.concurrency, r.d, &orderIDs{})
+			r.res.claimFirst.add(out)
+			return err
+		},
+		func() error {
+			out, err := r.fiber.fiberCreate(r.ctx, peerFiber, true, r.o.concurrency, r.d)
+			r.res.fiber.add(out)
+			return err
+		},
+		func() error {
+			out, err := r.fiber.fiberCreate(r.ctx, "fiber-plain", false, r.o.concurrency, r.d)
+			r.res.fiberPlain.add(out)
+			return err
+		},
+	}
+}
+
+// payments are the payment and its baseline.
+func (r *roundRun) payments() []func() error {
+	return []func() error{
+		func() error {
+			out, ranOut, err := r.l.payment(r.ctx, r.o.concurrency, r.d, r.ids)
+			r.res.payment.add(out)
+			r.res.paymentsRanOut = r.res.paymentsRanOut || ranOut
+			return err
+		},
+		func() error {
+			out, ranOut, err := r.l.paymentBaseline(r.ctx, r.o.concurrency, r.d, r.ids)
+			r.res.paymentBaseline.add(out)
+			r.res.paymentsRanOut = r.res.paymentsRanOut || ranOut
+			return err
+		},
+	}
+}
+
+// replay resends the setup's requests under their keys.
+func (r *roundRun) replay() error {
+	out, err := r.l.replay(r.ctx, r.o.concurrency, r.d)
+	r.res.replay.add(out)
+	return err
+}
+
+// get reads the round's orders.
+func (r *roundRun) get() error {
+	out, err := r.l.get(r.o.concurrency, r.d, r.ids)
+	r.res.get.add(out)
+	return err
+}
+
+// storm sends identical requests under one key at once.
+func (r *roundRun) storm() error {
+	s, err := r.l.storm(r.ctx, r.o.storm)
+	r.res.stormP99 = append(r.res.stormP99, ms(s.p99))
+	r.res.stormExecutions += s.executions
+	r.res.stormReplays += s.replays
+	r.res.stormInProgress += s.inProgress
+	r.res.storms++
+	return err
 }
 
 // executedCharges counts the charges the simulator executed (deduplicated
@@ -253,7 +285,22 @@ func (c *crashResult) describe() string {
 	return strings.Join(parts, ", ")
 }
 
+// report writes the benchmark's figures and their targets to w.
 func report(w io.Writer, o options, r *results) {
+	reportThroughput(w, o, r)
+	q := ratiosOf(r)
+	reportRatios(w, o, r, q)
+	reportCrashes(w, r)
+	reportCosts(w, o, r.costs)
+	fmt.Fprintf(w, "\nAPI process memory: peak RSS (VmHWM) %.1f MB, RSS after the rounds (VmRSS) %.1f MB; the traced API's peak RSS %.1f MB\n", megabytes(r.rssPeak), megabytes(r.rssEnd), megabytes(r.tracedRSSPeak))
+	fmt.Fprintf(w, "checked: %d creates executed, %d traced creates, %d baseline creates, %d claim-first creates, %d fiber creates, %d fiber-plain creates, %d replays, %d reads, %d payments, %d baseline payments, one order per storm; every one in the database; %d processor charges for %d succeeded payments\n",
+		r.create.requests, r.traced.requests, r.baseline.requests, r.claimFirst.requests, r.fiber.requests, r.fiberPlain.requests,
+		r.replay.requests, r.get.requests, r.payment.requests, r.paymentBaseline.requests, r.charges, r.succeeded)
+	reportFields(w, r, q)
+}
+
+// reportThroughput writes each scenario's rate and latencies.
+func reportThroughput(w io.Writer, o options, r *results) {
 	fmt.Fprintf(w, "\nthroughput and latency at c=%d, median (range) over %d rounds:\n", o.concurrency, o.rounds)
 	fmt.Fprintf(w, "  %-16s %-24s %-24s %s\n", "", "requests/s", "p50 ms", "p99 ms")
 	for _, s := range []struct {
@@ -269,37 +316,58 @@ func report(w io.Writer, o options, r *results) {
 	if r.paymentsRanOut {
 		fmt.Fprintln(w, "  (the payment scenario ran out of unpaid orders before its time in some round; its rate is over the time it ran)")
 	}
+}
 
-	p1 := ratio(r.create.rps, r.baseline.rps)
-	p3 := ratio(r.payment.rps, r.create.rps)
-	paymentOverBaseline := ratio(r.payment.rps, r.paymentBaseline.rps)
-	p4 := ratio(r.replay.rps, r.create.rps)
-	tracedRPS := ratio(r.traced.rps, r.create.rps)
-	tracedP99 := ratio(r.traced.p99, r.create.p99)
+// roundRatios are the ratios the report judges, each taken per round.
+type roundRatios struct {
+	p1, p3, p4, paymentOverBaseline, tracedRPS, tracedP99 series
+	peers                                                 peerFigures
+}
+
+// ratiosOf takes the ratios of r.
+func ratiosOf(r *results) roundRatios {
+	return roundRatios{
+		p1:                  ratio(r.create.rps, r.baseline.rps),
+		p3:                  ratio(r.payment.rps, r.create.rps),
+		paymentOverBaseline: ratio(r.payment.rps, r.paymentBaseline.rps),
+		p4:                  ratio(r.replay.rps, r.create.rps),
+		tracedRPS:           ratio(r.traced.rps, r.create.rps),
+		tracedP99:           ratio(r.traced.p99, r.create.p99),
+		peers:               peerRatios(r),
+	}
+}
+
+// reportRatios writes the ratios against their targets.
+func reportRatios(w io.Writer, o options, r *results, q roundRatios) {
 	fmt.Fprintf(w, "\nratios, per round, median (range):\n")
-	fmt.Fprintf(w, "  P1 create / baseline   %-22s target >= 0.7 (P7; the compass keeps 0.8)\n", p1.format(2))
-	fmt.Fprintf(w, "  P3 payment / create    %-22s target >= 0.45\n", p3.format(2))
-	fmt.Fprintf(w, "  P8 payment / payment baseline %-15s target >= 0.7 (the same processor call and rows, without the key)\n", paymentOverBaseline.format(2))
-	fmt.Fprintf(w, "  P4 replay / create     %-22s target >= 2\n", p4.format(2))
+	fmt.Fprintf(w, "  P1 create / baseline   %-22s target >= 0.7 (P7; the compass keeps 0.8)\n", q.p1.format(2))
+	fmt.Fprintf(w, "  P3 payment / create    %-22s target >= 0.45\n", q.p3.format(2))
+	fmt.Fprintf(w, "  P8 payment / payment baseline %-15s target >= 0.7 (the same processor call and rows, without the key)\n", q.paymentOverBaseline.format(2))
+	fmt.Fprintf(w, "  P4 replay / create     %-22s target >= 2\n", q.p4.format(2))
 	fmt.Fprintf(w, "  P5 storm of %d: p99 %s ms, %d execution(s) in %d storm(s) (replays %d, 409 in progress %d); target one execution, p99 <= 100 ms\n",
 		o.storm, r.stormP99.format(1), r.stormExecutions, r.storms, r.stormReplays, r.stormInProgress)
-	fmt.Fprintf(w, "  X3 traced / create     %-22s requests/s; p99 %s (tracing on, 100 %% sampled, over off)\n", tracedRPS.format(2), tracedP99.format(2))
+	fmt.Fprintf(w, "  X3 traced / create     %-22s requests/s; p99 %s (tracing on, 100 %% sampled, over off)\n", q.tracedRPS.format(2), q.tracedP99.format(2))
 	fmt.Fprintf(w, "     the sink received %d spans during the traced creates, %d of them server spans of the %d creates; %d server spans during the untraced creates\n",
 		r.tracedSpans, r.tracedCreateSpans, r.traced.requests, r.untracedCreateSpans)
-	peers := peerRatios(r)
-	fmt.Fprintf(w, "  P8 claim-first / ours  %-22s requests/s; p99 %s\n", peers.claimFirstOverOurs.format(2), ratio(r.claimFirst.p99, r.create.p99).format(2))
-	fmt.Fprintf(w, "     fiber / ours        %-22s requests/s; p99 %s\n", peers.fiberOverOurs.format(2), ratio(r.fiber.p99, r.create.p99).format(2))
-	fmt.Fprintf(w, "     fiber / fiber-plain %-22s the peer's own price of its key, beside P1 %s\n", peers.fiberOwn.format(2), p1.format(2))
+	fmt.Fprintf(w, "  P8 claim-first / ours  %-22s requests/s; p99 %s\n", q.peers.claimFirstOverOurs.format(2), ratio(r.claimFirst.p99, r.create.p99).format(2))
+	fmt.Fprintf(w, "     fiber / ours        %-22s requests/s; p99 %s\n", q.peers.fiberOverOurs.format(2), ratio(r.fiber.p99, r.create.p99).format(2))
+	fmt.Fprintf(w, "     fiber / fiber-plain %-22s the peer's own price of its key, beside P1 %s\n", q.peers.fiberOwn.format(2), q.p1.format(2))
 	fmt.Fprintf(w, "     fiber-plain / baseline %-19s the two HTTP stacks without a key\n", ratio(r.fiberPlain.rps, r.baseline.rps).format(2))
+}
 
+// reportCrashes writes the crash test's outcome, ours and the peers'.
+func reportCrashes(w io.Writer, r *results) {
 	fmt.Fprintf(w, "\ncrash test: killed after the order's commit, before the response is stored; the same request under the same key to a fresh process:\n")
 	fmt.Fprintf(w, "  %-11s %-7s %-9s %-22s %-14s %s\n", "", "crashes", "replayed", "duplicate executions", "orders past 1", "the retries' answers")
 	for _, name := range append([]string{"ours"}, peerNames...) {
 		c := r.crash[name]
 		fmt.Fprintf(w, "  %-11s %-7d %-9d %-22d %-14d %s\n", name, c.trials, c.replays, c.duplicates, c.extraRows, c.describe())
 	}
+}
 
-	c := r.costs
+// reportCosts writes the round trips and statements per request, and the
+// statements of each.
+func reportCosts(w io.Writer, o options, c probeCosts) {
 	fmt.Fprintf(w, "\nround trips / statements per request, single requests at the wire, median (range) of %d:\n", o.samples)
 	for _, k := range []struct {
 		name string
@@ -326,17 +394,15 @@ func report(w io.Writer, o options, r *results) {
 			fmt.Fprintf(w, "  %2d  %s\n", i+1, line)
 		}
 	}
+}
 
-	mb := func(b int64) float64 { return float64(b) / (1 << 20) }
-	fmt.Fprintf(w, "\nAPI process memory: peak RSS (VmHWM) %.1f MB, RSS after the rounds (VmRSS) %.1f MB; the traced API's peak RSS %.1f MB\n", mb(r.rssPeak), mb(r.rssEnd), mb(r.tracedRSSPeak))
-	fmt.Fprintf(w, "checked: %d creates executed, %d traced creates, %d baseline creates, %d claim-first creates, %d fiber creates, %d fiber-plain creates, %d replays, %d reads, %d payments, %d baseline payments, one order per storm; every one in the database; %d processor charges for %d succeeded payments\n",
-		r.create.requests, r.traced.requests, r.baseline.requests, r.claimFirst.requests, r.fiber.requests, r.fiberPlain.requests,
-		r.replay.requests, r.get.requests, r.payment.requests, r.paymentBaseline.requests, r.charges, r.succeeded)
-
+// reportFields writes the one line of key=value figures that scripts read.
+func reportFields(w io.Writer, r *results, q roundRatios) {
+	c := r.costs
 	fields := []string{
-		fmt.Sprintf("p1=%.2f", p1.median()),
-		fmt.Sprintf("p3=%.2f", p3.median()),
-		fmt.Sprintf("p4=%.2f", p4.median()),
+		fmt.Sprintf("p1=%.2f", q.p1.median()),
+		fmt.Sprintf("p3=%.2f", q.p3.median()),
+		fmt.Sprintf("p4=%.2f", q.p4.median()),
 		fmt.Sprintf("p5_p99_ms=%.0f", r.stormP99.median()),
 		fmt.Sprintf("p5_executions=%d", r.stormExecutions/max(r.storms, 1)),
 		fmt.Sprintf("rt_create=%g", c.create.roundTrips.median()),
@@ -350,23 +416,23 @@ func report(w io.Writer, o options, r *results) {
 		fmt.Sprintf("create_rps=%.0f", r.create.rps.median()),
 		fmt.Sprintf("baseline_rps=%.0f", r.baseline.rps.median()),
 		fmt.Sprintf("traced_rps=%.0f", r.traced.rps.median()),
-		fmt.Sprintf("trace_rps=%.2f", tracedRPS.median()),
-		fmt.Sprintf("trace_p99=%.2f", tracedP99.median()),
-		fmt.Sprintf("rss_mb=%.0f", mb(r.rssPeak)),
-		fmt.Sprintf("payment_over_baseline=%.2f", paymentOverBaseline.median()),
+		fmt.Sprintf("trace_rps=%.2f", q.tracedRPS.median()),
+		fmt.Sprintf("trace_p99=%.2f", q.tracedP99.median()),
+		fmt.Sprintf("rss_mb=%.0f", megabytes(r.rssPeak)),
+		fmt.Sprintf("payment_over_baseline=%.2f", q.paymentOverBaseline.median()),
 		fmt.Sprintf("payment_baseline_rps=%.0f", r.paymentBaseline.rps.median()),
 		fmt.Sprintf("rt_payment_baseline=%g", c.paymentBaseline.roundTrips.median()),
 		fmt.Sprintf("st_payment_baseline=%g", c.paymentBaseline.statements.median()),
 		fmt.Sprintf("peers=%d", len(peerNames)),
 		fmt.Sprintf("crash_dups_ours=%d", r.crash["ours"].duplicates),
-		fmt.Sprintf("fiber_own=%.2f", peers.fiberOwn.median()),
+		fmt.Sprintf("fiber_own=%.2f", q.peers.fiberOwn.median()),
 		fmt.Sprintf("claim_first_rps=%.0f", r.claimFirst.rps.median()),
 		fmt.Sprintf("fiber_rps=%.0f", r.fiber.rps.median()),
 		fmt.Sprintf("fiber_plain_rps=%.0f", r.fiberPlain.rps.median()),
 	}
 	for _, name := range peerNames {
 		fields = append(fields,
-			fmt.Sprintf("%s_over_ours=%.2f", fieldName(name), peers.overOurs(name).median()),
+			fmt.Sprintf("%s_over_ours=%.2f", fieldName(name), q.peers.overOurs(name).median()),
 			fmt.Sprintf("crash_dups_%s=%d", fieldName(name), r.crash[name].duplicates))
 	}
 	fmt.Fprintf(w, "\nloadtest: %s\n", strings.Join(fields, " "))

@@ -107,62 +107,79 @@ func (p *probe) run(ctx context.Context, warmup, samples int, unusedKeys [2]stri
 		if i < warmup {
 			costs = &scratch
 		}
-		createKey, ref := p.load.fresh("probe-create"), p.load.fresh("probe-ref")
-		var created []byte
-		err := p.measure(ctx, &costs.create, func() (err error) {
-			created, err = p.do(ctx, http.MethodPost, "/v1/orders", p.apiKey, createKey, orderBody(ref), http.StatusCreated, false)
-			return err
-		})
-		if err != nil {
-			return out, err
-		}
-		var order struct{ ID string }
-		if err := json.Unmarshal(created, &order); err != nil {
-			return out, err
-		}
-		if err := p.measure(ctx, &costs.replay, func() error {
-			replayed, err := p.do(ctx, http.MethodPost, "/v1/orders", p.apiKey, createKey, orderBody(ref), http.StatusCreated, true)
-			if err == nil && !bytes.Equal(replayed, created) {
-				err = fmt.Errorf("probe: the replay's body differs from the original's")
-			}
-			return err
-		}); err != nil {
-			return out, err
-		}
-		if err := p.measure(ctx, &costs.get, func() error {
-			_, err := p.do(ctx, http.MethodGet, "/v1/orders/"+order.ID, p.apiKey, "", nil, http.StatusOK, false)
-			return err
-		}); err != nil {
-			return out, err
-		}
-		var baselineOrder []byte
-		if err := p.measure(ctx, &costs.baseline, func() (err error) {
-			baselineOrder, err = p.do(ctx, http.MethodPost, "/v1/_baseline/orders", p.apiKey, "", orderBody(p.load.fresh("probe-ref")), http.StatusCreated, false)
-			return err
-		}); err != nil {
-			return out, err
-		}
-		pay := fmt.Appendf(nil, `{"order_id":%q,"amount":%d,"currency":"EUR","payment_method":"pm_card_visa"}`, order.ID, orderAmount)
-		if err := p.measure(ctx, &costs.payment, func() error {
-			_, err := p.do(ctx, http.MethodPost, "/v1/payments", p.apiKey, p.load.fresh("probe-pay"), pay, http.StatusCreated, false)
-			return err
-		}); err != nil {
-			return out, err
-		}
-		// The payment baseline pays the baseline's order.
-		var other struct{ ID string }
-		if err := json.Unmarshal(baselineOrder, &other); err != nil {
-			return out, err
-		}
-		payOther := fmt.Appendf(nil, `{"order_id":%q,"amount":%d,"currency":"EUR","payment_method":"pm_card_visa"}`, other.ID, orderAmount)
-		if err := p.measure(ctx, &costs.paymentBaseline, func() error {
-			_, err := p.do(ctx, http.MethodPost, "/v1/_baseline/payments", p.apiKey, "", payOther, http.StatusCreated, false)
-			return err
-		}); err != nil {
+		if err := p.sample(ctx, costs); err != nil {
 			return out, err
 		}
 	}
+	var err error
+	out.authMiss, err = p.authMiss(ctx, unusedKeys)
+	return out, err
+}
 
+// sample measures each request of the probe once, into costs: an order's
+// create, replay and read, the baseline's create, a payment, and the
+// baseline's payment.
+func (p *probe) sample(ctx context.Context, costs *probeCosts) error {
+	createKey, ref := p.load.fresh("probe-create"), p.load.fresh("probe-ref")
+	var created []byte
+	err := p.measure(ctx, &costs.create, func() (err error) {
+		created, err = p.do(ctx, http.MethodPost, "/v1/orders", p.apiKey, createKey, orderBody(ref), http.StatusCreated, false)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	var order struct{ ID string }
+	if err := json.Unmarshal(created, &order); err != nil {
+		return err
+	}
+	if err := p.measure(ctx, &costs.replay, func() error {
+		replayed, err := p.do(ctx, http.MethodPost, "/v1/orders", p.apiKey, createKey, orderBody(ref), http.StatusCreated, true)
+		if err == nil && !bytes.Equal(replayed, created) {
+			err = fmt.Errorf("probe: the replay's body differs from the original's")
+		}
+		return err
+	}); err != nil {
+		return err
+	}
+	if err := p.measure(ctx, &costs.get, func() error {
+		_, err := p.do(ctx, http.MethodGet, "/v1/orders/"+order.ID, p.apiKey, "", nil, http.StatusOK, false)
+		return err
+	}); err != nil {
+		return err
+	}
+	var baselineOrder []byte
+	if err := p.measure(ctx, &costs.baseline, func() (err error) {
+		baselineOrder, err = p.do(ctx, http.MethodPost, "/v1/_baseline/orders", p.apiKey, "", orderBody(p.load.fresh("probe-ref")), http.StatusCreated, false)
+		return err
+	}); err != nil {
+		return err
+	}
+	pay := fmt.Appendf(nil, `{"order_id":%q,"amount":%d,"currency":"EUR","payment_method":"pm_card_visa"}`, order.ID, orderAmount)
+	if err := p.measure(ctx, &costs.payment, func() error {
+		_, err := p.do(ctx, http.MethodPost, "/v1/payments", p.apiKey, p.load.fresh("probe-pay"), pay, http.StatusCreated, false)
+		return err
+	}); err != nil {
+		return err
+	}
+	// The payment baseline pays the baseline's order.
+	var other struct{ ID string }
+	if err := json.Unmarshal(baselineOrder, &other); err != nil {
+		return err
+	}
+	payOther := fmt.Appendf(nil, `{"order_id":%q,"amount":%d,"currency":"EUR","payment_method":"pm_card_visa"}`, other.ID, orderAmount)
+	if err := p.measure(ctx, &costs.paymentBaseline, func() error {
+		_, err := p.do(ctx, http.MethodPost, "/v1/_baseline/payments", p.apiKey, "", payOther, http.StatusCreated, false)
+		return err
+	}); err != nil {
+		return err
+	}
+	return nil
+}
+
+// authMiss measures the extra cost of an API key that is not in the
+// authentication cache.
+func (p *probe) authMiss(ctx context.Context, unusedKeys [2]string) (pgwire.Counts, error) {
 	// The authentication cache: the first request under a key looks it up,
 	// the next one within AUTH_CACHE_TTL does not. The first key's miss
 	// may also prepare the lookup on this connection; the second key's is
@@ -175,19 +192,18 @@ func (p *probe) run(ctx context.Context, warmup, samples int, unusedKeys [2]stri
 	}
 	for _, fn := range []func() error{list(p.apiKey), list(p.apiKey), list(unusedKeys[0])} {
 		if _, err := p.proxy.Measure(ctx, fn); err != nil {
-			return out, err
+			return pgwire.Counts{}, err
 		}
 	}
 	miss, err := p.proxy.Measure(ctx, list(unusedKeys[1]))
 	if err != nil {
-		return out, err
+		return pgwire.Counts{}, err
 	}
 	hit, err := p.proxy.Measure(ctx, list(unusedKeys[1]))
 	if err != nil {
-		return out, err
+		return pgwire.Counts{}, err
 	}
-	out.authMiss = miss.Sub(hit)
-	return out, nil
+	return miss.Sub(hit), nil
 }
 
 // formatStatements lists statements by round trip, one line per round
