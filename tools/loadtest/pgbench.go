@@ -70,119 +70,142 @@ var pgbenchKeyColumns = []string{
 
 // pgbenchVariants are the scripts, the baseline first.
 func pgbenchVariants() []pgbenchVariant {
-	const lockTimeout = "SELECT set_config('lock_timeout', '2000ms', true);"
-	where := " WHERE tenant_id = " + pgbenchTenant + " AND endpoint = " + pgbenchEndpoint + " AND idem_key = " + pgbenchKey
-	// The pre-read (IdemKeyGet): a fresh key finds nothing. on_primary()
-	// is its one-time check that the server is not in recovery.
-	preRead := func(table string) string {
-		return "SELECT " + strings.Join(pgbenchKeyColumns, ", ") +
-			", idem_result_expired(state, expires_at)::boolean AS result_expired, idem_forgotten(state, retain_until)::boolean AS forgotten FROM " +
-			table + strings.Replace(where, " WHERE ", " WHERE on_primary() AND ", 1) + ";"
+	q := newPgbenchSQL()
+	return []pgbenchVariant{
+		{"baseline", "BEGIN, insert the order, COMMIT, in 1 round trip", pgbenchRoundTrips([]string{"BEGIN READ WRITE;", q.order, "COMMIT;"})},
+		{"baseline-3rt", "the same in 3 round trips", pgbenchRoundTrips([]string{"BEGIN READ WRITE;", "SELECT 1;"}, []string{q.order}, []string{"SELECT 1;", "COMMIT;"})},
+		{"limit", "BEGIN, the order, the key row inserted completed, COMMIT: the floor", pgbenchRoundTrips([]string{"BEGIN READ WRITE;", q.order, q.limitCompleted, "COMMIT;"})},
+		{"create", "the API's create: lookup ahead of BEGIN with the order, key row inserted completed last", q.create("idempotency_keys", true, true, false, false)},
+		{"no-lock-timeout", "... without the lock_timeout statement", q.create("idempotency_keys", true, false, false, false)},
+		{"savepoint", "... with the order in a savepoint (the create until 2026-12-03)", q.create("idempotency_keys", true, true, true, false)},
+		{"lookup-apart", "... with the pre-read in a round trip of its own (the create until 2026-12-03)", q.create("idempotency_keys", true, true, false, true)},
+		{"no-lookup", "... without the lookup (the pre-read and idem_key_absent)", q.create("idempotency_keys", false, true, false, false)},
+		{"no-fk", "... without the key table's foreign key to tenants", q.create("keys_nofk", true, true, false, false)},
+		{"no-checks", "... without the key table's CHECK constraints", q.create("keys_nochecks", true, true, false, false)},
+		{"claim-first", "the old shape: claim (and reclaim) first, order, UPDATE to completed", pgbenchRoundTrips(
+			[]string{"BEGIN READ WRITE;", pgbenchLockTimeout, q.claim},
+			[]string{"SAVEPOINT sp_1;", q.order},
+			[]string{"RELEASE SAVEPOINT sp_1;", q.complete, "COMMIT;"},
+		)},
+		{"advisory-lock", "advisory lock on the key and pre-read, order, key row inserted completed", pgbenchRoundTrips(
+			[]string{"BEGIN READ WRITE;", pgbenchLockTimeout, q.advisory, q.preRead("idempotency_keys")},
+			[]string{"SAVEPOINT sp_1;", q.order},
+			[]string{"RELEASE SAVEPOINT sp_1;", q.completed("idempotency_keys"), "COMMIT;"},
+		)},
 	}
+}
+
+// pgbenchLockTimeout is IdemSetLockTimeout with the API's lock timeout.
+const pgbenchLockTimeout = "SELECT set_config('lock_timeout', '2000ms', true);"
+
+// pgbenchSQL holds the statements the variants are made of, on the
+// benchmark's tenant, endpoint and key (:k).
+type pgbenchSQL struct {
+	where, order, claim, complete, limitCompleted, advisory, absent string
+	// body and headers are an order's recorded response.
+	body, headers string
+}
+
+// newPgbenchSQL writes the statements out.
+func newPgbenchSQL() pgbenchSQL {
+	var q pgbenchSQL
+	q.where = " WHERE tenant_id = " + pgbenchTenant + " AND endpoint = " + pgbenchEndpoint + " AND idem_key = " + pgbenchKey
 	// The old claim (IdemKeyClaim as the one-transaction path called it:
 	// no lease), with its reclaim branch for a forgotten key (E3).
-	claim := "WITH inserted AS (INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at, retain_until, recovery_point, locked_until, lease_generation) " +
+	q.claim = "WITH inserted AS (INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, expires_at, retain_until, recovery_point, locked_until, lease_generation) " +
 		"VALUES (" + pgbenchTenant + ", " + pgbenchEndpoint + ", " + pgbenchKey + ", decode(repeat('ab', 32), 'hex'), 1, now() + interval '1 day', now() + interval '3 days', NULL, NULL, 0) " +
 		"ON CONFLICT (tenant_id, endpoint, idem_key) DO NOTHING RETURNING lease_generation), " +
 		"reclaimed AS (UPDATE idempotency_keys SET fingerprint = decode(repeat('ab', 32), 'hex'), fingerprint_version = 1, " +
 		"state = 'in_progress', response_status = NULL, response_headers = NULL, response_body = NULL, resource_id = NULL, resource_location = NULL, " +
 		"created_at = now(), completed_at = NULL, expires_at = now() + interval '1 day', retain_until = now() + interval '3 days', recovery_point = NULL, " +
-		"locked_until = NULL, lease_generation = 0" + where +
+		"locked_until = NULL, lease_generation = 0" + q.where +
 		" AND idem_forgotten(state, retain_until) AND NOT EXISTS (SELECT 1 FROM inserted) RETURNING lease_generation) " +
 		"SELECT lease_generation FROM inserted UNION ALL SELECT lease_generation FROM reclaimed;"
-	order := "INSERT INTO orders (tenant_id, id, reference, customer_id, amount, currency, description, metadata) VALUES (" + pgbenchTenant +
+	q.order = "INSERT INTO orders (tenant_id, id, reference, customer_id, amount, currency, description, metadata) VALUES (" + pgbenchTenant +
 		", gen_random_uuid(), " + pgbenchRef + ", 'cus_1', 2500, 'EUR', '', '{}') ON CONFLICT ON CONSTRAINT orders_tenant_reference_key DO NOTHING RETURNING *;"
 	// An order's recorded response is about 420 bytes; its Location and
 	// Idempotency-Expires live in resource_location and expires_at.
-	body := `'\x` + strings.Repeat("7b", 420) + `'`
-	const headers = `'{"Content-Type": ["application/json"]}'::jsonb`
+	q.body = `'\x` + strings.Repeat("7b", 420) + `'`
+	q.headers = `'{"Content-Type": ["application/json"]}'::jsonb`
 	// The old record step: the claimed row updated with the response.
-	complete := "UPDATE idempotency_keys SET state = 'completed', response_status = 201, response_headers = " + headers +
-		", response_body = " + body + ", resource_location = '/v1/orders/x', completed_at = now()" + where +
+	q.complete = "UPDATE idempotency_keys SET state = 'completed', response_status = 201, response_headers = " + q.headers +
+		", response_body = " + q.body + ", resource_location = '/v1/orders/x', completed_at = now()" + q.where +
 		" AND state = 'in_progress' RETURNING expires_at;"
 	// The key row as the record leaves it, written by one INSERT: a second
 	// request under the key fails on the primary key and rolls back. The
 	// limit names the lease columns too, with their defaults.
-	limitCompleted := "INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, state, response_status, " +
+	q.limitCompleted = "INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, state, response_status, " +
 		"response_headers, response_body, resource_location, completed_at, expires_at, retain_until, recovery_point, locked_until, lease_generation) " +
 		"VALUES (" + pgbenchTenant + ", " + pgbenchEndpoint + ", " + pgbenchKey + ", decode(repeat('ab', 32), 'hex'), 1, 'completed', 201, " +
-		headers + ", " + body + ", '/v1/orders/x', now(), now() + interval '1 day', now() + interval '3 days', NULL, NULL, 0) RETURNING expires_at;"
-	// The same row as IdemKeyClaimCompleted writes it: the last statement
-	// of the new shape.
-	completed := func(table string) string {
-		return "INSERT INTO " + table + " (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, state, response_status, " +
-			"response_headers, response_body, resource_location, completed_at, expires_at, retain_until) " +
-			"VALUES (" + pgbenchTenant + ", " + pgbenchEndpoint + ", " + pgbenchKey + ", decode(repeat('ab', 32), 'hex'), 1, 'completed', 201, " +
-			headers + ", " + body + ", '/v1/orders/x', now(), now() + interval '1 day', now() + interval '3 days') RETURNING expires_at;"
-	}
+		q.headers + ", " + q.body + ", '/v1/orders/x', now(), now() + interval '1 day', now() + interval '3 days', NULL, NULL, 0) RETURNING expires_at;"
 	// Duplicates of a key wait for each other before executing: a lock on
 	// a hash of the tenant, endpoint and key, held to the end of the
 	// transaction.
-	advisory := "SELECT pg_advisory_xact_lock(hashtextextended(" + pgbenchTenant + "::text || ' ' || " + pgbenchEndpoint + " || ' ' || " + pgbenchKey + ", 0));"
-	// roundTrips joins the statements of each round trip into one
-	// pipeline; empty statements are the pieces a variant leaves out.
-	roundTrips := func(trips ...[]string) string {
-		var b strings.Builder
-		b.WriteString("\\set k random(1, 100000000000000)\n")
-		for _, trip := range trips {
-			b.WriteString("\\startpipeline\n")
-			for _, s := range trip {
-				if s != "" {
-					b.WriteString(s + "\n")
-				}
-			}
-			b.WriteString("\\endpipeline\n")
-		}
-		return b.String()
-	}
-	when := func(ok bool, s string) string {
-		if ok {
-			return s
-		}
-		return ""
-	}
+	q.advisory = "SELECT pg_advisory_xact_lock(hashtextextended(" + pgbenchTenant + "::text || ' ' || " + pgbenchEndpoint + " || ' ' || " + pgbenchKey + ", 0));"
 	// The statement that stops the round trip when the key has a row
 	// (IdemKeyAbsent): a fresh key passes.
-	absent := "SELECT idem_key_absent(" + pgbenchTenant + ", " + pgbenchEndpoint + ", " + pgbenchKey + ");"
-	// create is the new shape, on table, with or without each piece: the
-	// lookup (the pre-read and idem_key_absent) ahead of BEGIN, with the
-	// lock timeout and the order, then the key row inserted completed and
-	// COMMIT. savepoint puts the order in a savepoint, as the create did
-	// until 2026-12-03; separate sends the lookup in a round trip of its
-	// own, as it did until 2026-12-03 (without idem_key_absent then).
-	create := func(table string, lookup, lockTimeouts, savepoint, separate bool) string {
-		first := []string{"BEGIN READ WRITE;", when(lockTimeouts, lockTimeout), when(savepoint, "SAVEPOINT sp_1;"), order}
-		last := []string{when(savepoint, "RELEASE SAVEPOINT sp_1;"), completed(table), "COMMIT;"}
-		switch {
-		case lookup && separate:
-			return roundTrips([]string{preRead(table)}, first, last)
-		case lookup:
-			return roundTrips(append([]string{preRead(table), absent}, first...), last)
+	q.absent = "SELECT idem_key_absent(" + pgbenchTenant + ", " + pgbenchEndpoint + ", " + pgbenchKey + ");"
+	return q
+}
+
+// preRead is IdemKeyGet on table: a fresh key finds nothing. on_primary()
+// is its one-time check that the server is not in recovery.
+func (q pgbenchSQL) preRead(table string) string {
+	return "SELECT " + strings.Join(pgbenchKeyColumns, ", ") +
+		", idem_result_expired(state, expires_at)::boolean AS result_expired, idem_forgotten(state, retain_until)::boolean AS forgotten FROM " +
+		table + strings.Replace(q.where, " WHERE ", " WHERE on_primary() AND ", 1) + ";"
+}
+
+// completed is the key row as IdemKeyClaimCompleted writes it, on table:
+// the last statement of the new shape.
+func (q pgbenchSQL) completed(table string) string {
+	return "INSERT INTO " + table + " (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, state, response_status, " +
+		"response_headers, response_body, resource_location, completed_at, expires_at, retain_until) " +
+		"VALUES (" + pgbenchTenant + ", " + pgbenchEndpoint + ", " + pgbenchKey + ", decode(repeat('ab', 32), 'hex'), 1, 'completed', 201, " +
+		q.headers + ", " + q.body + ", '/v1/orders/x', now(), now() + interval '1 day', now() + interval '3 days') RETURNING expires_at;"
+}
+
+// create is the new shape, on table, with or without each piece: the
+// lookup (the pre-read and idem_key_absent) ahead of BEGIN, with the lock
+// timeout and the order, then the key row inserted completed and COMMIT.
+// savepoint puts the order in a savepoint, as the create did until
+// 2026-12-03; separate sends the lookup in a round trip of its own, as it
+// did until 2026-12-03 (without idem_key_absent then).
+func (q pgbenchSQL) create(table string, lookup, lockTimeouts, savepoint, separate bool) string {
+	first := []string{"BEGIN READ WRITE;", when(lockTimeouts, pgbenchLockTimeout), when(savepoint, "SAVEPOINT sp_1;"), q.order}
+	last := []string{when(savepoint, "RELEASE SAVEPOINT sp_1;"), q.completed(table), "COMMIT;"}
+	switch {
+	case lookup && separate:
+		return pgbenchRoundTrips([]string{q.preRead(table)}, first, last)
+	case lookup:
+		return pgbenchRoundTrips(append([]string{q.preRead(table), q.absent}, first...), last)
+	}
+	return pgbenchRoundTrips(first, last)
+}
+
+// pgbenchRoundTrips joins the statements of each round trip into one
+// pipeline; empty statements are the pieces a variant leaves out.
+func pgbenchRoundTrips(trips ...[]string) string {
+	var b strings.Builder
+	b.WriteString("\\set k random(1, 100000000000000)\n")
+	for _, trip := range trips {
+		b.WriteString("\\startpipeline\n")
+		for _, s := range trip {
+			if s != "" {
+				b.WriteString(s + "\n")
+			}
 		}
-		return roundTrips(first, last)
+		b.WriteString("\\endpipeline\n")
 	}
-	return []pgbenchVariant{
-		{"baseline", "BEGIN, insert the order, COMMIT, in 1 round trip", roundTrips([]string{"BEGIN READ WRITE;", order, "COMMIT;"})},
-		{"baseline-3rt", "the same in 3 round trips", roundTrips([]string{"BEGIN READ WRITE;", "SELECT 1;"}, []string{order}, []string{"SELECT 1;", "COMMIT;"})},
-		{"limit", "BEGIN, the order, the key row inserted completed, COMMIT: the floor", roundTrips([]string{"BEGIN READ WRITE;", order, limitCompleted, "COMMIT;"})},
-		{"create", "the API's create: lookup ahead of BEGIN with the order, key row inserted completed last", create("idempotency_keys", true, true, false, false)},
-		{"no-lock-timeout", "... without the lock_timeout statement", create("idempotency_keys", true, false, false, false)},
-		{"savepoint", "... with the order in a savepoint (the create until 2026-12-03)", create("idempotency_keys", true, true, true, false)},
-		{"lookup-apart", "... with the pre-read in a round trip of its own (the create until 2026-12-03)", create("idempotency_keys", true, true, false, true)},
-		{"no-lookup", "... without the lookup (the pre-read and idem_key_absent)", create("idempotency_keys", false, true, false, false)},
-		{"no-fk", "... without the key table's foreign key to tenants", create("keys_nofk", true, true, false, false)},
-		{"no-checks", "... without the key table's CHECK constraints", create("keys_nochecks", true, true, false, false)},
-		{"claim-first", "the old shape: claim (and reclaim) first, order, UPDATE to completed", roundTrips(
-			[]string{"BEGIN READ WRITE;", lockTimeout, claim},
-			[]string{"SAVEPOINT sp_1;", order},
-			[]string{"RELEASE SAVEPOINT sp_1;", complete, "COMMIT;"},
-		)},
-		{"advisory-lock", "advisory lock on the key and pre-read, order, key row inserted completed", roundTrips(
-			[]string{"BEGIN READ WRITE;", lockTimeout, advisory, preRead("idempotency_keys")},
-			[]string{"SAVEPOINT sp_1;", order},
-			[]string{"RELEASE SAVEPOINT sp_1;", completed("idempotency_keys"), "COMMIT;"},
-		)},
+	return b.String()
+}
+
+// when is s when ok, else the empty statement.
+func when(ok bool, s string) string {
+	if ok {
+		return s
 	}
+	return ""
 }
 
 // pgbenchCopy makes a copy of the key table without one piece: "fk" or
@@ -258,50 +281,16 @@ func runPgbench(ctx context.Context, o options, stdout io.Writer) (err error) {
 			err = errors.Join(err, serr)
 		}
 	}()
-	conn, err := pgx.Connect(ctx, cluster.URL("postgres"))
+	b := &pgbenchBench{pgbench: pgbench, work: work, clients: 2, tx: 6000}
+	if o.short {
+		b.tx = 500
+	}
+	version, err := b.prepare(ctx, cluster)
+	if b.conn != nil {
+		defer b.conn.Close(context.WithoutCancel(ctx))
+	}
 	if err != nil {
 		return err
-	}
-	var version string
-	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version')").Scan(&version); err != nil {
-		return err
-	}
-	for _, sql := range []string{"CREATE DATABASE payments", "ALTER SYSTEM SET autovacuum = off", "SELECT pg_reload_conf()"} {
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			return fmt.Errorf("%s: %w", sql, err)
-		}
-	}
-	conn.Close(ctx)
-	url := cluster.URL("payments")
-	if err := dbmigrate.Up(ctx, url); err != nil {
-		return err
-	}
-	if conn, err = pgx.Connect(ctx, url); err != nil {
-		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	for _, sql := range pgbenchSetup {
-		if _, err := conn.Exec(ctx, sql); err != nil {
-			return fmt.Errorf("%s: %w", sql, err)
-		}
-	}
-	// The postmaster is the parent of our backend. Its children once the
-	// server is idle (the auxiliary processes and our backend) are the
-	// resident ones: every measurement starts and ends with exactly those.
-	var backend int
-	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&backend); err != nil {
-		return err
-	}
-	postmaster, err := parentPid(backend)
-	if err != nil {
-		return err
-	}
-	resident, err := pgbenchResident(ctx, postmaster)
-	if err != nil {
-		return err
-	}
-	if !slices.Contains(resident, backend) {
-		return fmt.Errorf("-pgbench: the postmaster's children %v do not include our backend %d", resident, backend)
 	}
 
 	variants := pgbenchVariants()
@@ -310,53 +299,15 @@ func runPgbench(ctx context.Context, o options, stdout io.Writer) (err error) {
 			return err
 		}
 	}
-	const clients = 2
-	tx := 6000
-	if o.short {
-		tx = 500
-	}
 	fmt.Fprintf(stdout, "loadtest -pgbench: PostgreSQL %s (fsync off), %d rounds of %d transactions per variant on %d connections, generic plans\n",
-		version, o.rounds, clients*tx, clients)
+		version, o.rounds, b.clients*b.tx, b.clients)
 	us := make(map[string]series)
 	for round := 1; round <= o.rounds; round++ {
 		figures := make(map[string]float64, len(variants))
 		for _, v := range variants {
-			// Every run starts from the same tables, so none pays for the
-			// growth (and the evictions) of the runs before it.
-			for _, sql := range pgbenchReset {
-				if _, err := conn.Exec(ctx, sql); err != nil {
-					return fmt.Errorf("%s: %w", sql, err)
-				}
-			}
-			// Processes the reset started (parallel workers of its
-			// VACUUM) are counted when reaped: before the reading, not
-			// after it.
-			if err := pgbenchSettle(ctx, postmaster, resident); err != nil {
-				return fmt.Errorf("before pgbench %s: %w", v.name, err)
-			}
-			before, err := childrenCPU(postmaster)
-			if err != nil {
+			if figures[v.name], err = b.cpuPerTransaction(ctx, v); err != nil {
 				return err
 			}
-			cmd := exec.CommandContext(ctx, pgbench, "-n", "-M", "prepared", "-c", strconv.Itoa(clients), "-j", strconv.Itoa(clients),
-				"-t", strconv.Itoa(tx), "-f", filepath.Join(work, v.name+".sql"), url)
-			cmd.Env = append(os.Environ(), "PGOPTIONS=-c plan_cache_mode=force_generic_plan")
-			out, err := cmd.CombinedOutput()
-			if err != nil || strings.Contains(string(out), "error") {
-				return fmt.Errorf("pgbench %s: %w\n%s", v.name, err, out)
-			}
-			// pgbench returns once it has sent its backends Terminate,
-			// not once they have exited: until the postmaster has reaped
-			// them their CPU is in no reading yet, and a reading now would
-			// miss it (a backend's share comes all at once).
-			if err := pgbenchSettle(ctx, postmaster, resident); err != nil {
-				return fmt.Errorf("after pgbench %s: %w", v.name, err)
-			}
-			after, err := childrenCPU(postmaster)
-			if err != nil {
-				return err
-			}
-			figures[v.name] = (after - before) * 1e6 / float64(clients*tx)
 		}
 		if err := pgbenchPlausible(figures); err != nil {
 			return fmt.Errorf("round %d: %w", round, err)
@@ -366,7 +317,116 @@ func runPgbench(ctx context.Context, o options, stdout io.Writer) (err error) {
 		}
 		fmt.Fprintf(stdout, "round %d/%d done\n", round, o.rounds)
 	}
-	fmt.Fprintf(stdout, "\nPostgreSQL CPU per transaction, µs, median (range) over %d rounds:\n", o.rounds)
+	pgbenchReport(stdout, o.rounds, variants, us)
+	return nil
+}
+
+// pgbenchBench is a PostgreSQL prepared for pgbench, and how each variant
+// runs on it.
+type pgbenchBench struct {
+	pgbench, work, url string
+	conn               *pgx.Conn // on the payments database
+	// postmaster is the server's pid, resident its children while it is
+	// idle.
+	postmaster  int
+	resident    []int
+	clients, tx int
+}
+
+// prepare creates and migrates the payments database on cluster, with
+// autovacuum off, runs pgbenchSetup there and finds the server's resident
+// processes. It returns the server's version.
+func (b *pgbenchBench) prepare(ctx context.Context, cluster *pgtmp.Cluster) (string, error) {
+	conn, err := pgx.Connect(ctx, cluster.URL("postgres"))
+	if err != nil {
+		return "", err
+	}
+	var version string
+	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version')").Scan(&version); err != nil {
+		return "", err
+	}
+	for _, sql := range []string{"CREATE DATABASE payments", "ALTER SYSTEM SET autovacuum = off", "SELECT pg_reload_conf()"} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			return "", fmt.Errorf("%s: %w", sql, err)
+		}
+	}
+	conn.Close(ctx)
+	b.url = cluster.URL("payments")
+	if err := dbmigrate.Up(ctx, b.url); err != nil {
+		return "", err
+	}
+	if b.conn, err = pgx.Connect(ctx, b.url); err != nil {
+		return "", err
+	}
+	for _, sql := range pgbenchSetup {
+		if _, err := b.conn.Exec(ctx, sql); err != nil {
+			return "", fmt.Errorf("%s: %w", sql, err)
+		}
+	}
+	// The postmaster is the parent of our backend. Its children once the
+	// server is idle (the auxiliary processes and our backend) are the
+	// resident ones: every measurement starts and ends with exactly those.
+	var backend int
+	if err := b.conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&backend); err != nil {
+		return "", err
+	}
+	if b.postmaster, err = parentPid(backend); err != nil {
+		return "", err
+	}
+	if b.resident, err = pgbenchResident(ctx, b.postmaster); err != nil {
+		return "", err
+	}
+	if !slices.Contains(b.resident, backend) {
+		return "", fmt.Errorf("-pgbench: the postmaster's children %v do not include our backend %d", b.resident, backend)
+	}
+	return version, nil
+}
+
+// cpuPerTransaction runs variant v's script on fresh tables and returns
+// the server's CPU per transaction, in µs.
+func (b *pgbenchBench) cpuPerTransaction(ctx context.Context, v pgbenchVariant) (float64, error) {
+	// Every run starts from the same tables, so none pays for the
+	// growth (and the evictions) of the runs before it.
+	for _, sql := range pgbenchReset {
+		if _, err := b.conn.Exec(ctx, sql); err != nil {
+			return 0, fmt.Errorf("%s: %w", sql, err)
+		}
+	}
+	// Processes the reset started (parallel workers of its
+	// VACUUM) are counted when reaped: before the reading, not
+	// after it.
+	if err := pgbenchSettle(ctx, b.postmaster, b.resident); err != nil {
+		return 0, fmt.Errorf("before pgbench %s: %w", v.name, err)
+	}
+	before, err := childrenCPU(b.postmaster)
+	if err != nil {
+		return 0, err
+	}
+	cmd := exec.CommandContext(ctx, b.pgbench, "-n", "-M", "prepared", "-c", strconv.Itoa(b.clients), "-j", strconv.Itoa(b.clients),
+		"-t", strconv.Itoa(b.tx), "-f", filepath.Join(b.work, v.name+".sql"), b.url)
+	cmd.Env = append(os.Environ(), "PGOPTIONS=-c plan_cache_mode=force_generic_plan")
+	out, err := cmd.CombinedOutput()
+	if err != nil || strings.Contains(string(out), "error") {
+		return 0, fmt.Errorf("pgbench %s: %w\n%s", v.name, err, out)
+	}
+	// pgbench returns once it has sent its backends Terminate,
+	// not once they have exited: until the postmaster has reaped
+	// them their CPU is in no reading yet, and a reading now would
+	// miss it (a backend's share comes all at once).
+	if err := pgbenchSettle(ctx, b.postmaster, b.resident); err != nil {
+		return 0, fmt.Errorf("after pgbench %s: %w", v.name, err)
+	}
+	after, err := childrenCPU(b.postmaster)
+	if err != nil {
+		return 0, err
+	}
+	return (after - before) * 1e6 / float64(b.clients*b.tx), nil
+}
+
+// pgbenchReport writes each variant's CPU per transaction over the rounds,
+// then the ratios and differences that answer P7.
+func pgbenchReport(stdout io.Writer, rounds int, variants []pgbenchVariant, us map[string]series) {
+	fmt.Fprintf(stdout, "\nPostgreSQL CPU per transaction, µs, median (range) over %d rounds:\n", rounds)
 	for _, v := range variants {
 		fmt.Fprintf(stdout, "  %-16s %-18s %s\n", v.name, us[v.name].format(0), v.what)
 	}
@@ -391,7 +451,6 @@ func runPgbench(ctx context.Context, o options, stdout io.Writer) (err error) {
 	fmt.Fprintf(stdout, "\npgbench: baseline_us=%.0f limit_us=%.0f create_us=%.0f create_over_limit=%.2f claim_first_us=%.0f claim_first_over_limit=%.2f create_over_claim_first=%.2f\n",
 		us["baseline"].median(), us["limit"].median(), us["create"].median(), overLimit.median(),
 		us["claim-first"].median(), claimFirstOverLimit.median(), overClaimFirst.median())
-	return nil
 }
 
 // difference subtracts b from a round by round, like ratio.
