@@ -210,14 +210,9 @@ func measureStoredKeys(ctx context.Context, o options, env *environment, stdout 
 	if res.fill, err = fillStoredKeys(ctx, env, o.storedKeys, res.template, stdout); err != nil {
 		return nil, err
 	}
-	var addr string
-	env.fullAPI, addr, err = harness.StartProcess(ctx, env.workDir, "api-full", env.apiBin, []string{"serve"},
-		append(slices.Clip(env.apiEnv), "DATABASE_URL="+env.fullDBURL+"&pool_max_conns="+strconv.Itoa(o.pool)), "listening")
-	if err != nil {
+	if res.full, err = startFullSide(ctx, o, env, conns); err != nil {
 		return nil, err
 	}
-	env.fullURL = "http://" + addr
-	res.full = &side{name: "full", load: newLoad(env.fullURL, env.fullKeys[0], env.runID, env.fullDB, conns), apiKeys: env.fullKeys}
 
 	sides := []*side{res.empty, res.full}
 	for _, s := range sides {
@@ -230,46 +225,11 @@ func measureStoredKeys(ctx context.Context, o options, env *environment, stdout 
 	}
 	printKeyTable(stdout, "the full key table", res.full.before)
 
-	// One create per tenant first, on each side: each API looks the
-	// tenant's API key up and counts its key rows for the budget once;
-	// then a warm-up of a round's length, which also brings the full
-	// side's hot pages (the indexes' upper levels) back into PostgreSQL's
-	// buffers after the fill. Neither is reported.
-	for _, s := range sides {
-		r, err := s.load.createRandom(ctx, min(o.concurrency, len(s.apiKeys)), 0, s.apiKeys, len(s.apiKeys))
-		s.executed += r.ok
-		if err != nil {
-			return nil, fmt.Errorf("%s: first create of each tenant: %w", s.name, err)
-		}
+	if err := warmUp(ctx, o, sides); err != nil {
+		return nil, err
 	}
-	for _, s := range sides {
-		r, err := s.load.createRandom(ctx, o.concurrency, o.duration, s.apiKeys, 0)
-		s.executed += r.ok
-		if err != nil {
-			return nil, fmt.Errorf("%s: warm-up: %w", s.name, err)
-		}
-	}
-
-	for i := 1; i <= o.rounds; i++ {
-		order := []*side{res.empty, res.full}
-		if i%2 == 0 {
-			order[0], order[1] = order[1], order[0]
-		}
-		for _, s := range order {
-			if err := ctx.Err(); err != nil {
-				return nil, err
-			}
-			r, err := s.load.createRandom(ctx, o.concurrency, o.duration, s.apiKeys, 0)
-			s.create.add(r)
-			s.executed += r.ok
-			if err != nil {
-				return nil, fmt.Errorf("round %d, %s: %w", i, s.name, err)
-			}
-		}
-		last := func(s series) float64 { return s[len(s)-1] }
-		fmt.Fprintf(stdout, "round %d/%d: create on the empty table %.0f/s, on the full one %.0f/s (%s first): full / empty %.2f\n",
-			i, o.rounds, last(res.empty.create.rps), last(res.full.create.rps), order[0].name,
-			last(res.full.create.rps)/last(res.empty.create.rps))
+	if err := createRounds(ctx, o, res, stdout); err != nil {
+		return nil, err
 	}
 
 	// Each key table grew by the creates it executed: one key row each,
@@ -284,6 +244,70 @@ func measureStoredKeys(ctx context.Context, o options, env *environment, stdout 
 		}
 	}
 	return res, nil
+}
+
+// startFullSide starts the API on the filled database and returns its
+// side.
+func startFullSide(ctx context.Context, o options, env *environment, conns int) (*side, error) {
+	var addr string
+	var err error
+	env.fullAPI, addr, err = harness.StartProcess(ctx, env.workDir, "api-full", env.apiBin, []string{"serve"},
+		append(slices.Clip(env.apiEnv), "DATABASE_URL="+env.fullDBURL+"&pool_max_conns="+strconv.Itoa(o.pool)), "listening")
+	if err != nil {
+		return nil, err
+	}
+	env.fullURL = "http://" + addr
+	return &side{name: "full", load: newLoad(env.fullURL, env.fullKeys[0], env.runID, env.fullDB, conns), apiKeys: env.fullKeys}, nil
+}
+
+// warmUp sends one create per tenant first, on each side: each API looks
+// the tenant's API key up and counts its key rows for the budget once;
+// then a warm-up of a round's length, which also brings the full side's
+// hot pages (the indexes' upper levels) back into PostgreSQL's buffers
+// after the fill. Neither is reported.
+func warmUp(ctx context.Context, o options, sides []*side) error {
+	for _, s := range sides {
+		r, err := s.load.createRandom(ctx, min(o.concurrency, len(s.apiKeys)), 0, s.apiKeys, len(s.apiKeys))
+		s.executed += r.ok
+		if err != nil {
+			return fmt.Errorf("%s: first create of each tenant: %w", s.name, err)
+		}
+	}
+	for _, s := range sides {
+		r, err := s.load.createRandom(ctx, o.concurrency, o.duration, s.apiKeys, 0)
+		s.executed += r.ok
+		if err != nil {
+			return fmt.Errorf("%s: warm-up: %w", s.name, err)
+		}
+	}
+	return nil
+}
+
+// createRounds measures the creates on the empty and the full side, the
+// two taking turns at going first.
+func createRounds(ctx context.Context, o options, res *storedKeysResults, stdout io.Writer) error {
+	for i := 1; i <= o.rounds; i++ {
+		order := []*side{res.empty, res.full}
+		if i%2 == 0 {
+			order[0], order[1] = order[1], order[0]
+		}
+		for _, s := range order {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			r, err := s.load.createRandom(ctx, o.concurrency, o.duration, s.apiKeys, 0)
+			s.create.add(r)
+			s.executed += r.ok
+			if err != nil {
+				return fmt.Errorf("round %d, %s: %w", i, s.name, err)
+			}
+		}
+		last := func(s series) float64 { return s[len(s)-1] }
+		fmt.Fprintf(stdout, "round %d/%d: create on the empty table %.0f/s, on the full one %.0f/s (%s first): full / empty %.2f\n",
+			i, o.rounds, last(res.empty.create.rps), last(res.full.create.rps), order[0].name,
+			last(res.full.create.rps)/last(res.empty.create.rps))
+	}
+	return nil
 }
 
 // createRandom sends creates under random keys (version 4 UUIDs), from
@@ -458,26 +482,9 @@ func fillStoredKeys(ctx context.Context, env *environment, n int64, tpl template
 		return res, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	for _, q := range []string{
-		"SET session_replication_role = replica",
-		"SET synchronous_commit = off",
-		"SET maintenance_work_mem = '1GB'",
-	} {
-		if _, err := conn.Exec(ctx, q); err != nil {
-			return res, err
-		}
-	}
-	var tenants int
-	if err := conn.QueryRow(ctx, "SELECT count(*) FROM tenants WHERE name = ANY($1)", env.tenants).Scan(&tenants); err != nil {
+	if res.start, err = prepareFill(ctx, conn, env); err != nil {
 		return res, err
 	}
-	if tenants != len(env.tenants) {
-		return res, fmt.Errorf("%s holds %d of the benchmark's %d tenants", fullDatabase, tenants, len(env.tenants))
-	}
-	if err := conn.QueryRow(ctx, "SELECT now()").Scan(&res.start); err != nil {
-		return res, err
-	}
-
 	indexes, err := keyIndexes(ctx, conn)
 	if err != nil {
 		return res, err
@@ -502,32 +509,14 @@ func fillStoredKeys(ctx context.Context, env *environment, n int64, tpl template
 		"n":          n,
 		"t0":         res.start,
 	}
-	lastPrint := time.Now()
-	for lo := int64(0); lo < n; lo += fillChunk {
-		hi := min(lo+fillChunk, n)
-		args["lo"], args["hi"] = lo, hi
-		tag, err := conn.Exec(ctx, fillSQL, args)
-		if err != nil {
-			return res, fmt.Errorf("fill rows %d to %d: %w", lo, hi, err)
-		}
-		if tag.RowsAffected() != hi-lo {
-			return res, fmt.Errorf("fill rows %d to %d: %d rows written", lo, hi, tag.RowsAffected())
-		}
-		if hi == n || time.Since(lastPrint) >= 10*time.Second {
-			elapsed := time.Since(began)
-			fmt.Fprintf(stdout, "  %d/%d rows, %s (%.0f rows/s)\n", hi, n, elapsed.Round(time.Second), float64(hi)/elapsed.Seconds())
-			lastPrint = time.Now()
-		}
+	if err := insertKeyRows(ctx, conn, n, args, began, stdout); err != nil {
+		return res, err
 	}
 	res.insert = time.Since(began)
 
 	began = time.Now()
-	for _, ix := range indexes {
-		t := time.Now()
-		if _, err := conn.Exec(ctx, ix.createSQL()); err != nil {
-			return res, fmt.Errorf("%s: %w", ix.createSQL(), err)
-		}
-		fmt.Fprintf(stdout, "  built %s in %s\n", ix.name, time.Since(t).Round(100*time.Millisecond))
+	if err := buildIndexes(ctx, conn, indexes, stdout); err != nil {
+		return res, err
 	}
 	res.index = time.Since(began)
 	again, err := keyIndexes(ctx, conn)
@@ -548,6 +537,68 @@ func fillStoredKeys(ctx context.Context, env *environment, n int64, tpl template
 	res.total = res.insert + res.index + res.tidy
 	fmt.Fprintf(stdout, "  VACUUM ANALYZE and CHECKPOINT in %s; filled in %s\n", res.tidy.Round(100*time.Millisecond), res.total.Round(time.Second))
 	return res, nil
+}
+
+// prepareFill sets conn up for the bulk insert, checks that the full
+// database holds the benchmark's tenants, and returns the server's time,
+// from which the rows' ages are counted.
+func prepareFill(ctx context.Context, conn *pgx.Conn, env *environment) (time.Time, error) {
+	for _, q := range []string{
+		"SET session_replication_role = replica",
+		"SET synchronous_commit = off",
+		"SET maintenance_work_mem = '1GB'",
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			return time.Time{}, err
+		}
+	}
+	var tenants int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM tenants WHERE name = ANY($1)", env.tenants).Scan(&tenants); err != nil {
+		return time.Time{}, err
+	}
+	if tenants != len(env.tenants) {
+		return time.Time{}, fmt.Errorf("%s holds %d of the benchmark's %d tenants", fullDatabase, tenants, len(env.tenants))
+	}
+	var start time.Time
+	if err := conn.QueryRow(ctx, "SELECT now()").Scan(&start); err != nil {
+		return time.Time{}, err
+	}
+	return start, nil
+}
+
+// insertKeyRows writes the n key rows of fillSQL with args, fillChunk at a
+// time, printing the progress since began every 10 seconds.
+func insertKeyRows(ctx context.Context, conn *pgx.Conn, n int64, args pgx.NamedArgs, began time.Time, stdout io.Writer) error {
+	lastPrint := time.Now()
+	for lo := int64(0); lo < n; lo += fillChunk {
+		hi := min(lo+fillChunk, n)
+		args["lo"], args["hi"] = lo, hi
+		tag, err := conn.Exec(ctx, fillSQL, args)
+		if err != nil {
+			return fmt.Errorf("fill rows %d to %d: %w", lo, hi, err)
+		}
+		if tag.RowsAffected() != hi-lo {
+			return fmt.Errorf("fill rows %d to %d: %d rows written", lo, hi, tag.RowsAffected())
+		}
+		if hi == n || time.Since(lastPrint) >= 10*time.Second {
+			elapsed := time.Since(began)
+			fmt.Fprintf(stdout, "  %d/%d rows, %s (%.0f rows/s)\n", hi, n, elapsed.Round(time.Second), float64(hi)/elapsed.Seconds())
+			lastPrint = time.Now()
+		}
+	}
+	return nil
+}
+
+// buildIndexes builds the dropped indexes again.
+func buildIndexes(ctx context.Context, conn *pgx.Conn, indexes []keyIndex, stdout io.Writer) error {
+	for _, ix := range indexes {
+		t := time.Now()
+		if _, err := conn.Exec(ctx, ix.createSQL()); err != nil {
+			return fmt.Errorf("%s: %w", ix.createSQL(), err)
+		}
+		fmt.Fprintf(stdout, "  built %s in %s\n", ix.name, time.Since(t).Round(100*time.Millisecond))
+	}
+	return nil
 }
 
 // keyTable is the size of idempotency_keys: its rows, and pg_relation_size
