@@ -53,7 +53,7 @@ type Tx struct {
 	// ahead: how many statements at the front of pending go ahead of
 	// BEGIN (Ahead).
 	ahead int
-	// kept: the connection belongs to the caller (BeginOn), who releases
+	// kept: the connection belongs to the caller (BeginPipelinedOn), who releases
 	// it; ending the transaction leaves it checked out.
 	kept bool
 }
@@ -66,9 +66,9 @@ type queued struct {
 	read func(q DBTX) error
 }
 
-// Begin starts a pipelined transaction on a connection from pool. It costs
-// no round trip: BEGIN goes out with the first statement.
-func Begin(ctx context.Context, pool *pgxpool.Pool) (*Tx, error) {
+// BeginPipelined starts a pipelined transaction on a connection from pool.
+// It costs no round trip: BEGIN goes out with the first statement.
+func BeginPipelined(ctx context.Context, pool *pgxpool.Pool) (*Tx, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, err
@@ -76,11 +76,11 @@ func Begin(ctx context.Context, pool *pgxpool.Pool) (*Tx, error) {
 	return &Tx{conn: conn, pending: []queued{{sql: beginReadWrite}}}, nil
 }
 
-// BeginOn starts a pipelined transaction on conn, a connection the caller
-// has acquired and will release: a request that reads before its
+// BeginPipelinedOn starts a pipelined transaction on conn, a connection the
+// caller has acquired and will release: a request that reads before its
 // transaction and may read again after it (idem.Store.Execute) holds one
 // connection throughout, instead of queueing for the pool three times.
-func BeginOn(conn *pgxpool.Conn) *Tx {
+func BeginPipelinedOn(conn *pgxpool.Conn) *Tx {
 	return &Tx{conn: conn, kept: true, pending: []queued{{sql: beginReadWrite}}}
 }
 
@@ -90,7 +90,7 @@ func BeginOn(conn *pgxpool.Conn) *Tx {
 // db.CommitAfterNext sends COMMIT with the last statement; the rollback
 // and commit rules are WithTx's.
 func WithPipelinedTx(ctx context.Context, pool *pgxpool.Pool, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	tx, err := Begin(ctx, pool)
+	tx, err := BeginPipelined(ctx, pool)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
@@ -100,7 +100,7 @@ func WithPipelinedTx(ctx context.Context, pool *pgxpool.Pool, fn func(ctx contex
 // WithPipelinedTxOn is WithPipelinedTx on conn, a connection the caller
 // holds and keeps: it is still checked out when the transaction ends.
 func WithPipelinedTxOn(ctx context.Context, conn *pgxpool.Conn, fn func(ctx context.Context, tx pgx.Tx) error) error {
-	return runTx(ctx, BeginOn(conn), fn)
+	return runTx(ctx, BeginPipelinedOn(conn), fn)
 }
 
 // release gives the connection back to the pool, unless the caller keeps it.

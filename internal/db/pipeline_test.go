@@ -215,7 +215,7 @@ func TestPipelinedTransaction(t *testing.T) {
 
 	// The server skips a COMMIT queued behind a failed statement, leaving
 	// the transaction open and aborted: the Tx rolls it back, so a
-	// connection the caller holds (BeginOn, as idem.Store.Execute does)
+	// connection the caller holds (BeginPipelinedOn, as idem.Store.Execute does)
 	// is usable at once, in the same session.
 	t.Run("AHeldConnectionIsIdleAfterAFailedCommit", func(t *testing.T) {
 		p := setup(t)
