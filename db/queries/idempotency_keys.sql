@@ -1,4 +1,4 @@
--- name: IdemSetLockTimeout :exec
+-- name: TxSetLockTimeout :exec
 -- Bounds how long a duplicate waits on another transaction's uncommitted
 -- claim (L5). SET LOCAL cannot take a parameter; set_config(..., true) is
 -- the parameterised form of the same transaction-scoped setting.
@@ -97,7 +97,7 @@ VALUES (@tenant_id, @endpoint, @idem_key, @fingerprint, @fingerprint_version, 'c
         now(), @expires_at, @retain_until)
 RETURNING expires_at;
 
--- name: IdemLeaseHeld :exec
+-- name: IdemKeyLeaseHeld :exec
 -- A phase's fence (S3, migration 000019): locks the key row for the rest
 -- of the transaction, and fails with SQLSTATE IK002 unless the lease of
 -- this generation still holds the key. Queued behind BEGIN, it travels

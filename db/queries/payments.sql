@@ -77,7 +77,7 @@ RETURNING *;
 UPDATE payments SET refunded_amount = refunded_amount + @amount, updated_at = now()
 WHERE tenant_id = @tenant_id AND id = @id;
 
--- name: PaymentsClaimSweep :many
+-- name: PaymentClaimSweep :many
 -- The reconciliation sweep's claim: due payments, pushed out by hold_seconds
 -- so that no other sweeper takes them meanwhile (SKIP LOCKED: several
 -- processes share the work) and a sweeper that crashes leaves them due again.
@@ -112,7 +112,7 @@ INSERT INTO payment_compensations (tenant_id, payment_id, charge_id, amount, rea
 VALUES (@tenant_id, @payment_id, @charge_id, @amount, @reason, @refund_key)
 ON CONFLICT DO NOTHING;
 
--- name: CompensationSucceeded :execrows
+-- name: CompensationMarkSucceeded :execrows
 -- Guarded: a pending or refused compensation succeeds; one that succeeded
 -- already matches no row (a second sweep found it refunded).
 UPDATE payment_compensations
@@ -121,7 +121,7 @@ SET status = 'succeeded', processor_refund_id = coalesce(sqlc.narg('processor_re
 WHERE tenant_id = @tenant_id AND payment_id = @payment_id AND charge_id = @charge_id
   AND status IN ('pending', 'refused');
 
--- name: CompensationRefused :execrows
+-- name: CompensationMarkRefused :execrows
 -- The processor refused the compensating refund with a final error. The
 -- sweep tries again on a long backoff; a person is alerted meanwhile.
 UPDATE payment_compensations
@@ -129,7 +129,7 @@ SET status = 'refused', failure_message = @failure_message, updated_at = now()
 WHERE tenant_id = @tenant_id AND payment_id = @payment_id AND charge_id = @charge_id
   AND status IN ('pending', 'refused');
 
--- name: CompensationsForPayment :many
+-- name: CompensationListForPayment :many
 SELECT * FROM payment_compensations
 WHERE tenant_id = @tenant_id AND payment_id = @payment_id
 ORDER BY created_at, charge_id;
@@ -144,7 +144,7 @@ WHERE tenant_id = @tenant_id
 ORDER BY created_at DESC, id DESC
 LIMIT @row_limit;
 
--- name: CompensationsForPayments :many
+-- name: CompensationListForPayments :many
 -- The compensations of a page of payments, in one statement.
 SELECT * FROM payment_compensations
 WHERE tenant_id = @tenant_id AND payment_id = ANY(@payment_ids::uuid[])

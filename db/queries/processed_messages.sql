@@ -19,7 +19,7 @@ SELECT
     h.pruned_through
 FROM processed_messages_horizon h;
 
--- name: ProcessedMessagesPrune :execrows
+-- name: ProcessedMessagePrune :execrows
 -- The reaper (M3): ids older than the retention, which exceeds every
 -- redelivery horizon, in bounded batches. The trigger of migration 000015
 -- moves the inbox's horizon past the newest id deleted, in this statement.

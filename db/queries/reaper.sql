@@ -17,11 +17,11 @@
 -- are the functions of migration 000014; inlined, each comparison still
 -- bounds the scan of its index.
 
--- name: ReaperSetStatementTimeout :exec
+-- name: TxSetStatementTimeout :exec
 -- Bounds every statement of the current transaction only (is_local).
 SELECT set_config('statement_timeout', @timeout::text, true);
 
--- name: ReaperPruneBatch :execrows
+-- name: IdemKeyPruneBatch :execrows
 -- Completed keys past expires_at become tombstones: the response bytes go
 -- (E2), the outcome stays. Oldest first, along idempotency_keys_expires_at_idx.
 UPDATE idempotency_keys k
@@ -39,7 +39,7 @@ WHERE (k.tenant_id, k.endpoint, k.idem_key) IN (
     )) AS x (tenant_id uuid, endpoint text, idem_key text)
 );
 
--- name: ReaperDeleteBatch :execrows
+-- name: IdemKeyDeleteBatch :execrows
 -- Finished keys past retain_until are forgotten: tombstones, and completed
 -- rows past both horizons the prune has not reached yet. Oldest first, along
 -- idempotency_keys_retain_until_idx.

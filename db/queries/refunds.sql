@@ -52,8 +52,8 @@ SET status = @status,
 WHERE tenant_id = @tenant_id AND id = @id AND status = 'refund_sent'
 RETURNING *;
 
--- name: RefundsClaimSweep :many
--- As PaymentsClaimSweep. The payment's charge id comes along: the sweep
+-- name: RefundClaimSweep :many
+-- As PaymentClaimSweep. The payment's charge id comes along: the sweep
 -- lists the refunds of that charge.
 UPDATE refunds r
 SET sweep_at = now() + make_interval(secs => @hold_seconds::float8)

@@ -48,7 +48,7 @@ func HTTPDate(t time.Time) string { return t.UTC().Format(http.TimeFormat) }
 // duplicate gets 409. The setting is deferred (db.Deferred): it travels to
 // the server with the claim, in the same round trip, ahead of it.
 func (s *Store) boundLockWaits(ctx context.Context, tx pgx.Tx) error {
-	return dbsqlc.New(db.Deferred(tx)).IdemSetLockTimeout(ctx, fmt.Sprintf("%dms", s.cfg.LockTimeout.Milliseconds()))
+	return dbsqlc.New(db.Deferred(tx)).TxSetLockTimeout(ctx, fmt.Sprintf("%dms", s.cfg.LockTimeout.Milliseconds()))
 }
 
 // executeInSavepoint runs exec inside a savepoint and rolls the savepoint

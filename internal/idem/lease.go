@@ -250,7 +250,7 @@ func (s *Store) takeOver(ctx context.Context, q *dbsqlc.Queries, c Claim) (_ Beg
 // point (renewing the lease), or with the recorded response when the step
 // completes the key; the response is then returned.
 //
-// The fence (IdemLeaseHeld) is queued behind BEGIN and travels with fn's
+// The fence (IdemKeyLeaseHeld) is queued behind BEGIN and travels with fn's
 // first statement, which costs no round trip of its own: a lost lease
 // makes it fail, and the server then skips fn's statement. So fn's Go code
 // runs up to its first statement even for a lease that turns out lost; like
@@ -269,7 +269,7 @@ func (s *Store) Phase(ctx context.Context, l *Lease, fn func(ctx context.Context
 		if err := s.boundLockWaits(ctx, tx); err != nil {
 			return err
 		}
-		if err := dbsqlc.New(db.Deferred(tx)).IdemLeaseHeld(ctx, dbsqlc.IdemLeaseHeldParams{
+		if err := dbsqlc.New(db.Deferred(tx)).IdemKeyLeaseHeld(ctx, dbsqlc.IdemKeyLeaseHeldParams{
 			TenantID: l.TenantID, Endpoint: l.Endpoint, IdemKey: l.Key, Generation: l.Generation,
 		}); err != nil {
 			return err
@@ -295,7 +295,7 @@ func (s *Store) Phase(ctx context.Context, l *Lease, fn func(ctx context.Context
 // apply commits a phase's decision on the key row, fenced by generation.
 // It is the phase's last statement, and the transaction's COMMIT travels
 // with it: its fence cannot fail here, because the caller holds the row
-// (Begin inserted it; Phase's IdemLeaseHeld locked it FOR UPDATE under
+// (Begin inserted it; Phase's IdemKeyLeaseHeld locked it FOR UPDATE under
 // the generation), so its result cannot change the decision to commit. An
 // error from it still aborts the transaction and the COMMIT rolls back.
 func (s *Store) apply(ctx context.Context, tx pgx.Tx, l *Lease, step Step) error {
@@ -349,10 +349,10 @@ func (s *Store) apply(ctx context.Context, tx pgx.Tx, l *Lease, step Step) error
 	return nil
 }
 
-// codeLeaseLost is IdemLeaseHeld's SQLSTATE (migration 000019).
+// codeLeaseLost is IdemKeyLeaseHeld's SQLSTATE (migration 000019).
 const codeLeaseLost = "IK002"
 
-// leaseLost reports IdemLeaseHeld's failure, whichever statement of the
+// leaseLost reports IdemKeyLeaseHeld's failure, whichever statement of the
 // phase's round trip returned it.
 func leaseLost(err error) bool {
 	var pgErr *pgconn.PgError

@@ -146,7 +146,7 @@ func (s *Service) List(ctx context.Context, tenantID, orderID uuid.UUID, after s
 	for i, row := range rows {
 		ids[i] = row.ID
 	}
-	comps, err := q.CompensationsForPayments(ctx, dbsqlc.CompensationsForPaymentsParams{TenantID: tenantID, PaymentIds: ids})
+	comps, err := q.CompensationListForPayments(ctx, dbsqlc.CompensationListForPaymentsParams{TenantID: tenantID, PaymentIds: ids})
 	if err != nil {
 		return Page{}, err
 	}
@@ -163,7 +163,7 @@ func (s *Service) List(ctx context.Context, tenantID, orderID uuid.UUID, after s
 
 // withCompensations loads p's compensations, for GET.
 func withCompensations(ctx context.Context, q *dbsqlc.Queries, p Payment) (Payment, error) {
-	rows, err := q.CompensationsForPayment(ctx, dbsqlc.CompensationsForPaymentParams{TenantID: p.TenantID, PaymentID: p.ID})
+	rows, err := q.CompensationListForPayment(ctx, dbsqlc.CompensationListForPaymentParams{TenantID: p.TenantID, PaymentID: p.ID})
 	if err != nil {
 		return Payment{}, err
 	}

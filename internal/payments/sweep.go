@@ -49,7 +49,7 @@ const refusedRetry = time.Hour
 // is due, and returns how many it looked at.
 func (s *Service) Sweep(ctx context.Context, max int) (int, error) {
 	q := dbsqlc.New(s.pool)
-	payments, err := q.PaymentsClaimSweep(ctx, dbsqlc.PaymentsClaimSweepParams{HoldSeconds: sweepHold.Seconds(), MaxRows: db.Int32(max)})
+	payments, err := q.PaymentClaimSweep(ctx, dbsqlc.PaymentClaimSweepParams{HoldSeconds: sweepHold.Seconds(), MaxRows: db.Int32(max)})
 	if err != nil {
 		return 0, err
 	}
@@ -67,7 +67,7 @@ func (s *Service) Sweep(ctx context.Context, max int) (int, error) {
 			return 0, err
 		}
 	}
-	refunds, err := q.RefundsClaimSweep(ctx, dbsqlc.RefundsClaimSweepParams{HoldSeconds: sweepHold.Seconds(), MaxRows: db.Int32(max)})
+	refunds, err := q.RefundClaimSweep(ctx, dbsqlc.RefundClaimSweepParams{HoldSeconds: sweepHold.Seconds(), MaxRows: db.Int32(max)})
 	if err != nil {
 		return len(payments), err
 	}
@@ -127,7 +127,7 @@ func (s *Service) compensate(ctx context.Context, log *slog.Logger, p dbsqlc.Pay
 		return sweepRetry
 	}
 	succeeded := func(refundID *string) time.Duration {
-		n, err := q.CompensationSucceeded(ctx, dbsqlc.CompensationSucceededParams{
+		n, err := q.CompensationMarkSucceeded(ctx, dbsqlc.CompensationMarkSucceededParams{
 			TenantID: p.TenantID, PaymentID: p.ID, ChargeID: ch.ID, ProcessorRefundID: refundID,
 		})
 		if err != nil {
@@ -163,7 +163,7 @@ func (s *Service) compensate(ctx context.Context, log *slog.Logger, p dbsqlc.Pay
 		compensationsRefusedTotal.Inc()
 		log.ErrorContext(ctx, "sweep: the processor refused to refund an extra charge; recorded as refused, tried again later",
 			slog.String("charge_id", ch.ID), slog.Int64("amount", left), slog.Duration("retry_in", refusedRetry), slog.Any("error", err))
-		if _, err := q.CompensationRefused(ctx, dbsqlc.CompensationRefusedParams{
+		if _, err := q.CompensationMarkRefused(ctx, dbsqlc.CompensationMarkRefusedParams{
 			TenantID: p.TenantID, PaymentID: p.ID, ChargeID: ch.ID, FailureMessage: nonEmpty(rejected.Code + ": " + rejected.Message),
 		}); err != nil {
 			log.WarnContext(ctx, "sweep: record refused compensation; will retry", slog.Any("error", err))
@@ -178,7 +178,7 @@ func (s *Service) compensate(ctx context.Context, log *slog.Logger, p dbsqlc.Pay
 
 // sweepRefund compares what the processor refunded under the refund's key
 // with what the refund recorded, and reports the difference.
-func (s *Service) sweepRefund(ctx context.Context, r dbsqlc.RefundsClaimSweepRow) time.Duration {
+func (s *Service) sweepRefund(ctx context.Context, r dbsqlc.RefundClaimSweepRow) time.Duration {
 	log := s.log.With(slog.String("refund_id", r.ID.String()), slog.String("tenant_id", r.TenantID.String()))
 	mine, err := refundsUnder(ctx, s.proc, r.ChargeID, r.RefundKey)
 	if err != nil {

@@ -177,13 +177,13 @@ func (r *Reaper) RunOnce(ctx context.Context) (Result, error) {
 	var res Result
 	var err error
 	res.Pruned, err = r.drain(ctx, "prune", "pruned", func(q *dbsqlc.Queries, n int32) (int64, error) {
-		return q.ReaperPruneBatch(ctx, n)
+		return q.IdemKeyPruneBatch(ctx, n)
 	})
 	if err != nil {
 		return res, err
 	}
 	res.Deleted, err = r.drain(ctx, "delete", "deleted", func(q *dbsqlc.Queries, n int32) (int64, error) {
-		return q.ReaperDeleteBatch(ctx, n)
+		return q.IdemKeyDeleteBatch(ctx, n)
 	})
 	if err != nil {
 		return res, err
@@ -191,7 +191,7 @@ func (r *Reaper) RunOnce(ctx context.Context) (Result, error) {
 	if r.cfg.MessageRetention > 0 {
 		retention := r.cfg.MessageRetention.Seconds()
 		res.Messages, err = r.drain(ctx, "messages", "messages_deleted", func(q *dbsqlc.Queries, n int32) (int64, error) {
-			return q.ProcessedMessagesPrune(ctx, dbsqlc.ProcessedMessagesPruneParams{RetentionSeconds: retention, BatchSize: n})
+			return q.ProcessedMessagePrune(ctx, dbsqlc.ProcessedMessagePruneParams{RetentionSeconds: retention, BatchSize: n})
 		})
 		if err != nil {
 			return res, err
@@ -262,7 +262,7 @@ func (r *Reaper) batchTx(ctx context.Context, fn func(*dbsqlc.Queries) (int64, e
 	var rows int64
 	err := db.WithTx(ctx, r.pool, func(ctx context.Context, tx pgx.Tx) error {
 		q := dbsqlc.New(tx)
-		if err := q.ReaperSetStatementTimeout(ctx, fmt.Sprintf("%dms", r.cfg.StatementTimeout.Milliseconds())); err != nil {
+		if err := q.TxSetStatementTimeout(ctx, fmt.Sprintf("%dms", r.cfg.StatementTimeout.Milliseconds())); err != nil {
 			return err
 		}
 		var err error

@@ -201,8 +201,8 @@ func TestPlansUseTheIndexes(t *testing.T) {
 		args        []any
 		index, cond string
 	}{
-		{"reaper.sql", "ReaperPruneBatch", []any{int32(reaper.DefaultBatch)}, "idempotency_keys_expires_at_idx", "expires_at <= now()"},
-		{"reaper.sql", "ReaperDeleteBatch", []any{int32(reaper.DefaultBatch)}, "idempotency_keys_retain_until_idx", "retain_until <= now()"},
+		{"reaper.sql", "IdemKeyPruneBatch", []any{int32(reaper.DefaultBatch)}, "idempotency_keys_expires_at_idx", "expires_at <= now()"},
+		{"reaper.sql", "IdemKeyDeleteBatch", []any{int32(reaper.DefaultBatch)}, "idempotency_keys_retain_until_idx", "retain_until <= now()"},
 		{"idempotency_keys.sql", "IdemKeyListExpiredLeases", []any{[]string{"POST /v1/payments"}, int32(100)}, "idempotency_keys_expired_lease_idx", "locked_until <= now()"},
 	}
 	for _, tt := range tests {

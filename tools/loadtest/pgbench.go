@@ -37,7 +37,7 @@ import (
 // written here PostgreSQL would otherwise keep planning some statements
 // afresh on some connections, and the figures would be bimodal.
 //
-// The statements mirror IdemKeyGet, IdemSetLockTimeout, OrderCreate and
+// The statements mirror IdemKeyGet, TxSetLockTimeout, OrderCreate and
 // IdemKeyClaimCompleted in db/queries, with the API's parameters written as
 // literals; keep them in step when those change. The variant limit is the
 // least an idempotent create can write: the order and the key row inserted
@@ -95,7 +95,7 @@ func pgbenchVariants() []pgbenchVariant {
 	}
 }
 
-// pgbenchLockTimeout is IdemSetLockTimeout with the API's lock timeout.
+// pgbenchLockTimeout is TxSetLockTimeout with the API's lock timeout.
 const pgbenchLockTimeout = "SELECT set_config('lock_timeout', '2000ms', true);"
 
 // pgbenchSQL holds the statements the variants are made of, on the

@@ -427,6 +427,31 @@ func (q *Queries) IdemKeyHeld(ctx context.Context, arg IdemKeyHeldParams) (int32
 	return column_1, err
 }
 
+const idemKeyLeaseHeld = `-- name: IdemKeyLeaseHeld :exec
+SELECT idem_lease_held($1::uuid, $2::text, $3::text, $4::bigint)
+`
+
+type IdemKeyLeaseHeldParams struct {
+	TenantID   uuid.UUID
+	Endpoint   string
+	IdemKey    string
+	Generation int64
+}
+
+// A phase's fence (S3, migration 000019): locks the key row for the rest
+// of the transaction, and fails with SQLSTATE IK002 unless the lease of
+// this generation still holds the key. Queued behind BEGIN, it travels
+// with the phase's first statement, which a lost lease stops.
+func (q *Queries) IdemKeyLeaseHeld(ctx context.Context, arg IdemKeyLeaseHeldParams) error {
+	_, err := q.db.Exec(ctx, idemKeyLeaseHeld,
+		arg.TenantID,
+		arg.Endpoint,
+		arg.IdemKey,
+		arg.Generation,
+	)
+	return err
+}
+
 const idemKeyListExpiredLeases = `-- name: IdemKeyListExpiredLeases :many
 SELECT tenant_id, endpoint, idem_key, lease_generation
 FROM idempotency_keys
@@ -598,39 +623,14 @@ func (q *Queries) IdemKeyTakeOver(ctx context.Context, arg IdemKeyTakeOverParams
 	return i, err
 }
 
-const idemLeaseHeld = `-- name: IdemLeaseHeld :exec
-SELECT idem_lease_held($1::uuid, $2::text, $3::text, $4::bigint)
-`
-
-type IdemLeaseHeldParams struct {
-	TenantID   uuid.UUID
-	Endpoint   string
-	IdemKey    string
-	Generation int64
-}
-
-// A phase's fence (S3, migration 000019): locks the key row for the rest
-// of the transaction, and fails with SQLSTATE IK002 unless the lease of
-// this generation still holds the key. Queued behind BEGIN, it travels
-// with the phase's first statement, which a lost lease stops.
-func (q *Queries) IdemLeaseHeld(ctx context.Context, arg IdemLeaseHeldParams) error {
-	_, err := q.db.Exec(ctx, idemLeaseHeld,
-		arg.TenantID,
-		arg.Endpoint,
-		arg.IdemKey,
-		arg.Generation,
-	)
-	return err
-}
-
-const idemSetLockTimeout = `-- name: IdemSetLockTimeout :exec
+const txSetLockTimeout = `-- name: TxSetLockTimeout :exec
 SELECT set_config('lock_timeout', $1::text, true)
 `
 
 // Bounds how long a duplicate waits on another transaction's uncommitted
 // claim (L5). SET LOCAL cannot take a parameter; set_config(..., true) is
 // the parameterised form of the same transaction-scoped setting.
-func (q *Queries) IdemSetLockTimeout(ctx context.Context, timeout string) error {
-	_, err := q.db.Exec(ctx, idemSetLockTimeout, timeout)
+func (q *Queries) TxSetLockTimeout(ctx context.Context, timeout string) error {
+	_, err := q.db.Exec(ctx, txSetLockTimeout, timeout)
 	return err
 }

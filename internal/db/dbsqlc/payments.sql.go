@@ -41,14 +41,101 @@ func (q *Queries) CompensationCreate(ctx context.Context, arg CompensationCreate
 	return err
 }
 
-const compensationRefused = `-- name: CompensationRefused :execrows
+const compensationListForPayment = `-- name: CompensationListForPayment :many
+SELECT tenant_id, payment_id, charge_id, amount, reason, status, refund_key, processor_refund_id, created_at, updated_at, failure_message FROM payment_compensations
+WHERE tenant_id = $1 AND payment_id = $2
+ORDER BY created_at, charge_id
+`
+
+type CompensationListForPaymentParams struct {
+	TenantID  uuid.UUID
+	PaymentID uuid.UUID
+}
+
+func (q *Queries) CompensationListForPayment(ctx context.Context, arg CompensationListForPaymentParams) ([]PaymentCompensation, error) {
+	rows, err := q.db.Query(ctx, compensationListForPayment, arg.TenantID, arg.PaymentID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []PaymentCompensation{}
+	for rows.Next() {
+		var i PaymentCompensation
+		if err := rows.Scan(
+			&i.TenantID,
+			&i.PaymentID,
+			&i.ChargeID,
+			&i.Amount,
+			&i.Reason,
+			&i.Status,
+			&i.RefundKey,
+			&i.ProcessorRefundID,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.FailureMessage,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const compensationListForPayments = `-- name: CompensationListForPayments :many
+SELECT tenant_id, payment_id, charge_id, amount, reason, status, refund_key, processor_refund_id, created_at, updated_at, failure_message FROM payment_compensations
+WHERE tenant_id = $1 AND payment_id = ANY($2::uuid[])
+ORDER BY payment_id, created_at, charge_id
+`
+
+type CompensationListForPaymentsParams struct {
+	TenantID   uuid.UUID
+	PaymentIds []uuid.UUID
+}
+
+// The compensations of a page of payments, in one statement.
+func (q *Queries) CompensationListForPayments(ctx context.Context, arg CompensationListForPaymentsParams) ([]PaymentCompensation, error) {
+	rows, err := q.db.Query(ctx, compensationListForPayments, arg.TenantID, arg.PaymentIds)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []PaymentCompensation{}
+	for rows.Next() {
+		var i PaymentCompensation
+		if err := rows.Scan(
+			&i.TenantID,
+			&i.PaymentID,
+			&i.ChargeID,
+			&i.Amount,
+			&i.Reason,
+			&i.Status,
+			&i.RefundKey,
+			&i.ProcessorRefundID,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.FailureMessage,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const compensationMarkRefused = `-- name: CompensationMarkRefused :execrows
 UPDATE payment_compensations
 SET status = 'refused', failure_message = $1, updated_at = now()
 WHERE tenant_id = $2 AND payment_id = $3 AND charge_id = $4
   AND status IN ('pending', 'refused')
 `
 
-type CompensationRefusedParams struct {
+type CompensationMarkRefusedParams struct {
 	FailureMessage *string
 	TenantID       uuid.UUID
 	PaymentID      uuid.UUID
@@ -57,8 +144,8 @@ type CompensationRefusedParams struct {
 
 // The processor refused the compensating refund with a final error. The
 // sweep tries again on a long backoff; a person is alerted meanwhile.
-func (q *Queries) CompensationRefused(ctx context.Context, arg CompensationRefusedParams) (int64, error) {
-	result, err := q.db.Exec(ctx, compensationRefused,
+func (q *Queries) CompensationMarkRefused(ctx context.Context, arg CompensationMarkRefusedParams) (int64, error) {
+	result, err := q.db.Exec(ctx, compensationMarkRefused,
 		arg.FailureMessage,
 		arg.TenantID,
 		arg.PaymentID,
@@ -70,7 +157,7 @@ func (q *Queries) CompensationRefused(ctx context.Context, arg CompensationRefus
 	return result.RowsAffected(), nil
 }
 
-const compensationSucceeded = `-- name: CompensationSucceeded :execrows
+const compensationMarkSucceeded = `-- name: CompensationMarkSucceeded :execrows
 UPDATE payment_compensations
 SET status = 'succeeded', processor_refund_id = coalesce($1, processor_refund_id),
     failure_message = NULL, updated_at = now()
@@ -78,7 +165,7 @@ WHERE tenant_id = $2 AND payment_id = $3 AND charge_id = $4
   AND status IN ('pending', 'refused')
 `
 
-type CompensationSucceededParams struct {
+type CompensationMarkSucceededParams struct {
 	ProcessorRefundID *string
 	TenantID          uuid.UUID
 	PaymentID         uuid.UUID
@@ -87,8 +174,8 @@ type CompensationSucceededParams struct {
 
 // Guarded: a pending or refused compensation succeeds; one that succeeded
 // already matches no row (a second sweep found it refunded).
-func (q *Queries) CompensationSucceeded(ctx context.Context, arg CompensationSucceededParams) (int64, error) {
-	result, err := q.db.Exec(ctx, compensationSucceeded,
+func (q *Queries) CompensationMarkSucceeded(ctx context.Context, arg CompensationMarkSucceededParams) (int64, error) {
+	result, err := q.db.Exec(ctx, compensationMarkSucceeded,
 		arg.ProcessorRefundID,
 		arg.TenantID,
 		arg.PaymentID,
@@ -98,93 +185,6 @@ func (q *Queries) CompensationSucceeded(ctx context.Context, arg CompensationSuc
 		return 0, err
 	}
 	return result.RowsAffected(), nil
-}
-
-const compensationsForPayment = `-- name: CompensationsForPayment :many
-SELECT tenant_id, payment_id, charge_id, amount, reason, status, refund_key, processor_refund_id, created_at, updated_at, failure_message FROM payment_compensations
-WHERE tenant_id = $1 AND payment_id = $2
-ORDER BY created_at, charge_id
-`
-
-type CompensationsForPaymentParams struct {
-	TenantID  uuid.UUID
-	PaymentID uuid.UUID
-}
-
-func (q *Queries) CompensationsForPayment(ctx context.Context, arg CompensationsForPaymentParams) ([]PaymentCompensation, error) {
-	rows, err := q.db.Query(ctx, compensationsForPayment, arg.TenantID, arg.PaymentID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []PaymentCompensation{}
-	for rows.Next() {
-		var i PaymentCompensation
-		if err := rows.Scan(
-			&i.TenantID,
-			&i.PaymentID,
-			&i.ChargeID,
-			&i.Amount,
-			&i.Reason,
-			&i.Status,
-			&i.RefundKey,
-			&i.ProcessorRefundID,
-			&i.CreatedAt,
-			&i.UpdatedAt,
-			&i.FailureMessage,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const compensationsForPayments = `-- name: CompensationsForPayments :many
-SELECT tenant_id, payment_id, charge_id, amount, reason, status, refund_key, processor_refund_id, created_at, updated_at, failure_message FROM payment_compensations
-WHERE tenant_id = $1 AND payment_id = ANY($2::uuid[])
-ORDER BY payment_id, created_at, charge_id
-`
-
-type CompensationsForPaymentsParams struct {
-	TenantID   uuid.UUID
-	PaymentIds []uuid.UUID
-}
-
-// The compensations of a page of payments, in one statement.
-func (q *Queries) CompensationsForPayments(ctx context.Context, arg CompensationsForPaymentsParams) ([]PaymentCompensation, error) {
-	rows, err := q.db.Query(ctx, compensationsForPayments, arg.TenantID, arg.PaymentIds)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []PaymentCompensation{}
-	for rows.Next() {
-		var i PaymentCompensation
-		if err := rows.Scan(
-			&i.TenantID,
-			&i.PaymentID,
-			&i.ChargeID,
-			&i.Amount,
-			&i.Reason,
-			&i.Status,
-			&i.RefundKey,
-			&i.ProcessorRefundID,
-			&i.CreatedAt,
-			&i.UpdatedAt,
-			&i.FailureMessage,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
 }
 
 const paymentAddRefunded = `-- name: PaymentAddRefunded :exec
@@ -201,6 +201,67 @@ type PaymentAddRefundedParams struct {
 func (q *Queries) PaymentAddRefunded(ctx context.Context, arg PaymentAddRefundedParams) error {
 	_, err := q.db.Exec(ctx, paymentAddRefunded, arg.Amount, arg.TenantID, arg.ID)
 	return err
+}
+
+const paymentClaimSweep = `-- name: PaymentClaimSweep :many
+UPDATE payments p
+SET sweep_at = now() + make_interval(secs => $1::float8)
+FROM (
+    SELECT tenant_id, id FROM payments
+    WHERE sweep_at <= now()
+    ORDER BY sweep_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+) due
+WHERE p.tenant_id = due.tenant_id AND p.id = due.id
+RETURNING p.tenant_id, p.id, p.order_id, p.amount, p.currency, p.payment_method, p.status, p.charge_key, p.charge_id, p.decline_code, p.failure_message, p.refunded_amount, p.created_at, p.updated_at, p.charge_sent_at, p.charge_calls, p.sweep_at, p.trace_parent
+`
+
+type PaymentClaimSweepParams struct {
+	HoldSeconds float64
+	MaxRows     int32
+}
+
+// The reconciliation sweep's claim: due payments, pushed out by hold_seconds
+// so that no other sweeper takes them meanwhile (SKIP LOCKED: several
+// processes share the work) and a sweeper that crashes leaves them due again.
+func (q *Queries) PaymentClaimSweep(ctx context.Context, arg PaymentClaimSweepParams) ([]Payment, error) {
+	rows, err := q.db.Query(ctx, paymentClaimSweep, arg.HoldSeconds, arg.MaxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []Payment{}
+	for rows.Next() {
+		var i Payment
+		if err := rows.Scan(
+			&i.TenantID,
+			&i.ID,
+			&i.OrderID,
+			&i.Amount,
+			&i.Currency,
+			&i.PaymentMethod,
+			&i.Status,
+			&i.ChargeKey,
+			&i.ChargeID,
+			&i.DeclineCode,
+			&i.FailureMessage,
+			&i.RefundedAmount,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.ChargeSentAt,
+			&i.ChargeCalls,
+			&i.SweepAt,
+			&i.TraceParent,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const paymentCreate = `-- name: PaymentCreate :one
@@ -740,65 +801,4 @@ func (q *Queries) PaymentUnmarkChargeSent(ctx context.Context, arg PaymentUnmark
 		return 0, err
 	}
 	return result.RowsAffected(), nil
-}
-
-const paymentsClaimSweep = `-- name: PaymentsClaimSweep :many
-UPDATE payments p
-SET sweep_at = now() + make_interval(secs => $1::float8)
-FROM (
-    SELECT tenant_id, id FROM payments
-    WHERE sweep_at <= now()
-    ORDER BY sweep_at
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-) due
-WHERE p.tenant_id = due.tenant_id AND p.id = due.id
-RETURNING p.tenant_id, p.id, p.order_id, p.amount, p.currency, p.payment_method, p.status, p.charge_key, p.charge_id, p.decline_code, p.failure_message, p.refunded_amount, p.created_at, p.updated_at, p.charge_sent_at, p.charge_calls, p.sweep_at, p.trace_parent
-`
-
-type PaymentsClaimSweepParams struct {
-	HoldSeconds float64
-	MaxRows     int32
-}
-
-// The reconciliation sweep's claim: due payments, pushed out by hold_seconds
-// so that no other sweeper takes them meanwhile (SKIP LOCKED: several
-// processes share the work) and a sweeper that crashes leaves them due again.
-func (q *Queries) PaymentsClaimSweep(ctx context.Context, arg PaymentsClaimSweepParams) ([]Payment, error) {
-	rows, err := q.db.Query(ctx, paymentsClaimSweep, arg.HoldSeconds, arg.MaxRows)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []Payment{}
-	for rows.Next() {
-		var i Payment
-		if err := rows.Scan(
-			&i.TenantID,
-			&i.ID,
-			&i.OrderID,
-			&i.Amount,
-			&i.Currency,
-			&i.PaymentMethod,
-			&i.Status,
-			&i.ChargeKey,
-			&i.ChargeID,
-			&i.DeclineCode,
-			&i.FailureMessage,
-			&i.RefundedAmount,
-			&i.CreatedAt,
-			&i.UpdatedAt,
-			&i.ChargeSentAt,
-			&i.ChargeCalls,
-			&i.SweepAt,
-			&i.TraceParent,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
 }

@@ -65,7 +65,7 @@ func (q *Queries) ProcessedMessageLookup(ctx context.Context, arg ProcessedMessa
 	return i, err
 }
 
-const processedMessagesPrune = `-- name: ProcessedMessagesPrune :execrows
+const processedMessagePrune = `-- name: ProcessedMessagePrune :execrows
 DELETE FROM processed_messages m
 WHERE (m.consumer, m.source, m.message_id) IN (
     SELECT consumer, source, message_id FROM processed_messages
@@ -76,7 +76,7 @@ WHERE (m.consumer, m.source, m.message_id) IN (
 )
 `
 
-type ProcessedMessagesPruneParams struct {
+type ProcessedMessagePruneParams struct {
 	RetentionSeconds float64
 	BatchSize        int32
 }
@@ -84,8 +84,8 @@ type ProcessedMessagesPruneParams struct {
 // The reaper (M3): ids older than the retention, which exceeds every
 // redelivery horizon, in bounded batches. The trigger of migration 000015
 // moves the inbox's horizon past the newest id deleted, in this statement.
-func (q *Queries) ProcessedMessagesPrune(ctx context.Context, arg ProcessedMessagesPruneParams) (int64, error) {
-	result, err := q.db.Exec(ctx, processedMessagesPrune, arg.RetentionSeconds, arg.BatchSize)
+func (q *Queries) ProcessedMessagePrune(ctx context.Context, arg ProcessedMessagePruneParams) (int64, error) {
+	result, err := q.db.Exec(ctx, processedMessagePrune, arg.RetentionSeconds, arg.BatchSize)
 	if err != nil {
 		return 0, err
 	}

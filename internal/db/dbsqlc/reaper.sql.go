@@ -9,7 +9,7 @@ import (
 	"context"
 )
 
-const reaperDeleteBatch = `-- name: ReaperDeleteBatch :execrows
+const idemKeyDeleteBatch = `-- name: IdemKeyDeleteBatch :execrows
 DELETE FROM idempotency_keys k
 WHERE (k.tenant_id, k.endpoint, k.idem_key) IN (
     SELECT x.tenant_id, x.endpoint, x.idem_key
@@ -28,15 +28,15 @@ WHERE (k.tenant_id, k.endpoint, k.idem_key) IN (
 // Finished keys past retain_until are forgotten: tombstones, and completed
 // rows past both horizons the prune has not reached yet. Oldest first, along
 // idempotency_keys_retain_until_idx.
-func (q *Queries) ReaperDeleteBatch(ctx context.Context, batchSize int32) (int64, error) {
-	result, err := q.db.Exec(ctx, reaperDeleteBatch, batchSize)
+func (q *Queries) IdemKeyDeleteBatch(ctx context.Context, batchSize int32) (int64, error) {
+	result, err := q.db.Exec(ctx, idemKeyDeleteBatch, batchSize)
 	if err != nil {
 		return 0, err
 	}
 	return result.RowsAffected(), nil
 }
 
-const reaperPruneBatch = `-- name: ReaperPruneBatch :execrows
+const idemKeyPruneBatch = `-- name: IdemKeyPruneBatch :execrows
 UPDATE idempotency_keys k
 SET state = 'expired', response_headers = NULL, response_body = NULL
 WHERE (k.tenant_id, k.endpoint, k.idem_key) IN (
@@ -55,15 +55,15 @@ WHERE (k.tenant_id, k.endpoint, k.idem_key) IN (
 
 // Completed keys past expires_at become tombstones: the response bytes go
 // (E2), the outcome stays. Oldest first, along idempotency_keys_expires_at_idx.
-func (q *Queries) ReaperPruneBatch(ctx context.Context, batchSize int32) (int64, error) {
-	result, err := q.db.Exec(ctx, reaperPruneBatch, batchSize)
+func (q *Queries) IdemKeyPruneBatch(ctx context.Context, batchSize int32) (int64, error) {
+	result, err := q.db.Exec(ctx, idemKeyPruneBatch, batchSize)
 	if err != nil {
 		return 0, err
 	}
 	return result.RowsAffected(), nil
 }
 
-const reaperSetStatementTimeout = `-- name: ReaperSetStatementTimeout :exec
+const txSetStatementTimeout = `-- name: TxSetStatementTimeout :exec
 
 SELECT set_config('statement_timeout', $1::text, true)
 `
@@ -87,7 +87,7 @@ SELECT set_config('statement_timeout', $1::text, true)
 // are the functions of migration 000014; inlined, each comparison still
 // bounds the scan of its index.
 // Bounds every statement of the current transaction only (is_local).
-func (q *Queries) ReaperSetStatementTimeout(ctx context.Context, timeout string) error {
-	_, err := q.db.Exec(ctx, reaperSetStatementTimeout, timeout)
+func (q *Queries) TxSetStatementTimeout(ctx context.Context, timeout string) error {
+	_, err := q.db.Exec(ctx, txSetStatementTimeout, timeout)
 	return err
 }

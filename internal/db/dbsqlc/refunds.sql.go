@@ -12,6 +12,82 @@ import (
 	"github.com/google/uuid"
 )
 
+const refundClaimSweep = `-- name: RefundClaimSweep :many
+UPDATE refunds r
+SET sweep_at = now() + make_interval(secs => $1::float8)
+FROM (
+    SELECT rr.tenant_id, rr.id, p.charge_id FROM refunds rr
+    JOIN payments p ON p.tenant_id = rr.tenant_id AND p.id = rr.payment_id
+    WHERE rr.sweep_at <= now()
+    ORDER BY rr.sweep_at
+    LIMIT $2
+    FOR UPDATE OF rr SKIP LOCKED
+) due
+WHERE r.tenant_id = due.tenant_id AND r.id = due.id
+RETURNING r.tenant_id, r.id, r.payment_id, r.amount, r.status, r.refund_key, r.processor_refund_id, r.failure_message, r.created_at, r.updated_at, r.refund_sent_at, r.refund_calls, r.sweep_at, r.duplicate_amount, due.charge_id::text AS charge_id
+`
+
+type RefundClaimSweepParams struct {
+	HoldSeconds float64
+	MaxRows     int32
+}
+
+type RefundClaimSweepRow struct {
+	TenantID          uuid.UUID
+	ID                uuid.UUID
+	PaymentID         uuid.UUID
+	Amount            int64
+	Status            string
+	RefundKey         string
+	ProcessorRefundID *string
+	FailureMessage    *string
+	CreatedAt         time.Time
+	UpdatedAt         time.Time
+	RefundSentAt      *time.Time
+	RefundCalls       int32
+	SweepAt           *time.Time
+	DuplicateAmount   int64
+	ChargeID          string
+}
+
+// As PaymentClaimSweep. The payment's charge id comes along: the sweep
+// lists the refunds of that charge.
+func (q *Queries) RefundClaimSweep(ctx context.Context, arg RefundClaimSweepParams) ([]RefundClaimSweepRow, error) {
+	rows, err := q.db.Query(ctx, refundClaimSweep, arg.HoldSeconds, arg.MaxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []RefundClaimSweepRow{}
+	for rows.Next() {
+		var i RefundClaimSweepRow
+		if err := rows.Scan(
+			&i.TenantID,
+			&i.ID,
+			&i.PaymentID,
+			&i.Amount,
+			&i.Status,
+			&i.RefundKey,
+			&i.ProcessorRefundID,
+			&i.FailureMessage,
+			&i.CreatedAt,
+			&i.UpdatedAt,
+			&i.RefundSentAt,
+			&i.RefundCalls,
+			&i.SweepAt,
+			&i.DuplicateAmount,
+			&i.ChargeID,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const refundCreate = `-- name: RefundCreate :one
 INSERT INTO refunds (tenant_id, id, payment_id, amount, refund_key)
 VALUES ($1, $2, $3, $4, $5)
@@ -335,80 +411,4 @@ type RefundUnmarkSentParams struct {
 func (q *Queries) RefundUnmarkSent(ctx context.Context, arg RefundUnmarkSentParams) error {
 	_, err := q.db.Exec(ctx, refundUnmarkSent, arg.PreviousSentAt, arg.TenantID, arg.ID)
 	return err
-}
-
-const refundsClaimSweep = `-- name: RefundsClaimSweep :many
-UPDATE refunds r
-SET sweep_at = now() + make_interval(secs => $1::float8)
-FROM (
-    SELECT rr.tenant_id, rr.id, p.charge_id FROM refunds rr
-    JOIN payments p ON p.tenant_id = rr.tenant_id AND p.id = rr.payment_id
-    WHERE rr.sweep_at <= now()
-    ORDER BY rr.sweep_at
-    LIMIT $2
-    FOR UPDATE OF rr SKIP LOCKED
-) due
-WHERE r.tenant_id = due.tenant_id AND r.id = due.id
-RETURNING r.tenant_id, r.id, r.payment_id, r.amount, r.status, r.refund_key, r.processor_refund_id, r.failure_message, r.created_at, r.updated_at, r.refund_sent_at, r.refund_calls, r.sweep_at, r.duplicate_amount, due.charge_id::text AS charge_id
-`
-
-type RefundsClaimSweepParams struct {
-	HoldSeconds float64
-	MaxRows     int32
-}
-
-type RefundsClaimSweepRow struct {
-	TenantID          uuid.UUID
-	ID                uuid.UUID
-	PaymentID         uuid.UUID
-	Amount            int64
-	Status            string
-	RefundKey         string
-	ProcessorRefundID *string
-	FailureMessage    *string
-	CreatedAt         time.Time
-	UpdatedAt         time.Time
-	RefundSentAt      *time.Time
-	RefundCalls       int32
-	SweepAt           *time.Time
-	DuplicateAmount   int64
-	ChargeID          string
-}
-
-// As PaymentsClaimSweep. The payment's charge id comes along: the sweep
-// lists the refunds of that charge.
-func (q *Queries) RefundsClaimSweep(ctx context.Context, arg RefundsClaimSweepParams) ([]RefundsClaimSweepRow, error) {
-	rows, err := q.db.Query(ctx, refundsClaimSweep, arg.HoldSeconds, arg.MaxRows)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []RefundsClaimSweepRow{}
-	for rows.Next() {
-		var i RefundsClaimSweepRow
-		if err := rows.Scan(
-			&i.TenantID,
-			&i.ID,
-			&i.PaymentID,
-			&i.Amount,
-			&i.Status,
-			&i.RefundKey,
-			&i.ProcessorRefundID,
-			&i.FailureMessage,
-			&i.CreatedAt,
-			&i.UpdatedAt,
-			&i.RefundSentAt,
-			&i.RefundCalls,
-			&i.SweepAt,
-			&i.DuplicateAmount,
-			&i.ChargeID,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
 }
