@@ -38,6 +38,22 @@ import (
 
 func TestMain(m *testing.M) { testdb.Main(m) }
 
+// step runs one named step of a long scripted test as a subtest. A step
+// that stops (t.Fatal) stops the script, because later steps build on what
+// it left (an order, a payment, a cut connection); a step that only
+// reports errors lets the script go on to the next one.
+func step(t *testing.T, name string, f func(t *testing.T)) {
+	t.Helper()
+	finished := false
+	t.Run(name, func(t *testing.T) {
+		f(t)
+		finished = true
+	})
+	if !finished {
+		t.FailNow()
+	}
+}
+
 // endpointOrders is how the create endpoint is named in idempotency_keys:
 // method plus route template (K2).
 const endpointOrders = "POST /v1/orders"
