@@ -334,8 +334,6 @@ ALTER TABLE public.payments
 ALTER TABLE ONLY public.payments
     ADD CONSTRAINT payments_pkey PRIMARY KEY (tenant_id, id);
 
-CREATE INDEX payments_charge_key_idx ON public.payments USING btree (charge_key);
-
 CREATE UNIQUE INDEX payments_charge_key_key ON public.payments USING btree (charge_key);
 
 CREATE UNIQUE INDEX payments_one_live_per_order ON public.payments USING btree (tenant_id, order_id) WHERE (status <> ALL (ARRAY['declined'::text, 'failed'::text]));

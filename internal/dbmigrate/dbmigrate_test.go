@@ -185,3 +185,41 @@ func TestCheckApplied(t *testing.T) {
 		check(tt.step, tt.wantBehind)
 	}
 }
+
+// Two indexes on one table with the same columns, operator classes,
+// collations, order, expressions and predicate cost every write twice and
+// serve no read the other cannot; a unique one makes a plain twin
+// redundant. The migrated schema has no such pair.
+func TestNoIndexDuplicatesAnother(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, testdb.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `
+		SELECT a.indexrelid::regclass::text || ' duplicates ' || b.indexrelid::regclass::text
+		FROM pg_index a
+		JOIN pg_index b ON b.indrelid = a.indrelid AND b.indexrelid > a.indexrelid
+		JOIN pg_class t ON t.oid = a.indrelid
+		JOIN pg_namespace n ON n.oid = t.relnamespace
+		WHERE n.nspname = 'public'
+		  AND a.indkey::text = b.indkey::text
+		  AND a.indclass::text = b.indclass::text
+		  AND a.indcollation::text = b.indcollation::text
+		  AND a.indoption::text = b.indoption::text
+		  AND coalesce(pg_get_expr(a.indexprs, a.indrelid), '') = coalesce(pg_get_expr(b.indexprs, b.indrelid), '')
+		  AND coalesce(pg_get_expr(a.indpred, a.indrelid), '') = coalesce(pg_get_expr(b.indpred, b.indrelid), '')
+		ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pairs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pairs {
+		t.Errorf("index %s", p)
+	}
+}
