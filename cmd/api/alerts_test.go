@@ -1,22 +1,18 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"path"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
 	"time"
-	"unicode"
-
-	"sigs.k8s.io/yaml"
 
 	"github.com/idemref/payments/internal/tooling/testdb"
+	"github.com/idemref/payments/internal/tooling/testkit"
 )
 
 // The docs with an alert table, and the files the alerts and the dashboard
@@ -37,16 +33,16 @@ func TestAFreshProcessExportsEverySeriesTheAlertsName(t *testing.T) {
 	t.Parallel()
 	var selectors []selector
 	for _, doc := range alertDocs {
-		for _, row := range alertRows(t, doc) {
+		for _, row := range testkit.AlertRows(t, doc) {
 			// Every code span of the row: the alert's PromQL, and a
 			// metric it names for comparison.
-			for _, q := range row.queries {
+			for _, q := range row.Queries {
 				sels, err := promQLSelectors(q)
 				if err != nil {
-					t.Fatalf("%s:%d: the alert %q: %v", doc, row.line, row.alert, err)
+					t.Fatalf("%s:%d: the alert %q: %v", doc, row.Line, row.Alert, err)
 				}
 				for _, s := range sels {
-					s.source, s.where = doc, fmt.Sprintf("the alert %q", row.alert)
+					s.source, s.where = doc, fmt.Sprintf("the alert %q", row.Alert)
 					selectors = append(selectors, s)
 				}
 			}
@@ -70,8 +66,8 @@ func TestAFreshProcessExportsEverySeriesTheAlertsName(t *testing.T) {
 // and every rule is a row. Neither can change without the other.
 func TestTheRulesFileIsTheDocsAlertTables(t *testing.T) {
 	t.Parallel()
-	rules := loadRules(t)
-	byExpr := map[string]alertRule{}
+	rules := testkit.AlertRules(t, rulesFile)
+	byExpr := map[string]testkit.AlertRule{}
 	names := map[string]bool{}
 	for _, r := range rules {
 		if r.Alert == "" || r.Record != "" {
@@ -82,10 +78,10 @@ func TestTheRulesFileIsTheDocsAlertTables(t *testing.T) {
 			t.Errorf("%s: two rules named %s", rulesFile, r.Alert)
 		}
 		names[r.Alert] = true
-		if prev, ok := byExpr[oneLine(r.Expr)]; ok {
+		if prev, ok := byExpr[testkit.OneLine(r.Expr)]; ok {
 			t.Errorf("%s: %s and %s have one expr", rulesFile, prev.Alert, r.Alert)
 		}
-		byExpr[oneLine(r.Expr)] = r
+		byExpr[testkit.OneLine(r.Expr)] = r
 		if s := r.Labels["severity"]; s != "page" && s != "ticket" {
 			t.Errorf("%s: %s has severity %q, want page or ticket", rulesFile, r.Alert, s)
 		}
@@ -97,27 +93,27 @@ func TestTheRulesFileIsTheDocsAlertTables(t *testing.T) {
 	inDocs := map[string]bool{}
 	rows := 0
 	for _, doc := range alertDocs {
-		for _, row := range alertRows(t, doc) {
+		for _, row := range testkit.AlertRows(t, doc) {
 			rows++
-			where := fmt.Sprintf("%s:%d: the alert %q", doc, row.line, row.alert)
-			r, ok := byExpr[oneLine(row.expr)]
+			where := fmt.Sprintf("%s:%d: the alert %q", doc, row.Line, row.Alert)
+			r, ok := byExpr[testkit.OneLine(row.Expr)]
 			if !ok {
-				t.Errorf("%s: no rule of %s has its PromQL as expr:\n\t%s", where, rulesFile, row.expr)
+				t.Errorf("%s: no rule of %s has its PromQL as expr:\n\t%s", where, rulesFile, row.Expr)
 				continue
 			}
 			inDocs[r.Alert] = true
-			if r.For != row.forDuration {
-				t.Errorf("%s: the docs say for %q, %s in %s has for %q", where, row.forDuration, r.Alert, rulesFile, r.For)
+			if r.For != row.ForDuration {
+				t.Errorf("%s: the docs say for %q, %s in %s has for %q", where, row.ForDuration, r.Alert, rulesFile, r.For)
 			}
-			if row.severity == "" {
+			if row.Severity == "" {
 				t.Errorf("%s: the alert cell says neither (page) nor (ticket)", where)
-			} else if r.Labels["severity"] != row.severity {
-				t.Errorf("%s: the docs say %s, %s in %s has severity %q", where, row.severity, r.Alert, rulesFile, r.Labels["severity"])
+			} else if r.Labels["severity"] != row.Severity {
+				t.Errorf("%s: the docs say %s, %s in %s has severity %q", where, row.Severity, r.Alert, rulesFile, r.Labels["severity"])
 			}
-			if r.Annotations["summary"] != row.summary {
-				t.Errorf("%s: %s's summary is %q, want the docs' %q", where, r.Alert, r.Annotations["summary"], row.summary)
+			if r.Annotations["summary"] != row.Summary {
+				t.Errorf("%s: %s's summary is %q, want the docs' %q", where, r.Alert, r.Annotations["summary"], row.Summary)
 			}
-			if want := "docs/" + path.Base(doc) + "#" + row.section; r.Annotations["runbook"] != want {
+			if want := "docs/" + path.Base(doc) + "#" + row.Section; r.Annotations["runbook"] != want {
 				t.Errorf("%s: %s's runbook is %q, want %q (the section of its table)", where, r.Alert, r.Annotations["runbook"], want)
 			}
 		}
@@ -127,157 +123,9 @@ func TestTheRulesFileIsTheDocsAlertTables(t *testing.T) {
 	}
 	for _, r := range rules {
 		if r.Alert != "" && !inDocs[r.Alert] {
-			t.Errorf("%s: %s (%s) is in no alert table of the docs: add its row, or remove the rule", rulesFile, r.Alert, oneLine(r.Expr))
+			t.Errorf("%s: %s (%s) is in no alert table of the docs: add its row, or remove the rule", rulesFile, r.Alert, testkit.OneLine(r.Expr))
 		}
 	}
-}
-
-// alertRule is one rule of the rules file.
-type alertRule struct {
-	Alert       string            `json:"alert"`
-	Record      string            `json:"record"`
-	Expr        string            `json:"expr"`
-	For         string            `json:"for"`
-	Labels      map[string]string `json:"labels"`
-	Annotations map[string]string `json:"annotations"`
-}
-
-// loadRules reads the rules file strictly: a misspelt field fails.
-func loadRules(t *testing.T) []alertRule {
-	t.Helper()
-	data, err := os.ReadFile(rulesFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var f struct {
-		Groups []struct {
-			Name  string      `json:"name"`
-			Rules []alertRule `json:"rules"`
-		} `json:"groups"`
-	}
-	if err := yaml.UnmarshalStrict(data, &f); err != nil {
-		t.Fatalf("%s: %v", rulesFile, err)
-	}
-	var out []alertRule
-	for _, g := range f.Groups {
-		out = append(out, g.Rules...)
-	}
-	if len(out) == 0 {
-		t.Fatalf("%s has no rules", rulesFile)
-	}
-	return out
-}
-
-func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
-
-// alertRow is one row of a doc's "| alert | PromQL |" table.
-type alertRow struct {
-	line        int
-	alert       string   // the alert cell as written
-	summary     string   // the alert cell without its (page) or (ticket)
-	severity    string   // page or ticket
-	expr        string   // the PromQL cell's first code span
-	queries     []string // every code span of the PromQL cell
-	forDuration string   // "10m" from "for 10m", or ""
-	section     string   // the id of the heading the table is under
-}
-
-var (
-	codeSpan     = regexp.MustCompile("`([^`]+)`")
-	forClause    = regexp.MustCompile(`\bfor ([0-9]+[smhdw])\b`)
-	severityNote = regexp.MustCompile(`\s*\((page|ticket)\b[^)]*\)`)
-)
-
-// alertRows reads the "| alert | PromQL |" tables of a doc.
-func alertRows(t *testing.T, doc string) []alertRow {
-	t.Helper()
-	f, err := os.Open(doc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var out []alertRow
-	in, fenced := false, false
-	section := ""
-	sc := bufio.NewScanner(f)
-	for n := 1; sc.Scan(); n++ {
-		line := sc.Text()
-		switch {
-		case strings.HasPrefix(line, "```"):
-			fenced = !fenced
-		case !fenced && strings.HasPrefix(line, "#"):
-			section = headingID(strings.TrimLeft(line, "#"))
-		case strings.HasPrefix(line, "| alert | PromQL |"):
-			in = true
-			continue
-		case in && !strings.HasPrefix(line, "|"):
-			in = false
-		}
-		if !in || strings.HasPrefix(line, "|---") {
-			continue
-		}
-		cells := tableCells(line)
-		if len(cells) != 2 {
-			t.Fatalf("%s:%d: an alert row has %d cells, want 2 (alert, PromQL)", doc, n, len(cells))
-		}
-		row := alertRow{line: n, alert: cells[0], section: section}
-		if m := severityNote.FindStringSubmatch(cells[0]); m != nil {
-			row.severity = m[1]
-		}
-		row.summary = oneLine(severityNote.ReplaceAllString(cells[0], ""))
-		for _, m := range codeSpan.FindAllStringSubmatch(cells[1], -1) {
-			row.queries = append(row.queries, m[1])
-		}
-		if len(row.queries) == 0 {
-			t.Fatalf("%s:%d: the alert %q has no PromQL in backquotes", doc, n, row.alert)
-		}
-		row.expr = row.queries[0]
-		if m := forClause.FindStringSubmatch(codeSpan.ReplaceAllString(cells[1], "")); m != nil {
-			row.forDuration = m[1]
-		}
-		out = append(out, row)
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-// tableCells splits a markdown table row on the pipes outside code spans.
-func tableCells(line string) []string {
-	var cells []string
-	var b strings.Builder
-	code := false
-	for _, r := range strings.TrimSpace(line) {
-		switch {
-		case r == '`':
-			code = !code
-		case r == '|' && !code:
-			cells = append(cells, strings.TrimSpace(b.String()))
-			b.Reset()
-			continue
-		}
-		b.WriteRune(r)
-	}
-	// The pipes at both ends leave an empty first and last cell.
-	if len(cells) > 0 && cells[0] == "" {
-		cells = cells[1:]
-	}
-	return cells
-}
-
-// headingID is the id GitHub gives a heading (repocheck's slug).
-func headingID(heading string) string {
-	var b strings.Builder
-	for _, r := range strings.ToLower(strings.TrimSpace(heading)) {
-		switch {
-		case r == ' ':
-			b.WriteRune('-')
-		case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
-			b.WriteRune(r)
-		}
-	}
-	return b.String()
 }
 
 // scrapeFreshProcess starts api serve on a database of its own and reads

@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/idemref/payments/internal/tooling/testkit"
 )
 
 // X5: every series the shipped alert rules and every panel of the Grafana
@@ -50,7 +52,7 @@ type query struct{ source, where, expr string }
 func ruleQueries(t *testing.T) []query {
 	t.Helper()
 	var out []query
-	for _, r := range loadRules(t) {
+	for _, r := range testkit.AlertRules(t, rulesFile) {
 		out = append(out, query{rulesFile, "the rule " + r.Alert + r.Record, r.Expr})
 	}
 	return out
