@@ -5,24 +5,96 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/idemref/payments/internal/tooling/testkit"
 )
 
 // X5: the alert rules ship as prometheus/alerts.yml and the dashboard as
-// grafana/payments.json. cmd/api holds the rules to the docs' alert tables
-// and finds every series both query on a fresh process; these tests hold
-// the files to what Prometheus and Grafana load.
+// grafana/payments.json. These tests hold the rules to the docs' alert
+// tables and the files to what Prometheus and Grafana load; cmd/api, which
+// can start api serve, finds every series both query on a fresh process.
 
 const (
 	rulesFile      = "prometheus/alerts.yml"
 	rulesTestsFile = "prometheus/alerts_test.yml"
 	dashboardFile  = "grafana/payments.json"
 )
+
+// X2, X5: the rules file holds exactly the alerts of the docs' tables. Each
+// row's PromQL is one rule's expr (whitespace aside), its "for 10m" the
+// rule's for, its "(page)" or "(ticket)" the rule's severity, the rest of
+// its alert cell the rule's summary, and its section the rule's runbook;
+// and every rule is a row. Neither can change without the other.
+func TestTheRulesFileIsTheDocsAlertTables(t *testing.T) {
+	t.Parallel()
+	rules := testkit.AlertRules(t, rulesFile)
+	byExpr := map[string]testkit.AlertRule{}
+	names := map[string]bool{}
+	for _, r := range rules {
+		if r.Alert == "" || r.Record != "" {
+			t.Errorf("%s: a rule that is not an alert (record %q, expr %q): the file holds the docs' alerts only", rulesFile, r.Record, r.Expr)
+			continue
+		}
+		if names[r.Alert] {
+			t.Errorf("%s: two rules named %s", rulesFile, r.Alert)
+		}
+		names[r.Alert] = true
+		if prev, ok := byExpr[testkit.OneLine(r.Expr)]; ok {
+			t.Errorf("%s: %s and %s have one expr", rulesFile, prev.Alert, r.Alert)
+		}
+		byExpr[testkit.OneLine(r.Expr)] = r
+		if s := r.Labels["severity"]; s != "page" && s != "ticket" {
+			t.Errorf("%s: %s has severity %q, want page or ticket", rulesFile, r.Alert, s)
+		}
+		if strings.TrimSpace(r.Annotations["description"]) == "" {
+			t.Errorf("%s: %s has no description", rulesFile, r.Alert)
+		}
+	}
+
+	inDocs := map[string]bool{}
+	rows := 0
+	for _, doc := range testkit.AlertDocs("..") {
+		for _, row := range testkit.AlertRows(t, doc) {
+			rows++
+			where := fmt.Sprintf("%s:%d: the alert %q", doc, row.Line, row.Alert)
+			r, ok := byExpr[testkit.OneLine(row.Expr)]
+			if !ok {
+				t.Errorf("%s: no rule of %s has its PromQL as expr:\n\t%s", where, rulesFile, row.Expr)
+				continue
+			}
+			inDocs[r.Alert] = true
+			if r.For != row.ForDuration {
+				t.Errorf("%s: the docs say for %q, %s in %s has for %q", where, row.ForDuration, r.Alert, rulesFile, r.For)
+			}
+			if row.Severity == "" {
+				t.Errorf("%s: the alert cell says neither (page) nor (ticket)", where)
+			} else if r.Labels["severity"] != row.Severity {
+				t.Errorf("%s: the docs say %s, %s in %s has severity %q", where, row.Severity, r.Alert, rulesFile, r.Labels["severity"])
+			}
+			if r.Annotations["summary"] != row.Summary {
+				t.Errorf("%s: %s's summary is %q, want the docs' %q", where, r.Alert, r.Annotations["summary"], row.Summary)
+			}
+			if want := "docs/" + path.Base(doc) + "#" + row.Section; r.Annotations["runbook"] != want {
+				t.Errorf("%s: %s's runbook is %q, want %q (the section of its table)", where, r.Alert, r.Annotations["runbook"], want)
+			}
+		}
+	}
+	if rows < 15 {
+		t.Fatalf("found %d rows in the alert tables, want the docs' alerts (15 or more): is the table format changed?", rows)
+	}
+	for _, r := range rules {
+		if r.Alert != "" && !inDocs[r.Alert] {
+			t.Errorf("%s: %s (%s) is in no alert table of the docs: add its row, or remove the rule", rulesFile, r.Alert, testkit.OneLine(r.Expr))
+		}
+	}
+}
 
 // requirePromtool finds promtool (Debian's prometheus package). Where it
 // is missing the test skips, except on CI (CI set), where .ci/run

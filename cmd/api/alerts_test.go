@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"path"
 	"regexp"
 	"slices"
 	"strings"
@@ -15,10 +14,7 @@ import (
 	"github.com/idemref/payments/internal/tooling/testkit"
 )
 
-// The docs with an alert table, and the files the alerts and the dashboard
-// ship as (X5).
-var alertDocs = []string{"../../docs/operations.md", "../../docs/messages.md"}
-
+// The files the alerts and the dashboard ship as (X5).
 const (
 	rulesFile     = "../../deploy/prometheus/alerts.yml"
 	dashboardFile = "../../deploy/grafana/payments.json"
@@ -32,7 +28,7 @@ const (
 func TestAFreshProcessExportsEverySeriesTheAlertsName(t *testing.T) {
 	t.Parallel()
 	var selectors []selector
-	for _, doc := range alertDocs {
+	for _, doc := range testkit.AlertDocs("../..") {
 		for _, row := range testkit.AlertRows(t, doc) {
 			// Every code span of the row: the alert's PromQL, and a
 			// metric it names for comparison.
@@ -55,75 +51,6 @@ func TestAFreshProcessExportsEverySeriesTheAlertsName(t *testing.T) {
 	for _, sel := range selectors {
 		if why := scraped.missing(sel); why != "" {
 			t.Errorf("%s: %s reads %s, %s", sel.source, sel.where, sel, why)
-		}
-	}
-}
-
-// X2, X5: the rules file holds exactly the alerts of the docs' tables. Each
-// row's PromQL is one rule's expr (whitespace aside), its "for 10m" the
-// rule's for, its "(page)" or "(ticket)" the rule's severity, the rest of
-// its alert cell the rule's summary, and its section the rule's runbook;
-// and every rule is a row. Neither can change without the other.
-func TestTheRulesFileIsTheDocsAlertTables(t *testing.T) {
-	t.Parallel()
-	rules := testkit.AlertRules(t, rulesFile)
-	byExpr := map[string]testkit.AlertRule{}
-	names := map[string]bool{}
-	for _, r := range rules {
-		if r.Alert == "" || r.Record != "" {
-			t.Errorf("%s: a rule that is not an alert (record %q, expr %q): the file holds the docs' alerts only", rulesFile, r.Record, r.Expr)
-			continue
-		}
-		if names[r.Alert] {
-			t.Errorf("%s: two rules named %s", rulesFile, r.Alert)
-		}
-		names[r.Alert] = true
-		if prev, ok := byExpr[testkit.OneLine(r.Expr)]; ok {
-			t.Errorf("%s: %s and %s have one expr", rulesFile, prev.Alert, r.Alert)
-		}
-		byExpr[testkit.OneLine(r.Expr)] = r
-		if s := r.Labels["severity"]; s != "page" && s != "ticket" {
-			t.Errorf("%s: %s has severity %q, want page or ticket", rulesFile, r.Alert, s)
-		}
-		if strings.TrimSpace(r.Annotations["description"]) == "" {
-			t.Errorf("%s: %s has no description", rulesFile, r.Alert)
-		}
-	}
-
-	inDocs := map[string]bool{}
-	rows := 0
-	for _, doc := range alertDocs {
-		for _, row := range testkit.AlertRows(t, doc) {
-			rows++
-			where := fmt.Sprintf("%s:%d: the alert %q", doc, row.Line, row.Alert)
-			r, ok := byExpr[testkit.OneLine(row.Expr)]
-			if !ok {
-				t.Errorf("%s: no rule of %s has its PromQL as expr:\n\t%s", where, rulesFile, row.Expr)
-				continue
-			}
-			inDocs[r.Alert] = true
-			if r.For != row.ForDuration {
-				t.Errorf("%s: the docs say for %q, %s in %s has for %q", where, row.ForDuration, r.Alert, rulesFile, r.For)
-			}
-			if row.Severity == "" {
-				t.Errorf("%s: the alert cell says neither (page) nor (ticket)", where)
-			} else if r.Labels["severity"] != row.Severity {
-				t.Errorf("%s: the docs say %s, %s in %s has severity %q", where, row.Severity, r.Alert, rulesFile, r.Labels["severity"])
-			}
-			if r.Annotations["summary"] != row.Summary {
-				t.Errorf("%s: %s's summary is %q, want the docs' %q", where, r.Alert, r.Annotations["summary"], row.Summary)
-			}
-			if want := "docs/" + path.Base(doc) + "#" + row.Section; r.Annotations["runbook"] != want {
-				t.Errorf("%s: %s's runbook is %q, want %q (the section of its table)", where, r.Alert, r.Annotations["runbook"], want)
-			}
-		}
-	}
-	if rows < 15 {
-		t.Fatalf("found %d rows in the alert tables, want the docs' alerts (15 or more): is the table format changed?", rows)
-	}
-	for _, r := range rules {
-		if r.Alert != "" && !inDocs[r.Alert] {
-			t.Errorf("%s: %s (%s) is in no alert table of the docs: add its row, or remove the rule", rulesFile, r.Alert, testkit.OneLine(r.Expr))
 		}
 	}
 }

@@ -3,6 +3,7 @@ package testkit
 import (
 	"bufio"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -10,6 +11,12 @@ import (
 
 	"sigs.k8s.io/yaml"
 )
+
+// AlertDocs returns the docs with an alert table, under root (the
+// repository's root, relative to the test's package).
+func AlertDocs(root string) []string {
+	return []string{filepath.Join(root, "docs", "operations.md"), filepath.Join(root, "docs", "messages.md")}
+}
 
 // AlertRule is one rule of the Prometheus rules file.
 type AlertRule struct {
