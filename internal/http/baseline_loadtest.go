@@ -25,7 +25,7 @@ const BaselineOrdersPath = "/v1/_baseline/orders"
 const BaselinePaymentsPath = "/v1/_baseline/payments"
 
 func init() {
-	buildRoutes = append(buildRoutes, func(a *api, r chi.Router) {
+	loadtestRoutes = append(loadtestRoutes, func(a *api, r chi.Router) {
 		r.Post("/_baseline/orders", a.createOrderBaseline)
 		r.Post("/_baseline/payments", a.createPaymentBaseline)
 	})

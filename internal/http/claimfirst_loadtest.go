@@ -22,7 +22,7 @@ const ClaimFirstOrdersPath = "/v1/_claimfirst/orders"
 var claimFirstEndpoint = idem.Endpoint{Method: http.MethodPost, Route: ClaimFirstOrdersPath}
 
 func init() {
-	buildRoutes = append(buildRoutes, func(a *api, r chi.Router) {
+	loadtestRoutes = append(loadtestRoutes, func(a *api, r chi.Router) {
 		r.Post("/_claimfirst/orders", a.createOrderClaimFirst)
 	})
 }

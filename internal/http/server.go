@@ -100,10 +100,14 @@ type api struct {
 	draining         <-chan struct{}
 }
 
-// buildRoutes adds routes that only some builds have, under /v1 and its
-// middleware. The normal build has none; -tags loadtest adds the load
-// benchmark's baseline (baseline_loadtest.go).
-var buildRoutes []func(a *api, r chi.Router)
+// loadtestRoutes is the one seam through which the load benchmark's routes
+// enter the product: files with the loadtest build tag append to it in
+// init, and v1Routes adds what they appended under /v1, behind its
+// authentication and rate limit. In -tags loadtest builds it holds the
+// baselines without a key (baseline_loadtest.go) and the claim-first peer
+// (claimfirst_loadtest.go); in the normal build nothing appends, and
+// TestLoadtestRoutesAreNotInTheNormalBuild finds none of their paths.
+var loadtestRoutes []func(a *api, r chi.Router)
 
 // NewHandler returns the service's HTTP handler.
 func NewHandler(cfg Config) http.Handler {
@@ -208,9 +212,8 @@ func (a *api) v1Routes(r chi.Router) {
 			r.Post("/{id}/refunds", a.createRefund)
 			r.Get("/{id}/refunds/{refund_id}", a.getRefund)
 		})
-		// Routes of other builds (the load benchmark's baseline), behind
-		// the same authentication and rate limit.
-		for _, add := range buildRoutes {
+		// The load benchmark's routes, in -tags loadtest builds only.
+		for _, add := range loadtestRoutes {
 			add(a, r)
 		}
 	})
