@@ -128,14 +128,6 @@ func TestPrometheusRulesPassPromtool(t *testing.T) {
 	}
 }
 
-type promRule struct {
-	Alert       string            `json:"alert"`
-	Expr        string            `json:"expr"`
-	For         string            `json:"for"`
-	Labels      map[string]string `json:"labels"`
-	Annotations map[string]string `json:"annotations"`
-}
-
 type promTestGroup struct {
 	Name        string `json:"name"`
 	Interval    string `json:"interval"`
@@ -160,13 +152,7 @@ type promTestGroup struct {
 // none is missing.
 func TestEveryAlertHasAFiringAndAQuietCase(t *testing.T) {
 	t.Parallel()
-	var rules struct {
-		Groups []struct {
-			Name  string     `json:"name"`
-			Rules []promRule `json:"rules"`
-		} `json:"groups"`
-	}
-	readYAML(t, rulesFile, &rules)
+	rules := testkit.AlertRules(t, rulesFile)
 	var tests struct {
 		RuleFiles          []string        `json:"rule_files"`
 		EvaluationInterval string          `json:"evaluation_interval"`
@@ -177,11 +163,9 @@ func TestEveryAlertHasAFiringAndAQuietCase(t *testing.T) {
 		t.Errorf("%s: rule_files is %v, want [alerts.yml]", rulesTestsFile, tests.RuleFiles)
 	}
 
-	byName := map[string]promRule{}
-	for _, g := range rules.Groups {
-		for _, r := range g.Rules {
-			byName[r.Alert] = r
-		}
+	byName := map[string]testkit.AlertRule{}
+	for _, r := range rules {
+		byName[r.Alert] = r
 	}
 	if len(byName) < 15 {
 		t.Fatalf("%s: %d alerts, want the docs' 15 or more", rulesFile, len(byName))
