@@ -26,31 +26,31 @@ func TestDevReusesItsPortsWhenFree(t *testing.T) {
 	}
 	t.Chdir(dir)
 	first := runDevOnce(t)
-	if first.postgres == 0 || first.nats == 0 || first.simulator == 0 {
-		t.Fatalf("%s after the first start = %+v, want every port", devPortsFile, first)
+	if first.Postgres == 0 || first.NATS == 0 || first.Simulator == 0 {
+		t.Fatalf("%s after the first start = %+v, want every port", PortsFile, first)
 	}
 	if second := runDevOnce(t); second != first {
 		t.Fatalf("ports after a restart = %+v, want the first run's %+v", second, first)
 	}
 
 	// Something else now listens on the NATS port.
-	ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(first.nats)))
+	ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(first.NATS)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
 	third := runDevOnce(t)
-	if third.nats == first.nats || third.nats == 0 {
-		t.Errorf("NATS port with %d taken = %d, want another", first.nats, third.nats)
+	if third.NATS == first.NATS || third.NATS == 0 {
+		t.Errorf("NATS port with %d taken = %d, want another", first.NATS, third.NATS)
 	}
-	if third.postgres != first.postgres || third.simulator != first.simulator {
+	if third.Postgres != first.Postgres || third.Simulator != first.Simulator {
 		t.Errorf("ports with only NATS's taken = %+v, want PostgreSQL's and the simulator's kept from %+v", third, first)
 	}
 }
 
 // runDevOnce runs api dev in this process until its banner is printed,
 // stops it and returns the ports it kept.
-func runDevOnce(t *testing.T) devPorts {
+func runDevOnce(t *testing.T) Ports {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var stdout syncBuffer
@@ -76,7 +76,7 @@ func runDevOnce(t *testing.T) devPorts {
 	if err := <-done; err != nil {
 		t.Fatalf("api dev stopped with %v", err)
 	}
-	return readDevPorts()
+	return ReadPorts()
 }
 
 // syncBuffer is a bytes.Buffer that dev's goroutine writes while the test
