@@ -8,6 +8,7 @@ import (
 	"log/slog"
 
 	"github.com/idemref/payments/internal/config"
+	"github.com/idemref/payments/internal/tooling/devmode"
 )
 
 // dev is `make run`: it needs nothing set up. Start brings up what the
@@ -15,7 +16,7 @@ import (
 // the processor simulator) and the demo tenant; serve runs the API on
 // them and Ready prints the banner once it listens.
 func dev(ctx context.Context, cfg config.Config, logger *slog.Logger, stdout io.Writer) error {
-	env, err := Start(ctx, &cfg, logger)
+	env, err := devmode.Start(ctx, &cfg, logger)
 	if err != nil {
 		return err
 	}

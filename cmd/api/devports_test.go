@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/idemref/payments/internal/tooling/devmode"
 )
 
 // The ports of the private PostgreSQL, the embedded NATS and the simulator
@@ -27,7 +29,7 @@ func TestDevReusesItsPortsWhenFree(t *testing.T) {
 	t.Chdir(dir)
 	first := runDevOnce(t)
 	if first.Postgres == 0 || first.NATS == 0 || first.Simulator == 0 {
-		t.Fatalf("%s after the first start = %+v, want every port", PortsFile, first)
+		t.Fatalf("%s after the first start = %+v, want every port", devmode.PortsFile, first)
 	}
 	if second := runDevOnce(t); second != first {
 		t.Fatalf("ports after a restart = %+v, want the first run's %+v", second, first)
@@ -50,7 +52,7 @@ func TestDevReusesItsPortsWhenFree(t *testing.T) {
 
 // runDevOnce runs api dev in this process until its banner is printed,
 // stops it and returns the ports it kept.
-func runDevOnce(t *testing.T) Ports {
+func runDevOnce(t *testing.T) devmode.Ports {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var stdout syncBuffer
@@ -76,7 +78,7 @@ func runDevOnce(t *testing.T) Ports {
 	if err := <-done; err != nil {
 		t.Fatalf("api dev stopped with %v", err)
 	}
-	return ReadPorts()
+	return devmode.ReadPorts()
 }
 
 // syncBuffer is a bytes.Buffer that dev's goroutine writes while the test

@@ -55,7 +55,7 @@ var layered = []string{groupPattern, groupShared, groupDomain, groupEdge}
 // api binary links them, unless built with -tags nodev as the image is
 // (cmd/api TestProductionBuildLeavesOutDevelopmentMode).
 var toolingExceptions = map[string][]string{
-	"cmd/api/dev.go": {"internal/tooling/pgtmp", "internal/tooling/natstmp", "internal/tooling/processorsim"},
+	"cmd/api/dev.go": {"internal/tooling/devmode"},
 }
 
 // layoutGroup is a group of the Layout block: its heading and the package

@@ -1,6 +1,4 @@
-//go:build !nodev
-
-package main
+package devmode
 
 import (
 	"context"
