@@ -19,15 +19,13 @@ import (
 	"github.com/idemref/payments/internal/messaging"
 )
 
-// deadLetters runs `api deadletters list` and `api deadletters redrive`:
+// DeadLetters runs `api deadletters list` and `api deadletters redrive`:
 // it prints the messages consumers gave up on, or redrives each of them
 // (consumer.Redrive) and prints what it did. Redrive also needs the
-// database: a dead letter is published again only when the inbox can vouch
-// that its event was not applied.
-func deadLetters(ctx context.Context, cfg config.Config, action string, stdout io.Writer) error {
-	if action == "redrive" && cfg.DatabaseURL == "" {
-		return fmt.Errorf("%w (redrive asks the consumers' inbox whether each event was applied)", errNoDatabaseURL)
-	}
+// database (the caller checks DATABASE_URL is set): a dead letter is
+// published again only when the inbox can vouch that its event was not
+// applied.
+func DeadLetters(ctx context.Context, cfg config.Config, action string, stdout io.Writer) error {
 	nc, js, err := broker.Connect(cfg.NatsURL, "payments-api-deadletters")
 	if err != nil {
 		return fmt.Errorf("NATS_URL %s: %w: start the broker, or point NATS_URL at it", messaging.RedactURL(cfg.NatsURL), err)

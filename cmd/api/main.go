@@ -114,26 +114,26 @@ var commands = []command{
 		words: []string{"version"}, bare: func(stdout io.Writer) { printVersion(stdout, readBuildVersion()) }},
 	{synopsis: "api tenant create NAME", about: "create a tenant and print its API key",
 		words: []string{"tenant", "create"}, args: oneArgument, database: true, run: func(ctx context.Context, e env, rest []string) error {
-			return createTenant(ctx, e.cfg.DatabaseURL, rest[0], e.stdout)
+			return CreateTenant(ctx, e.cfg.DatabaseURL, rest[0], e.stdout)
 		}},
 	{synopsis: "api tenant list", about: "list the tenants with their key counts",
 		words: []string{"tenant", "list"}, database: true, run: func(ctx context.Context, e env, _ []string) error {
-			return tenantList(ctx, e.cfg.DatabaseURL, e.stdout)
+			return TenantList(ctx, e.cfg.DatabaseURL, e.stdout)
 		}},
 	{synopsis: "api key create TENANT", about: "create another API key for the tenant (name or id) and print it, once",
 		words: []string{"key", "create"}, args: oneArgument, database: true, run: func(ctx context.Context, e env, rest []string) error {
-			return keyCreate(ctx, e.cfg.DatabaseURL, rest[0], e.stdout)
+			return KeyCreate(ctx, e.cfg.DatabaseURL, rest[0], e.stdout)
 		}},
 	{synopsis: "api key list TENANT", about: "list the tenant's keys by id (never the key): created, last used, revoked",
 		words: []string{"key", "list"}, args: oneArgument, database: true, run: func(ctx context.Context, e env, rest []string) error {
-			return keyList(ctx, e.cfg.DatabaseURL, rest[0], e.stdout)
+			return KeyList(ctx, e.cfg.DatabaseURL, rest[0], e.stdout)
 		}},
 	{synopsis: "api key revoke TENANT KEYID [--force]", about: "revoke a key: refused everywhere within AUTH_CACHE_TTL; the last live key needs --force",
 		words: []string{"key", "revoke"}, database: true,
 		args: func(rest []string) bool { args, _ := withoutFlag(rest, "--force"); return len(args) == 2 },
 		run: func(ctx context.Context, e env, rest []string) error {
 			args, force := withoutFlag(rest, "--force")
-			return keyRevoke(ctx, e.cfg.DatabaseURL, args[0], args[1], force, e.cfg.AuthCacheTTL, e.stdout)
+			return KeyRevoke(ctx, e.cfg.DatabaseURL, args[0], args[1], force, e.cfg.AuthCacheTTL, e.stdout)
 		}},
 	{synopsis: "api deadletters list", about: "list the events consumers gave up on (NATS_URL)",
 		words: []string{"deadletters", "list"}, run: deadLettersCommand("list")},
@@ -332,6 +332,9 @@ func deadLettersCommand(action string) func(context.Context, env, []string) erro
 		if e.cfg.NatsURL == "" {
 			return errors.New("NATS_URL is not set: the dead letters are in NATS JetStream")
 		}
-		return deadLetters(ctx, e.cfg, action, e.stdout)
+		if action == "redrive" && e.cfg.DatabaseURL == "" {
+			return fmt.Errorf("%w (redrive asks the consumers' inbox whether each event was applied)", errNoDatabaseURL)
+		}
+		return DeadLetters(ctx, e.cfg, action, e.stdout)
 	}
 }

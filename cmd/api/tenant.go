@@ -15,18 +15,18 @@ import (
 	"github.com/idemref/payments/internal/tenants"
 )
 
-// The operator's commands for tenants and keys: api tenant list, api
-// key create, api key list, api key revoke (api tenant create is in
-// serve.go). They need DATABASE_URL and nothing else, and no HTTP surface
-// exposes them: whoever may change keys already holds the database's
-// credentials, and an admin endpoint would need an authentication of its
-// own, stronger than the keys it manages (docs/operations.md, "Rotating and
-// revoking API keys"). Keys are printed once, when created, and never
-// again: listings show a key's id (tenants.KeyID), never the key.
+// The operator's commands for tenants and keys: api tenant create, api
+// tenant list, api key create, api key list, api key revoke. They need
+// DATABASE_URL and nothing else, and no HTTP surface exposes them:
+// whoever may change keys already holds the database's credentials, and an
+// admin endpoint would need an authentication of its own, stronger than
+// the keys it manages (docs/operations.md, "Rotating and revoking API
+// keys"). Keys are printed once, when created, and never again: listings
+// show a key's id (tenants.KeyID), never the key.
 
-// tenantList prints every tenant: id, creation time, live and all keys,
+// TenantList prints every tenant: id, creation time, live and all keys,
 // and the name last (it may hold spaces).
-func tenantList(ctx context.Context, databaseURL string, stdout io.Writer) error {
+func TenantList(ctx context.Context, databaseURL string, stdout io.Writer) error {
 	pool, err := db.Open(ctx, databaseURL)
 	if err != nil {
 		return err
@@ -44,10 +44,10 @@ func tenantList(ctx context.Context, databaseURL string, stdout io.Writer) error
 	return w.Flush()
 }
 
-// keyCreate adds a key to the tenant named or identified by ref, and
+// KeyCreate adds a key to the tenant named or identified by ref, and
 // prints it alone on the last line, like tenant create, so scripts can
 // take it with tail -n 1.
-func keyCreate(ctx context.Context, databaseURL, ref string, stdout io.Writer) error {
+func KeyCreate(ctx context.Context, databaseURL, ref string, stdout io.Writer) error {
 	pool, t, err := openTenant(ctx, databaseURL, ref)
 	if err != nil {
 		return err
@@ -62,10 +62,10 @@ func keyCreate(ctx context.Context, databaseURL, ref string, stdout io.Writer) e
 	return nil
 }
 
-// keyList prints the tenant's keys, oldest first: id, creation, last use
+// KeyList prints the tenant's keys, oldest first: id, creation, last use
 // (within a minute plus AUTH_CACHE_TTL; "-" when not used since the stamp
 // exists) and revocation ("-" while the key works).
-func keyList(ctx context.Context, databaseURL, ref string, stdout io.Writer) error {
+func KeyList(ctx context.Context, databaseURL, ref string, stdout io.Writer) error {
 	pool, t, err := openTenant(ctx, databaseURL, ref)
 	if err != nil {
 		return err
@@ -83,11 +83,11 @@ func keyList(ctx context.Context, databaseURL, ref string, stdout io.Writer) err
 	return w.Flush()
 }
 
-// keyRevoke revokes the tenant's key whose id is keyID. A key revoked
+// KeyRevoke revokes the tenant's key whose id is keyID. A key revoked
 // already is not an error: the wanted state holds, so a script run twice
 // (or two operators at once) succeeds, and the first revocation's time is
 // printed. The tenant's last live key is refused without --force.
-func keyRevoke(ctx context.Context, databaseURL, ref, keyID string, force bool, authCacheTTL time.Duration, stdout io.Writer) error {
+func KeyRevoke(ctx context.Context, databaseURL, ref, keyID string, force bool, authCacheTTL time.Duration, stdout io.Writer) error {
 	if strings.HasPrefix(keyID, "sk_") {
 		// Never echoed: it is a key, however leaked.
 		return errors.New("key revoke takes the key's id, not the key: the id is the first 8 hex digits of the key's SHA-256 (printf %s \"$KEY\" | sha256sum | cut -c1-8), as api key list shows it")
@@ -155,9 +155,9 @@ func shellWord(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
-// createTenant prints the new tenant's API key alone on the last line, so
+// CreateTenant prints the new tenant's API key alone on the last line, so
 // scripts can take it with `tail -n 1`.
-func createTenant(ctx context.Context, databaseURL, name string, stdout io.Writer) error {
+func CreateTenant(ctx context.Context, databaseURL, name string, stdout io.Writer) error {
 	pool, err := db.Open(ctx, databaseURL)
 	if err != nil {
 		return err
