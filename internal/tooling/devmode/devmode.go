@@ -1,3 +1,10 @@
+// Package devmode is api dev (make run) up to serving and once listening:
+// it starts what DATABASE_URL, NATS_URL and PROCESSOR_URL do not name (a
+// private PostgreSQL in .dev/postgres, an embedded NATS server, the
+// processor simulator) on the ports kept in .dev/ports, migrates, keeps a
+// demo tenant's key and prints the banner of curl commands. cmd/api's
+// dev.go, built only without -tags nodev, is its one importer, so a
+// deployment's binary links none of it (docs/deployment.md).
 package devmode
 
 import (
