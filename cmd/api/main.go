@@ -21,6 +21,7 @@ import (
 
 	"github.com/idemref/payments/internal/config"
 	"github.com/idemref/payments/internal/logging"
+	"github.com/idemref/payments/internal/opscli"
 	"github.com/idemref/payments/internal/tracing"
 )
 
@@ -114,26 +115,26 @@ var commands = []command{
 		words: []string{"version"}, bare: func(stdout io.Writer) { printVersion(stdout, readBuildVersion()) }},
 	{synopsis: "api tenant create NAME", about: "create a tenant and print its API key",
 		words: []string{"tenant", "create"}, args: oneArgument, database: true, run: func(ctx context.Context, e env, rest []string) error {
-			return CreateTenant(ctx, e.cfg.DatabaseURL, rest[0], e.stdout)
+			return opscli.CreateTenant(ctx, e.cfg.DatabaseURL, rest[0], e.stdout)
 		}},
 	{synopsis: "api tenant list", about: "list the tenants with their key counts",
 		words: []string{"tenant", "list"}, database: true, run: func(ctx context.Context, e env, _ []string) error {
-			return TenantList(ctx, e.cfg.DatabaseURL, e.stdout)
+			return opscli.TenantList(ctx, e.cfg.DatabaseURL, e.stdout)
 		}},
 	{synopsis: "api key create TENANT", about: "create another API key for the tenant (name or id) and print it, once",
 		words: []string{"key", "create"}, args: oneArgument, database: true, run: func(ctx context.Context, e env, rest []string) error {
-			return KeyCreate(ctx, e.cfg.DatabaseURL, rest[0], e.stdout)
+			return opscli.KeyCreate(ctx, e.cfg.DatabaseURL, rest[0], e.stdout)
 		}},
 	{synopsis: "api key list TENANT", about: "list the tenant's keys by id (never the key): created, last used, revoked",
 		words: []string{"key", "list"}, args: oneArgument, database: true, run: func(ctx context.Context, e env, rest []string) error {
-			return KeyList(ctx, e.cfg.DatabaseURL, rest[0], e.stdout)
+			return opscli.KeyList(ctx, e.cfg.DatabaseURL, rest[0], e.stdout)
 		}},
 	{synopsis: "api key revoke TENANT KEYID [--force]", about: "revoke a key: refused everywhere within AUTH_CACHE_TTL; the last live key needs --force",
 		words: []string{"key", "revoke"}, database: true,
 		args: func(rest []string) bool { args, _ := withoutFlag(rest, "--force"); return len(args) == 2 },
 		run: func(ctx context.Context, e env, rest []string) error {
 			args, force := withoutFlag(rest, "--force")
-			return KeyRevoke(ctx, e.cfg.DatabaseURL, args[0], args[1], force, e.cfg.AuthCacheTTL, e.stdout)
+			return opscli.KeyRevoke(ctx, e.cfg.DatabaseURL, args[0], args[1], force, e.cfg.AuthCacheTTL, e.stdout)
 		}},
 	{synopsis: "api deadletters list", about: "list the events consumers gave up on (NATS_URL)",
 		words: []string{"deadletters", "list"}, run: deadLettersCommand("list")},
@@ -335,6 +336,6 @@ func deadLettersCommand(action string) func(context.Context, env, []string) erro
 		if action == "redrive" && e.cfg.DatabaseURL == "" {
 			return fmt.Errorf("%w (redrive asks the consumers' inbox whether each event was applied)", errNoDatabaseURL)
 		}
-		return DeadLetters(ctx, e.cfg, action, e.stdout)
+		return opscli.DeadLetters(ctx, e.cfg, action, e.stdout)
 	}
 }
