@@ -9,7 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// buildVersion is what the binary knows of the build that made it, read
+// Version is what the binary knows of the build that made it, read
 // from the build information the go command stamps into every binary
 // (G3). With VCS stamping (go build does it by default in a git
 // checkout; make image asks for it with -buildvcs=auto, whatever GOFLAGS
@@ -18,7 +18,7 @@ import (
 // v0.0.0-<commit time>-<revision prefix>, with +dirty when the tree had
 // uncommitted changes. Without it, Version is "(devel)" and the VCS fields
 // are "unknown".
-type buildVersion struct {
+type Version struct {
 	Version   string
 	Revision  string // vcs.revision: the full commit hash
 	Time      string // vcs.time: the commit's time, RFC 3339
@@ -28,9 +28,9 @@ type buildVersion struct {
 
 const unknown = "unknown"
 
-// readBuildVersion reads the build information of the running binary.
-func readBuildVersion() buildVersion {
-	v := buildVersion{Version: unknown, Revision: unknown, Time: unknown, Modified: unknown, GoVersion: runtime.Version()}
+// Read reads the build information of the running binary.
+func Read() Version {
+	v := Version{Version: unknown, Revision: unknown, Time: unknown, Modified: unknown, GoVersion: runtime.Version()}
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
 		return v
@@ -54,9 +54,9 @@ func readBuildVersion() buildVersion {
 	return v
 }
 
-// printVersion is `api version`: one "name  value" line per field, in a
+// Print is `api version`: one "name  value" line per field, in a
 // fixed order, for people and for scripts (awk '$1 == "revision"').
-func printVersion(w io.Writer, v buildVersion) {
+func Print(w io.Writer, v Version) {
 	fmt.Fprintf(w, "version   %s\n", v.Version)
 	fmt.Fprintf(w, "revision  %s\n", v.Revision)
 	fmt.Fprintf(w, "time      %s\n", v.Time)
@@ -67,15 +67,15 @@ func printVersion(w io.Writer, v buildVersion) {
 	}
 }
 
-// buildInfoMetric is payments_build_info: always 1, its labels say what
+// Metric is payments_build_info: always 1, its labels say what
 // is running, as `api version` prints it. A query joins on it to tell one
 // release's processes from another's during a rolling upgrade.
-const buildInfoMetric = "payments_build_info"
+const Metric = "payments_build_info"
 
 func init() {
-	v := readBuildVersion()
+	v := Read()
 	prometheus.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name:        buildInfoMetric,
+		Name:        Metric,
 		Help:        "Always 1; the labels are the running binary's module version, VCS revision and Go version (api version prints the same).",
 		ConstLabels: prometheus.Labels{"version": v.Version, "revision": v.Revision, "goversion": v.GoVersion},
 	}, func() float64 { return 1 }))
