@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/idemref/payments/internal/buildinfo"
 	"github.com/idemref/payments/internal/config"
 	"github.com/idemref/payments/internal/logging"
 	"github.com/idemref/payments/internal/opscli"
@@ -92,27 +93,27 @@ var commands = []command{
 		words: []string{"reap"}, database: true,
 		args: func(rest []string) bool { return len(rest) == 0 || len(rest) == 1 && rest[0] == "--loop" },
 		run: func(ctx context.Context, e env, rest []string) error {
-			return RunReaper(ctx, e.cfg, e.logger, len(rest) == 1, e.stdout)
+			return opscli.RunReaper(ctx, e.cfg, e.logger, len(rest) == 1, e.stdout)
 		}},
 	{synopsis: "api migrate up", about: "apply every database migration not yet applied",
 		words: []string{"migrate", "up"}, database: true, run: func(ctx context.Context, e env, _ []string) error {
-			return Migrate(ctx, e.cfg.DirectURL(), "up", 0, e.logger)
+			return opscli.Migrate(ctx, e.cfg.DirectURL(), "up", 0, e.logger)
 		}},
 	{synopsis: "api migrate down N", about: "roll back the last N migrations",
 		words: []string{"migrate", "down"}, database: true,
 		args: func(rest []string) bool { return len(rest) == 1 && migrationCount(rest[0]) > 0 },
 		run: func(ctx context.Context, e env, rest []string) error {
-			return Migrate(ctx, e.cfg.DirectURL(), "down", migrationCount(rest[0]), e.logger)
+			return opscli.Migrate(ctx, e.cfg.DirectURL(), "down", migrationCount(rest[0]), e.logger)
 		}},
 	// Rolling back everything drops every table and row: it is never what
 	// a bare "down" does.
 	{synopsis: "api migrate down --all", about: "roll back every migration: drops every table and row",
 		words: []string{"migrate", "down", "--all"}, database: true, run: func(ctx context.Context, e env, _ []string) error {
-			return Migrate(ctx, e.cfg.DirectURL(), "down", -1, e.logger)
+			return opscli.Migrate(ctx, e.cfg.DirectURL(), "down", -1, e.logger)
 		}},
 	{synopsis: "api help", about: "this text (also -h, --help, and -h after any command)", words: []string{"help"}},
 	{synopsis: "api version", about: "print the module version, VCS revision and time, modified flag and Go version",
-		words: []string{"version"}, bare: func(stdout io.Writer) { Print(stdout, Read()) }},
+		words: []string{"version"}, bare: func(stdout io.Writer) { buildinfo.Print(stdout, buildinfo.Read()) }},
 	{synopsis: "api tenant create NAME", about: "create a tenant and print its API key",
 		words: []string{"tenant", "create"}, args: oneArgument, database: true, run: func(ctx context.Context, e env, rest []string) error {
 			return opscli.CreateTenant(ctx, e.cfg.DatabaseURL, rest[0], e.stdout)
@@ -286,7 +287,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	logger := logging.New(stderr, cfg.LogLevel)
 	// Traces (X3), when OpenTelemetry's variables ask for them: flushed
 	// once the command returned, after the drain of serve.
-	shutdownTracing, err := tracing.Setup(ctx, getenv, Read().Version)
+	shutdownTracing, err := tracing.Setup(ctx, getenv, buildinfo.Read().Version)
 	if err != nil {
 		return err
 	}

@@ -21,6 +21,7 @@ import (
 	httpapi "github.com/idemref/payments/internal/http"
 	"github.com/idemref/payments/internal/idem"
 	"github.com/idemref/payments/internal/messaging"
+	"github.com/idemref/payments/internal/opscli"
 	"github.com/idemref/payments/internal/orders"
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/processor"
@@ -237,7 +238,7 @@ func (s *apiServer) startWorkers(ctx context.Context, paymentsSvc *payments.Serv
 	}
 	// And the reaper (E1, E3), when enabled.
 	if s.cfg.ReaperInterval > 0 {
-		s.workers.add(beside(workersCtx, NewReaper(s.pool, s.cfg, s.logger).Run), nil)
+		s.workers.add(beside(workersCtx, opscli.NewReaper(s.pool, s.cfg, s.logger).Run), nil)
 	}
 	return nil
 }

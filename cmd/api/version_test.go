@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemref/payments/internal/buildinfo"
 	"github.com/idemref/payments/internal/tooling/testdb"
 )
 
@@ -124,9 +125,9 @@ func TestBuildInfoMetric(t *testing.T) {
 	v := parseVersion(t, string(out))
 	srv := startServer(t, testdb.New(t))
 	// Prometheus writes the labels sorted by name.
-	sample := fmt.Sprintf(`%s{goversion=%q,revision=%q,version=%q}`, Metric, v["go"], v["revision"], v["version"])
+	sample := fmt.Sprintf(`%s{goversion=%q,revision=%q,version=%q}`, buildinfo.Metric, v["go"], v["revision"], v["version"])
 	if got := metric(t, srv, sample); got != 1 {
-		t.Errorf("%s = %v, want 1; the build_info lines of /metrics:\n%s", sample, got, metricLines(t, srv, Metric))
+		t.Errorf("%s = %v, want 1; the build_info lines of /metrics:\n%s", sample, got, metricLines(t, srv, buildinfo.Metric))
 	}
 }
 
