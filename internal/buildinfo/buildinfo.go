@@ -1,3 +1,6 @@
+// Package buildinfo is what the running binary knows of the build that
+// made it (G3): api version prints it, and payments_build_info, registered
+// when the package is imported, carries it as labels.
 package buildinfo
 
 import (

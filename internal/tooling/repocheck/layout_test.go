@@ -50,10 +50,10 @@ var layered = []string{groupPattern, groupShared, groupDomain, groupEdge}
 
 // toolingExceptions are the files outside the tooling and the developer
 // tools allowed to import a package of the tooling, each with the packages
-// it may import. Only api dev (make run) does: it starts a private
-// PostgreSQL, an embedded NATS server and the processor simulator, so the
-// api binary links them, unless built with -tags nodev as the image is
-// (cmd/api TestProductionBuildLeavesOutDevelopmentMode).
+// it may import. Only api dev (make run) does, through devmode: it starts
+// a private PostgreSQL, an embedded NATS server and the processor
+// simulator, so the api binary links them, unless built with -tags nodev
+// as the image is (cmd/api TestProductionBuildLeavesOutDevelopmentMode).
 var toolingExceptions = map[string][]string{
 	"cmd/api/dev.go": {"internal/tooling/devmode"},
 }
