@@ -16,7 +16,7 @@ import (
 // The budget of live keys per tenant (R6).
 //
 // Every request with a new key leaves a row for KeyRetention, failures
-// included (O1): at the default rate limit one tenant could leave tens of
+// included: at the default rate limit one tenant could leave tens of
 // gigabytes a day. So each tenant may hold at most Config.KeyBudget live
 // key rows. A request with a new key past the budget is refused before its
 // claim (ErrKeyBudgetExceeded; nothing recorded), while every key the

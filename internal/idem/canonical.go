@@ -20,8 +20,8 @@ import (
 // treated as matching) instead of turning honest retries into 422s.
 const FingerprintVersion = 1
 
-// Fingerprint returns the SHA-256 of the canonical form of a request (F1,
-// F2): the endpoint (method and route template), the path parameters and
+// Fingerprint returns the SHA-256 of the canonical form of a request:
+// the endpoint (method and route template), the path parameters and
 // the decoded, validated-for-shape and defaulted body. body is the request
 // value after defaults were applied, so an omitted field and its explicit
 // default hash alike. Headers such as User-Agent, Date, tracing ids and
@@ -52,7 +52,7 @@ func Fingerprint(endpoint string, pathParams map[string]string, body any) ([]byt
 var ErrNotCanonicalizable = errors.New("JSON cannot be canonicalised")
 
 // Canonicalize rewrites one JSON document into its canonical form, so that
-// documents that mean the same thing produce the same bytes (F1):
+// documents that mean the same thing produce the same bytes:
 //
 //   - object members sorted by name (byte order of their UTF-8 encoding);
 //   - no insignificant whitespace;

@@ -26,7 +26,7 @@ const MaxDepth = 32
 
 // DecodeStrict decodes a JSON request body into v (a pointer to a struct)
 // and rejects every body whose meaning is not obvious, before anything is
-// claimed (F4, R3):
+// claimed:
 //
 //   - text that is not UTF-8, or a \u escape of a lone UTF-16 surrogate
 //     (encoding/json would read either as U+FFFD, so different bodies

@@ -1,7 +1,7 @@
 package idem
 
 // Endpoint is a route that takes an Idempotency-Key. A key is scoped by its
-// endpoint (K2): one key sent to two endpoints is two keys.
+// endpoint: one key sent to two endpoints is two keys.
 //
 // The pattern declares no endpoint. A domain package declares those whose
 // keys it runs outside HTTP (in the example, internal/payments the payment

@@ -15,13 +15,13 @@ const MaxKeyLength = 255
 var (
 	// ErrKeyMissing: the endpoint requires a key and none was sent.
 	ErrKeyMissing = errors.New("the Idempotency-Key header is required on this endpoint")
-	// ErrKeyInvalid: a key was sent but is not acceptable (K1). Errors
+	// ErrKeyInvalid: a key was sent but is not acceptable. Errors
 	// returned by ParseKey wrap it with the reason.
 	ErrKeyInvalid = errors.New("invalid Idempotency-Key")
 )
 
 // ParseKey extracts the key from every value of the Idempotency-Key header
-// (pass r.Header.Values(HeaderName)), per K1:
+// (pass r.Header.Values(HeaderName)):
 //
 //   - The IETF draft defines the field as a structured-field String
 //     (RFC 8941): "8e03978e-40d5-43e8-bc93-6894a57f9324", with \" and \\

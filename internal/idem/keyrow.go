@@ -22,7 +22,7 @@ import (
 // path's file.
 
 // stampExpiry puts the recorded expiry on the response being answered:
-// the row's expires_at, the same instant every replay reads (E4).
+// the row's expires_at, the same instant every replay reads.
 //
 // It stamps a copy: the header map came from the caller's exec, which may
 // share it with other responses, and must not be written behind its back.
@@ -44,7 +44,7 @@ func HTTPDate(t time.Time) string { return t.UTC().Format(http.TimeFormat) }
 // boundLockWaits sets lock_timeout for the rest of the transaction. A
 // duplicate of a request whose transaction is still open blocks on that
 // transaction's uncommitted row in the primary key index. Never wait
-// unbounded (L5): after lock_timeout the statement fails with 55P03 and the
+// unbounded: after lock_timeout the statement fails with 55P03 and the
 // duplicate gets 409. The setting is deferred (db.Deferred): it travels to
 // the server with the claim, in the same round trip, ahead of it.
 func (s *Store) boundLockWaits(ctx context.Context, tx pgx.Tx) error {
@@ -89,15 +89,15 @@ func (s *Store) horizons() (expiresAt, retainUntil time.Time) {
 }
 
 // settled decides what an existing key row means for claim c, in both
-// paths: another request's key is ErrKeyReused (L5: never answered with
+// paths: another request's key is ErrKeyReused (never answered with
 // another request's result); a completed key gives its recorded response;
 // a key still in progress gives nil. Records made under another
 // fingerprint version cannot be compared; they are trusted rather than
-// turned into 422s for honest retries (F3).
+// turned into 422s for honest retries.
 //
 // A record whose result is past its TTL (resultExpired, computed on the
-// database clock) is a tombstone whether the reaper has pruned it or not
-// (E3): the same request gets *ResultExpiredError, never its old response
+// database clock) is a tombstone whether the reaper has pruned it or not:
+// the same request gets *ResultExpiredError, never its old response
 // and never a second execution.
 func settled(row dbsqlc.IdempotencyKey, resultExpired bool, c Claim) (*Response, error) {
 	if row.FingerprintVersion == FingerprintVersion && !bytes.Equal(row.Fingerprint, c.Fingerprint) {
@@ -121,7 +121,7 @@ func settled(row dbsqlc.IdempotencyKey, resultExpired bool, c Claim) (*Response,
 }
 
 // storedResponse decodes a completed row's stored response. The headers
-// that columns of the row hold are not stored twice (R6: a smaller row):
+// that columns of the row hold are not stored twice (a smaller row):
 // Location is resource_location, Idempotency-Expires is expires_at. Rows
 // recorded before that carry both in their stored headers too, with the
 // same values.

@@ -63,7 +63,7 @@ const (
 )
 
 // CountRejectedBeforeClaim counts a request refused before its key was
-// claimed (an invalid key or body, O3): nothing was recorded. The span of
+// claimed (an invalid key or body): nothing was recorded. The span of
 // ctx (the request's) gets the outcome, with the key's hash when the key
 // itself was valid (key "" when it was not).
 func CountRejectedBeforeClaim(ctx context.Context, endpoint, key string) {

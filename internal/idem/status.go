@@ -49,7 +49,7 @@ func (s *Store) CommitWindow(requestTimeout time.Duration) time.Duration {
 	return (requestTimeout + s.cfg.LockTimeout + commitGrace + time.Second - 1).Truncate(time.Second)
 }
 
-// KeyStatus is what became of a key (E4): what a client asks after its
+// KeyStatus is what became of a key: what a client asks after its
 // retries ran out without a final answer. It never carries the stored body.
 type KeyStatus struct {
 	State string

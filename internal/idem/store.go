@@ -45,7 +45,7 @@ var (
 )
 
 // ResultExpiredError: the key was used for this same request, but its
-// result is past the TTL and no longer replayed (E3). The request is not
+// result is past the TTL and no longer replayed. The request is not
 // run again either: the client learns what it created, if anything.
 type ResultExpiredError struct {
 	// Status is the status the request was answered with.
@@ -145,15 +145,15 @@ func NewStore(pool *pgxpool.Pool, cfg Config) *Store {
 // Claim identifies one idempotent request.
 type Claim struct {
 	TenantID uuid.UUID
-	// Endpoint is the method and route template, e.g. "POST /v1/orders" (K2).
+	// Endpoint is the method and route template, e.g. "POST /v1/orders".
 	Endpoint string
 	Key      string
-	// Fingerprint is Fingerprint's hash of the canonical request (F1).
+	// Fingerprint is Fingerprint's hash of the canonical request.
 	Fingerprint []byte
 }
 
 // Response is an HTTP response as recorded and replayed: the exact status,
-// the headers that matter and the exact body bytes (L3).
+// the headers that matter and the exact body bytes.
 type Response struct {
 	Status int
 	Header http.Header
@@ -199,15 +199,15 @@ type UndoableTx interface {
 // commits is rolled back (see UndoableTx).
 type UndoableWork func(ctx context.Context, tx UndoableTx) (Response, error)
 
-// Execute is the one-transaction idempotency path (L1-L5), for side effects
+// Execute is the one-transaction idempotency path, for side effects
 // that live in our own database. It replays the response recorded under
 // the key (replayed = true) without running exec; or it runs exec in a new
 // transaction and records exec's response under the key as that
 // transaction's last statement, so that both commit or neither does; or,
 // when a duplicate recorded the key first, it rolls exec's work back and
 // replays the duplicate's response. exec returns the response to record;
-// one with status >= 400 is recorded apart, its work rolled back (O1). An
-// error from exec records nothing (O2).
+// one with status >= 400 is recorded apart, its work rolled back. An
+// error from exec records nothing.
 //
 // Errors: ErrKeyReused (the key was used for another request), ErrKeyInUse
 // (its request is unfinished, or a duplicate held the key past
@@ -216,7 +216,7 @@ type UndoableWork func(ctx context.Context, tx UndoableTx) (Response, error)
 // failure; other errors from exec as they are.
 //
 // The package documentation tells the rule: the four steps in order, why
-// the claim comes last, the round trips (P2, P7), how long the key has no
+// the claim comes last, the round trips, how long the key has no
 // row (CommitWindow), and what exec may and may not do (UndoableTx).
 func (s *Store) Execute(ctx context.Context, c Claim, exec UndoableWork) (res Response, replayed bool, err error) {
 	caller := trace.SpanFromContext(ctx)
@@ -427,7 +427,7 @@ func (*deterministicFailure) Error() string {
 }
 
 // record is step 3: the claim and the record in one statement, the key row
-// inserted with the exact response (L1, L3), as the transaction's last
+// inserted with the exact response, as the transaction's last
 // statement. COMMIT travels with it: nothing it returns can change the
 // decision to commit, and when it fails (the key is taken) nothing
 // commits: the server skips the COMMIT behind a failed statement, and
