@@ -8,7 +8,7 @@ import (
 )
 
 // NewAdminHandler serves what is for operators only, on the admin listener
-// (ADMIN_ADDR), never on the public one (G6): /metrics for Prometheus, and
+// (ADMIN_ADDR), never on the public one: /metrics for Prometheus, and
 // the Go profiler under /debug/pprof/. Neither authenticates: a metric
 // names no tenant or key, but the profiler shows the process's memory and
 // code paths, so the admin listener belongs on the operator's network

@@ -14,7 +14,7 @@ import (
 // MaxBodyBytes is the largest request body accepted (F4: 413 above it).
 const MaxBodyBytes = 1 << 20
 
-// bodyError is a request body rejected before any claim (F4, O3).
+// bodyError is a request body rejected before any claim.
 type bodyError struct {
 	status int
 	code   string

@@ -10,7 +10,7 @@ import (
 )
 
 // clientShare holds each client to its share of the requests the API has
-// in flight (R4), counted per client as internal/clientaddr names it: the
+// in flight, counted per client as internal/clientaddr names it: the
 // real client behind a trusted proxy, the TCP peer otherwise.
 //
 // The listener already holds a direct client to a share of the

@@ -34,7 +34,7 @@ func toCustomerJSON(c customers.Customer) customerJSON {
 }
 
 // putCustomer serves PUT /v1/customers/{id}: create or replace, with the id
-// chosen by the client (N2). No Idempotency-Key: the id is the key, and the
+// chosen by the client. No Idempotency-Key: the id is the key, and the
 // row is the record. A retry finds the row it created and writes the same
 // state again: 200 instead of 201, same body.
 func (a *api) putCustomer(w http.ResponseWriter, r *http.Request) {

@@ -15,7 +15,7 @@ const ReplayedHeader = "Idempotent-Replayed"
 
 // request is what an idempotent endpoint's body type must offer: defaults
 // applied before fingerprinting, so an omitted field and its explicit
-// default are the same request (F1).
+// default are the same request.
 type request interface {
 	applyDefaults()
 }
@@ -37,9 +37,9 @@ type success struct {
 // idempotent adapts op into the handler of endpoint e that follows the
 // whole one-transaction pattern:
 //
-//	key → body (F4) → fingerprint → claim/execute/record or replay (idem.Store.Execute)
+//	key → body → fingerprint → claim/execute/record or replay (idem.Store.Execute)
 //
-// Everything rejected before Execute is answered but never recorded (O3).
+// Everything rejected before Execute is answered but never recorded.
 func idempotent[T any, PT interface {
 	*T
 	request
@@ -84,8 +84,7 @@ func multiStep[T any, PT interface {
 
 // prepare does everything that comes before the claim of a key of e: parse
 // the key, reject ambiguous bodies, apply defaults, take the fingerprint.
-// When it returns false it has already answered, and nothing was recorded
-// (O3).
+// When it returns false it has already answered, and nothing was recorded.
 func prepare[T any, PT interface {
 	*T
 	request

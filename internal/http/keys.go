@@ -83,7 +83,7 @@ func requestTimeout(r *http.Request) time.Duration {
 	return (time.Until(deadline) + time.Second - 1).Truncate(time.Second)
 }
 
-// getKeyStatus serves GET /v1/idempotency-keys/{key}?endpoint=... (E4):
+// getKeyStatus serves GET /v1/idempotency-keys/{key}?endpoint=...:
 // what became of one of the tenant's keys, never the stored body. Another
 // tenant's key, a key past its retention and a key whose request has not
 // committed (yet) are 404, with the window after which no record means

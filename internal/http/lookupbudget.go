@@ -27,7 +27,7 @@ const suspectFor = 10 * time.Minute
 const DefaultLookupClients = 100_000
 
 // lookupBudget bounds the database lookups of API keys that find no tenant
-// (R5), so a flood of made-up keys costs no query each. Each lookup is
+// so a flood of made-up keys costs no query each. Each lookup is
 // charged before it runs, and given back if the key authenticates (or the
 // lookup itself failed), so keys that authenticate cost nothing from it.
 // Before each lookup:

@@ -202,7 +202,7 @@ func (a *api) authenticate(next http.Handler) http.Handler {
 // lookUp asks the database for the tenant of a key the cache does not
 // know. Only the database can tell, at the price of a query. Each lookup is
 // charged to the client, and to every client together, before it runs, and
-// kept only if it found no tenant (R5); a client past its budget, or a
+// kept only if it found no tenant; a client past its budget, or a
 // suspect one past the total, is answered before any query. A key that
 // authenticates costs nothing, so only a flood of keys nobody knows is held
 // back, whatever AUTH_CACHE_TTL. The client is the one behind a trusted
@@ -228,7 +228,7 @@ func (a *api) lookUp(r *http.Request, key string) (tenantID uuid.UUID, err error
 	return tenantID, err
 }
 
-// noStore marks every response under /v1 Cache-Control: no-store (R2):
+// noStore marks every response under /v1 Cache-Control: no-store:
 // payment data must not be kept by intermediaries, and a cached answer
 // served to a retry in place of ours would defeat the idempotency record.
 // Replays keep it too: their recorded headers never include Cache-Control

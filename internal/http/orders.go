@@ -15,7 +15,7 @@ import (
 
 // createOrderRequest is the body of POST /v1/orders. Its shape is checked
 // by idem.DecodeStrict before the claim; its meaning by orders.Validate
-// inside the transaction, so semantic failures are recorded (O1).
+// inside the transaction, so semantic failures are recorded.
 type createOrderRequest struct {
 	Reference   string            `json:"reference"`
 	CustomerID  string            `json:"customer_id"`

@@ -11,7 +11,7 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// RateLimit is the per-tenant token bucket (R1): each tenant may send Burst
+// RateLimit is the per-tenant token bucket: each tenant may send Burst
 // requests at once and Rate per second after that. A zero Rate turns it off.
 //
 // It is applied after authentication, so the bucket is the tenant's and not

@@ -228,7 +228,7 @@ func (a *api) v1Routes(r chi.Router) {
 // payments_events_broker_connected gauge is what to alert on. A broker
 // the process refuses (too old for its configuration) is no outage but a
 // deployment's mistake, and answers 503. A process that is shutting down
-// answers 503 too, first of all (G4).
+// answers 503 too, first of all.
 func (a *api) ready(w http.ResponseWriter, r *http.Request) {
 	select {
 	case <-a.draining:

@@ -53,7 +53,7 @@ var untraced = otel.GetTracerProvider()
 // installed. Without one, otelhttp's server span would record nothing and
 // its wrapping of the request (attributes, response writer, body) would
 // still cost every request a few microseconds and some 30 allocations:
-// the request is served unwrapped instead (X3: free when off), and an
+// the request is served unwrapped instead (free when off), and an
 // incoming traceparent is then not continued either.
 func tracingOn() bool {
 	tp := otel.GetTracerProvider()

@@ -10,7 +10,7 @@ import (
 	"github.com/idemref/payments/internal/webhook"
 )
 
-// webhookError is a webhook rejected before anything was written (M4).
+// webhookError is a webhook rejected before anything was written.
 type webhookError struct{ err error }
 
 func (e *webhookError) Error() string { return e.err.Error() }
@@ -25,7 +25,7 @@ type webhookResponse struct {
 	Result string `json:"result"`
 }
 
-// processorWebhook is POST /v1/webhooks/processor (M1, M4). It verifies
+// processorWebhook is POST /v1/webhooks/processor. It verifies
 // the signature over the raw bytes before parsing or writing anything,
 // applies the event in one transaction with its inbox row, and answers
 // 200 only after that transaction committed: a crash before the answer
