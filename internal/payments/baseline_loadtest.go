@@ -16,7 +16,7 @@ import (
 	"github.com/idemref/payments/internal/processor"
 )
 
-// PayBaseline is the load benchmark's payment baseline (P8), compiled into
+// PayBaseline is the load benchmark's payment baseline, compiled into
 // -tags loadtest builds only: what a payment costs without idempotency.
 // It does the payment's business work and nothing of the pattern's:
 //

@@ -67,7 +67,7 @@ func markChargeSent(ctx context.Context, tx pgx.Tx, l *idem.Lease) (dbsqlc.Payme
 // charge gets the charge's final outcome: from the call this attempt just
 // marked (marked is the payment as that mark left it), or, for an attempt
 // that resumed (marked nil), from a lookup of what earlier calls did,
-// sending again only once they can no longer land (S6).
+// sending again only once they can no longer land.
 func (s *Service) charge(ctx context.Context, l *idem.Lease, marked *dbsqlc.Payment) (chargeOutcome, error) {
 	var p dbsqlc.Payment
 	var unsettled time.Duration
@@ -173,8 +173,8 @@ func (s *Service) lookUpCharge(ctx context.Context, chargeKey string) (*chargeOu
 
 // recordCharge is transaction 2: the outcome on the payment, its event in
 // the outbox, and the exact response on the key, committed together. Only
-// final outcomes get here (S6). The order is not touched: the orders
-// consumer applies the payment.succeeded event to it (M2).
+// final outcomes get here. The order is not touched: the orders
+// consumer applies the payment.succeeded event to it.
 //
 // The outcome is written first, by PaymentFinish, whose guard (the payment
 // still charge_sent) is exactly "not settled" and whose UPDATE takes the
@@ -184,7 +184,7 @@ func (s *Service) lookUpCharge(ctx context.Context, chargeKey string) (*chargeOu
 // settled (by the webhook, before or while this waited on its lock), and
 // only then is it read, under its lock, to be recorded as it is. The
 // common path so spends one round trip less than reading the row first
-// (P8: the payment against its baseline).
+// (the payment against its baseline).
 func (s *Service) recordCharge(ctx context.Context, tx pgx.Tx, l *idem.Lease, o chargeOutcome) (idem.Step, error) {
 	q := dbsqlc.New(tx)
 	settled := func() (idem.Step, error) {

@@ -13,12 +13,12 @@ import (
 	"github.com/idemref/payments/internal/idem"
 )
 
-// Pay runs POST /v1/payments under claim c (S1):
+// Pay runs POST /v1/payments under claim c:
 //
 //	transaction 1   claim the key with a lease, insert the payment already
 //	                marked "charge_sent" (its call counted as sent),
 //	                recovery point charge_sent                      (Begin)
-//	processor call  charge with the derived key (S2)
+//	processor call  charge with the derived key
 //	transaction 2   record the outcome on the payment and the order, and the
 //	                exact response on the key: completed            (Phase)
 //

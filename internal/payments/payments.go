@@ -90,7 +90,7 @@ func (e *AmountMismatchError) Error() string {
 	return fmt.Sprintf("the order owes %d %s; the payment must match", e.Owed, e.Currency)
 }
 
-// PaymentExistsError is the backstop (N1): the order already has a payment
+// PaymentExistsError is the backstop: the order already has a payment
 // that has not failed.
 type PaymentExistsError struct{ PaymentID uuid.UUID }
 
