@@ -8,8 +8,8 @@ import (
 	"time"
 )
 
-// Class is what one answer of the processor means for the operation
-// (requirement S6). Every answer is classified once, by its adapter, and only
+// Class is what one answer of the processor means for the operation.
+// Every answer is classified once, by its adapter, and only
 // ClassFinal answers may complete an idempotency key or mark a payment
 // failed.
 type Class int

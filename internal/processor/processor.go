@@ -9,14 +9,14 @@ import (
 	"github.com/idemref/payments/internal/webhook"
 )
 
-// Processor is what the payment machine needs of a payment processor
-// (requirement S7). Two adapters implement it, each a package beside this
+// Processor is what the payment machine needs of a payment processor.
+// Two adapters implement it, each a package beside this
 // one that imports neither the other: internal/processor/simproc (the
 // simulator's HTTP API) and internal/processor/stripeproc (Stripe, through
 // stripe-go). A third one must pass the shared contract suite,
 // internal/tooling/processorcontract, as both do.
 //
-// Every method classifies its answer once, in the adapter (S6): nil,
+// Every method classifies its answer once, in the adapter: nil,
 // *DeclineError and *RequestError are final; anything else is an
 // *UnsettledError of ClassNotExecuted or ClassOutcomeUnknown (ClassOf). An
 // adapter never retries: retries and the decision to look up instead
