@@ -78,7 +78,7 @@ func (c *Client) VerifyWebhook(payload []byte, h http.Header, v webhook.Verifier
 }
 
 // CreateCharge charges req.Amount to req.PaymentMethod. idempotencyKey must
-// be the same on every retry of one logical charge (requirement S2), so the
+// be the same on every retry of one logical charge, so the
 // processor executes it at most once.
 func (c *Client) CreateCharge(ctx context.Context, req processor.ChargeRequest, idempotencyKey string) (processor.Charge, error) {
 	ctx, span := startCall(ctx, spanCharge, idempotencyKey)
@@ -101,7 +101,7 @@ func (c *Client) Refund(ctx context.Context, req processor.RefundRequest, idempo
 // ChargesByIdempotencyKey lists every charge created by a call that carried
 // key, oldest first, reading every page. After an unsettled answer it tells
 // whether the charge exists; against a processor that ignores keys
-// (requirement S4) more than one charge means a double charge to
+// more than one charge means a double charge to
 // compensate.
 func (c *Client) ChargesByIdempotencyKey(ctx context.Context, key string) (_ []processor.Charge, err error) {
 	ctx, span := startCall(ctx, spanChargesByKey, key)
@@ -184,7 +184,7 @@ func (c *Client) get(ctx context.Context, pathAndQuery string, out any) error {
 	return c.do(req, "GET "+req.URL.Path, out)
 }
 
-// do sends req and classifies the answer (S6); see the table in the
+// do sends req and classifies the answer; see the table in the
 // package documentation. Only ClassFinal answers come back as nil,
 // *DeclineError or *RequestError; everything else is an *UnsettledError.
 func (c *Client) do(req *http.Request, op string, out any) error {

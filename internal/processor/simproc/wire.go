@@ -66,7 +66,7 @@ const (
 
 // complete reports what a 2xx answer out (a *Charge, a *Refund, a *List
 // of them) lacks for a caller to act on it: an answer that parses but
-// names no charge, or no outcome, says nothing about the money (S6), and
+// names no charge, or no outcome, says nothing about the money, and
 // must not be taken as final.
 func complete(out any) error {
 	switch v := out.(type) {
