@@ -41,7 +41,7 @@ const (
 )
 
 // serve runs the HTTP server until ctx is cancelled (SIGTERM, SIGINT),
-// then drains (G4), in this order:
+// then drains, in this order:
 //
 //  1. /readyz answers 503, so that the load balancer takes the process out
 //     of its pool, and every answer from now on says Connection: close, so
@@ -179,7 +179,7 @@ func (s *apiServer) handler(store *idem.Store, paymentsSvc *payments.Service, ev
 }
 
 // newHTTPServer is the public server: the timeouts of cfg, and the bounds
-// on the header block (R3).
+// on the header block.
 func newHTTPServer(cfg config.Config, logger *slog.Logger, handler http.Handler) *http.Server {
 	return &http.Server{
 		Handler:           handler,
@@ -410,7 +410,7 @@ func beside(ctx context.Context, run func(context.Context)) (stop func()) {
 
 // directPool is the pool for the relay's LISTEN connection: pool itself
 // when DATABASE_DIRECT_URL is DATABASE_URL, else a pool of its own on the
-// direct URL, as small as the one connection needs (D3), which release
+// direct URL, as small as the one connection needs, which release
 // closes.
 func directPool(ctx context.Context, pool *pgxpool.Pool, cfg config.Config) (direct *pgxpool.Pool, release func(), err error) {
 	if cfg.DirectURL() == cfg.DatabaseURL {
@@ -432,7 +432,7 @@ func processorTarget(cfg config.Config) string {
 	return messaging.RedactURL(cfg.ProcessorURL)
 }
 
-// newProcessor is the adapter PROCESSOR names (S7).
+// newProcessor is the adapter PROCESSOR names.
 func newProcessor(cfg config.Config) processor.Processor {
 	if cfg.Processor == config.ProcessorStripe {
 		return stripeproc.New(stripeproc.Config{APIKey: cfg.StripeAPIKey, URL: cfg.StripeURL, Timeout: cfg.ProcessorTimeout, SearchLag: cfg.StripeSearchLag})
