@@ -26,7 +26,7 @@ import (
 // Open creates a pool for databaseURL (postgres://...). Pool settings such
 // as pool_max_conns may be given as URL parameters. Open does not fail when
 // the database is down: the pool connects lazily, so the service starts and
-// answers 503 until the database is back (L6), and /readyz reports it. Every
+// answers 503 until the database is back, and /readyz reports it. Every
 // connection it opens encodes uuid.UUID natively (Configure), and its
 // statements are traced under the span of their request (tracing.go), and
 // it ends when its server goes silent (deadpeer.go: tcp_user_timeout).

@@ -8,7 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// poolCollector exports pgxpool.Stat at each scrape (X1).
+// poolCollector exports pgxpool.Stat at each scrape.
 type poolCollector struct {
 	mu   sync.Mutex
 	pool *pgxpool.Pool
