@@ -127,7 +127,7 @@ func Start(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, cfg 
 	return c, nil
 }
 
-// Stop stops taking messages and waits for the one in hand (G4): it is
+// Stop stops taking messages and waits for the one in hand: it is
 // finished, or, when held through a database outage, handed back for
 // redelivery at once.
 func (c *Consumer) Stop() {

@@ -167,8 +167,8 @@ type Consumer struct {
 // events do not flow yet. Once connected, the client reconnects by itself,
 // and State follows it. While they run, the workers check that the broker
 // still has the streams and the consumer, and set them up again when it
-// lost them (D7): see watch. stop ends what runs, in order, each at a safe
-// point (G4): the relay, which marks what the broker acknowledged and
+// lost them: see watch. stop ends what runs, in order, each at a safe
+// point: the relay, which marks what the broker acknowledged and
 // hands the rest of its claimed batch back for any relay to publish at
 // once; the consumer, which finishes the message in hand, or hands one
 // held through a database outage back for redelivery at once; the

@@ -61,7 +61,7 @@ func Write(ctx context.Context, tx dbsqlc.DBTX, tenantID uuid.UUID, eventType st
 
 // Requeue hands back to the relay the published events of subjects that
 // consumer has not applied, for the relay to publish again: after the
-// broker lost the events stream with what it held (D7). subjects are the
+// broker lost the events stream with what it held. subjects are the
 // consumer's filter subjects, literal ones (no wildcards). Requeuing is
 // safe at any time and any number of times: a republished event the
 // consumer already applied is dropped by the stream's duplicates window or

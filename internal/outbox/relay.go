@@ -200,7 +200,7 @@ func (r *Relay) report(ctx context.Context, err error) {
 // in seq order. With fast publishes a batch ends long before; with slow
 // ones (up to PublishTimeout each) it is cut.
 //
-// When ctx ends (the relay is stopping, G4) the batch stops publishing
+// When ctx ends (the relay is stopping) the batch stops publishing
 // there too: what the broker acknowledged is marked, and the rest is
 // handed back at once, so another relay publishes it without waiting for
 // the claim to run out.
