@@ -9,7 +9,7 @@ import (
 // as 32 hexadecimal digits. Mint one per logical operation, persist it
 // (with the request) before the first send, and pass it to every attempt,
 // including those made by a process that restarted: the key is what lets
-// the server tell a retry from a new request (K3).
+// the server tell a retry from a new request.
 func NewKey() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)

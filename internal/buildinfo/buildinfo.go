@@ -13,8 +13,8 @@ import (
 )
 
 // Version is what the binary knows of the build that made it, read
-// from the build information the go command stamps into every binary
-// (G3). With VCS stamping (go build does it by default in a git
+// from the build information the go command stamps into every binary.
+// With VCS stamping (go build does it by default in a git
 // checkout; make image asks for it with -buildvcs=auto, whatever GOFLAGS
 // says), Version is the module
 // version Go derives from the commit: a tag, or a pseudo-version

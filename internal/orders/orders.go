@@ -270,7 +270,7 @@ type Details struct {
 // UpdateDetails locks the order, passes its current state to check (the
 // HTTP layer's If-Match comparison), and when check returns nil applies d.
 // The lock makes the check and the write one step: no other write can land
-// between the comparison and the update (the conditional update of N2).
+// between the comparison and the update (the conditional update).
 func UpdateDetails(ctx context.Context, tx dbsqlc.DBTX, tenantID, id uuid.UUID, d Details, check func(Order) error) (Order, error) {
 	q := dbsqlc.New(tx)
 	row, err := q.OrderGetForUpdate(ctx, dbsqlc.OrderGetForUpdateParams{TenantID: tenantID, ID: id})

@@ -21,7 +21,7 @@ const maxCachedKeys = 10_000
 // Cache remembers, for ttl, which keys authenticated and which did not,
 // so a busy tenant (or a tenant flooding past its rate limit) costs one
 // database lookup per key and ttl instead of one per request, and so does
-// a client repeating a wrong or revoked key (R5). A flood of ever new
+// a client repeating a wrong or revoked key. A flood of ever new
 // made-up keys misses it every time: the lookup budgets in front of it
 // (internal/http) bound that. The price: a revoked key keeps working for
 // up to ttl in each process, which is the revocation bound operators are
