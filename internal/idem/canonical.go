@@ -44,6 +44,7 @@ func Fingerprint(endpoint string, pathParams map[string]string, body any) ([]byt
 	if err != nil {
 		return nil, fmt.Errorf("fingerprint: %w", err)
 	}
+	// Equal meaning, equal bytes, equal hash (F1); nothing else goes in (F2).
 	sum := sha256.Sum256(canonical)
 	return sum[:], nil
 }

@@ -58,7 +58,8 @@ func DecodeStrict(data []byte, v any) error {
 	// Pass 1 walks the tokens alongside the target type: the standard
 	// decoder silently keeps the last of duplicate names, matches names
 	// case-insensitively and, token by token, nests without limit, so those
-	// checks happen here. Pass 2 runs only on bodies that pass 1 walked whole.
+	// checks happen here (F4). Pass 2 runs only on bodies that pass 1
+	// walked whole.
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.UseNumber()
 	if err := checkShape(dec, rv.Elem().Type(), nil, 0); err != nil {

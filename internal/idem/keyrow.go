@@ -44,7 +44,7 @@ func HTTPDate(t time.Time) string { return t.UTC().Format(http.TimeFormat) }
 // boundLockWaits sets lock_timeout for the rest of the transaction. A
 // duplicate of a request whose transaction is still open blocks on that
 // transaction's uncommitted row in the primary key index. Never wait
-// unbounded: after lock_timeout the statement fails with 55P03 and the
+// unbounded (L5): after lock_timeout the statement fails with 55P03 and the
 // duplicate gets 409. The setting is deferred (db.Deferred): it travels to
 // the server with the claim, in the same round trip, ahead of it.
 func (s *Store) boundLockWaits(ctx context.Context, tx pgx.Tx) error {
@@ -100,10 +100,11 @@ func (s *Store) horizons() (expiresAt, retainUntil time.Time) {
 // the same request gets *ResultExpiredError, never its old response
 // and never a second execution.
 func settled(row dbsqlc.IdempotencyKey, resultExpired bool, c Claim) (*Response, error) {
+	// Another request's key (L5); a record of another version is trusted (F3).
 	if row.FingerprintVersion == FingerprintVersion && !bytes.Equal(row.Fingerprint, c.Fingerprint) {
 		return nil, ErrKeyReused
 	}
-	if resultExpired {
+	if resultExpired { // a tombstone (E3)
 		e := &ResultExpiredError{ExpiredAt: row.ExpiresAt, RetainedUntil: row.RetainUntil}
 		if row.ResponseStatus != nil {
 			e.Status = int(*row.ResponseStatus)

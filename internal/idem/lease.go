@@ -74,7 +74,7 @@ type Step struct {
 }
 
 // DeriveKey returns the key for a call this request makes to another
-// service: a hash of the scoped parent key and the step name. It is
+// service (S2): a hash of the scoped parent key and the step name. It is
 // deterministic, so a resumed attempt sends the same child key and the other
 // service deduplicates; it differs per step, so two calls to one service
 // never collide; and it does not reveal the client's key.
@@ -194,7 +194,7 @@ type Begun struct {
 	Replayed bool
 }
 
-// claim inserts a multi-step key row, holding a lease of the
+// claim inserts a multi-step key row (L1, S3), holding a lease of the
 // configured length. pgx.ErrNoRows means the key exists already.
 func (s *Store) claim(ctx context.Context, q *dbsqlc.Queries, c Claim) (generation int64, err error) {
 	expires, retain := s.horizons()
@@ -360,7 +360,7 @@ func leaseLost(err error) bool {
 }
 
 // Release gives the key back at its recovery point after a transient
-// failure: neither completed nor deleted, with its lease ending after
+// failure (O2): neither completed nor deleted, with its lease ending after
 // hold (0: now), so the client's retry (or the completer) resumes then. A
 // retry that comes earlier gets ErrKeyInUse. A lease already lost is not an
 // error: the attempt that took over owns the key.

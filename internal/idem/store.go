@@ -454,8 +454,8 @@ func (s *Store) record(ctx context.Context, tx pgx.Tx, c Claim, res *Response) e
 const keyPrimaryKey = "idempotency_keys_pkey"
 
 // claimCompleted is the one-transaction claim and record: the key row
-// inserted already completed with rec (IdemKeyClaimCompleted). A taken key
-// fails it on keyPrimaryKey.
+// inserted already completed with rec (IdemKeyClaimCompleted; L1, L3). A
+// taken key fails it on keyPrimaryKey.
 func (s *Store) claimCompleted(ctx context.Context, q *dbsqlc.Queries, c Claim, rec record) (expiresAt time.Time, err error) {
 	expires, retain := s.horizons()
 	return q.IdemKeyClaimCompleted(ctx, dbsqlc.IdemKeyClaimCompletedParams{
