@@ -95,6 +95,7 @@ func prepare[T any, PT interface {
 	// the fingerprint (F2).
 	endpoint := e.String()
 	var key string // "" until it parsed
+	// Rejected before the claim: answered, never recorded (O3).
 	reject := func(err error) (idem.Claim, *T, bool) {
 		idem.CountRejectedBeforeClaim(r.Context(), endpoint, key)
 		writeError(w, r, err)

@@ -228,7 +228,7 @@ func (a *api) lookUp(r *http.Request, key string) (tenantID uuid.UUID, err error
 	return tenantID, err
 }
 
-// noStore marks every response under /v1 Cache-Control: no-store:
+// noStore marks every response under /v1 Cache-Control: no-store (R2):
 // payment data must not be kept by intermediaries, and a cached answer
 // served to a retry in place of ours would defeat the idempotency record.
 // Replays keep it too: their recorded headers never include Cache-Control

@@ -42,7 +42,8 @@ func (a *api) processorWebhook(w http.ResponseWriter, r *http.Request) {
 			fmt.Errorf("the body exceeds %d bytes", MaxBodyBytes)})
 		return
 	}
-	// The bytes as received: the signature covers them, not a re-encoding.
+	// The bytes as received: the signature covers them (M4), not a
+	// re-encoding.
 	// The processor's adapter knows its signature header and its events'
 	// shape; the secrets are this deployment's.
 	ev, err := a.payments.VerifyProcessorEvent(body, r.Header, webhook.Verifier{
