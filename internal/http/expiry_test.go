@@ -15,7 +15,7 @@ import (
 	"github.com/idemref/payments/internal/tooling/processorsim"
 )
 
-// ageKey moves the key's horizons (E3) into the past: the result's TTL,
+// ageKey moves the key's horizons into the past: the result's TTL,
 // and with keyGone the key's retention too.
 func (e *bundle) ageKey(t *testing.T, tenantID uuid.UUID, endpoint, key string, keyGone bool) {
 	t.Helper()

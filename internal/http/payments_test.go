@@ -117,7 +117,7 @@ func decodeJSON(t *testing.T, res response, v any) {
 	}
 }
 
-// chargeKey is the derived key (S2) a payment made under the client's key
+// chargeKey is the derived key a payment made under the client's key
 // must send with its charge: a hash of the scoped key and the step name.
 func chargeKey(tenantID uuid.UUID, key string) string {
 	return idem.DeriveKey(idem.Claim{TenantID: tenantID, Endpoint: endpointPayments, Key: key}, "charge")
@@ -280,7 +280,7 @@ func (e *bundle) setLease(t *testing.T, tenantID uuid.UUID, endpoint, key string
 	}
 }
 
-// passSettleWindow makes the settle window (S6) of the key's payment or
+// passSettleWindow makes the settle window of the key's payment or
 // refund pass now, as if its last processor call had been sent a window
 // ago, and ends the lease a key holds between two lookups: what waiting
 // would do, without the wait.

@@ -154,7 +154,7 @@ func (w *bundle) newPayment(t *testing.T, key string, amount int64) payment {
 	return payment{order: o, in: in, claim: idem.Claim{TenantID: w.tenant, Endpoint: payments.EndpointPay, Key: key, Fingerprint: fp}}
 }
 
-// chargeKey is the derived key (S2) the payment's charge must carry.
+// chargeKey is the derived key the payment's charge must carry.
 func (p payment) chargeKey() string {
 	return idem.DeriveKey(idem.Claim{TenantID: p.claim.TenantID, Endpoint: p.claim.Endpoint, Key: p.claim.Key}, "charge")
 }
@@ -174,7 +174,7 @@ func (w *bundle) abandon(t *testing.T, ctx context.Context, p payment, fault pro
 	w.wantPaymentStatus(t, p, payments.StatusChargeSent)
 }
 
-// passSettleWindow makes the settle window (S6) of p's charge pass now, as
+// passSettleWindow makes the settle window of p's charge pass now, as
 // if its last call had been sent a window ago, and ends the lease a key
 // holds between two lookups: what waiting would do, without the wait.
 func (w *bundle) passSettleWindow(t *testing.T, p payment) {
