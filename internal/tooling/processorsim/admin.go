@@ -55,6 +55,7 @@ func (s *Simulator) adminFaults(w http.ResponseWriter, r *http.Request) {
 type modeBody struct {
 	IgnoreIdempotencyKeys *bool  `json:"ignore_idempotency_keys"`
 	LatencyMS             *int64 `json:"latency_ms"`
+	RefuseKey             *bool  `json:"refuse_key"`
 }
 
 func (s *Simulator) adminMode(w http.ResponseWriter, r *http.Request) {
@@ -76,10 +77,13 @@ func (s *Simulator) adminMode(w http.ResponseWriter, r *http.Request) {
 	if req.LatencyMS != nil {
 		s.SetLatency(milliseconds(*req.LatencyMS))
 	}
+	if req.RefuseKey != nil {
+		s.SetRefuseKey(*req.RefuseKey)
+	}
 	s.mu.Lock()
-	ignore, latencyMS := s.ignoreKeys, s.latency.Milliseconds()
+	ignore, latencyMS, refuse := s.ignoreKeys, s.latency.Milliseconds(), s.refuseKey
 	s.mu.Unlock()
-	writeOutcome(w, jsonOutcome(http.StatusOK, modeBody{IgnoreIdempotencyKeys: &ignore, LatencyMS: &latencyMS}))
+	writeOutcome(w, jsonOutcome(http.StatusOK, modeBody{IgnoreIdempotencyKeys: &ignore, LatencyMS: &latencyMS, RefuseKey: &refuse}))
 }
 
 // adminIdle answers 204 once WaitIdle returns: a test driving a simulator

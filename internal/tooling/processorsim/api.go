@@ -49,6 +49,7 @@ type mutation interface {
 
 func (s *Simulator) routes() http.Handler {
 	r := chi.NewRouter()
+	r.Use(s.refusing)
 	r.Post(PathCharges, func(w http.ResponseWriter, r *http.Request) { s.serveMutation(w, r, PathCharges, parseCharge) })
 	r.Get(PathCharges, s.listCharges)
 	r.Get(PathCharges+"/{id}", s.getCharge)

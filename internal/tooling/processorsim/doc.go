@@ -75,8 +75,10 @@
 //	                                 (latency_ms up to 30000, for latency and
 //	                                 late_execution; status for status;
 //	                                 retry_after_ms for status 429, default 1000)
-//	POST /_sim/mode                  {"ignore_idempotency_keys":bool,"latency_ms":N};
-//	                                 either field may be omitted
+//	POST /_sim/mode                  {"ignore_idempotency_keys":bool,"latency_ms":N,
+//	                                 "refuse_key":bool}; any field may be omitted;
+//	                                 refuse_key answers every /v1 call 401
+//	                                 unexecuted and unrecorded (a revoked key)
 //	POST /_sim/reset                 forget everything and restore the
 //	                                 configured mode
 //	POST /_sim/webhooks              {"url":"...","secrets":["..."]}: deliver events

@@ -7,10 +7,12 @@ import (
 	"maps"
 	"math/rand/v2"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/idemref/payments/internal/processor"
+	"github.com/idemref/payments/internal/processor/simproc"
 )
 
 // Test payment methods. The payment method alone decides a charge's
@@ -76,8 +78,11 @@ type Simulator struct {
 	// execute: a call that is not held looks up the key, executes and
 	// stores the response under one hold of mu; a held call marks its key
 	// in flight under mu when it is accepted and unmarks it when it lands.
-	mu          sync.Mutex
-	ignoreKeys  bool
+	mu         sync.Mutex
+	ignoreKeys bool
+	// refuseKey answers every /v1 call 401, as a processor does to a
+	// revoked secret key (POST /_sim/mode refuse_key).
+	refuseKey   bool
 	latency     time.Duration
 	faults      map[string][]Fault
 	seq         int64
@@ -163,6 +168,32 @@ func (s *Simulator) SetIgnoreIdempotencyKeys(ignore bool) {
 	s.logger.Info("mode changed", slog.Bool("ignore_idempotency_keys", ignore))
 }
 
+// SetRefuseKey makes every later call to /v1 answer 401, without
+// executing or recording it, as a processor answers a revoked secret key
+// (true), or serves them again (false).
+func (s *Simulator) SetRefuseKey(refuse bool) {
+	s.mu.Lock()
+	s.refuseKey = refuse
+	s.mu.Unlock()
+	s.logger.Info("mode changed", slog.Bool("refuse_key", refuse))
+}
+
+// refusing answers 401 to every /v1 call while the key is refused.
+func (s *Simulator) refusing(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		refuse := s.refuseKey
+		s.mu.Unlock()
+		if refuse && strings.HasPrefix(r.URL.Path, "/v1/") {
+			writeOutcome(w, errorOutcome(http.StatusUnauthorized, simproc.APIError{
+				Type: simproc.ErrorTypeInvalidRequest, Message: "Invalid API Key provided (the simulator's refuse_key mode).",
+			}))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
 // SetLatency sets the latency added to every later call to /v1.
 func (s *Simulator) SetLatency(d time.Duration) {
 	s.mu.Lock()
@@ -199,6 +230,7 @@ func (s *Simulator) Reset() {
 
 func (s *Simulator) resetLocked() {
 	s.ignoreKeys = s.cfg.IgnoreIdempotencyKeys
+	s.refuseKey = false
 	s.latency = s.cfg.Latency
 	s.faults = map[string][]Fault{}
 	s.seq = 0

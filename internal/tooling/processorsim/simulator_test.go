@@ -715,6 +715,47 @@ func TestAdminEndpoints(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 
+	// A revoked key, as the chaos harness injects it: every call refused
+	// with 401, which the client reports as our configuration refused,
+	// nothing executed, until the mode is switched off.
+	t.Run("RefuseKeyModeAnswersEveryCall401UntilOff", func(t *testing.T) {
+		t.Parallel()
+		sim, client, url := newSim(t, Config{}, 0)
+		setMode := func(body string) {
+			t.Helper()
+			resp, err := http.Post(url+"/_sim/mode", "application/json", bytes.NewBufferString(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("POST /_sim/mode %s: %d", body, resp.StatusCode)
+			}
+		}
+		setMode(`{"refuse_key":true}`)
+		if _, err := client.CreateCharge(ctx, visa(1000), "k1"); !errors.Is(err, processor.ErrMisconfigured) {
+			t.Fatalf("charge with the key refused: err = %v, want ErrMisconfigured", err)
+		}
+		resp, err := http.Get(url + PathCharges + "?idempotency_key=k1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("GET %s with the key refused: %d, want 401", PathCharges, resp.StatusCode)
+		}
+		if got := len(sim.Charges()); got != 0 {
+			t.Errorf("charges executed with the key refused = %d, want 0", got)
+		}
+		setMode(`{"refuse_key":false}`)
+		if _, err := client.CreateCharge(ctx, visa(1000), "k1"); err != nil {
+			t.Fatalf("charge once the key is served again: %v", err)
+		}
+		if got := len(sim.Charges()); got != 1 {
+			t.Errorf("charges = %d, want 1", got)
+		}
+	})
+
 	t.Run("FaultModeCallsAndResetAreDrivableOverHTTP", func(t *testing.T) {
 		t.Parallel()
 		sim, client, url := newSim(t, Config{}, 0)
@@ -740,7 +781,7 @@ func TestAdminEndpoints(t *testing.T) {
 		}
 
 		mode := post("/_sim/mode", `{"ignore_idempotency_keys":true}`, http.StatusOK)
-		if diff := cmp.Diff(`{"ignore_idempotency_keys":true,"latency_ms":0}`+"\n", mode); diff != "" {
+		if diff := cmp.Diff(`{"ignore_idempotency_keys":true,"latency_ms":0,"refuse_key":false}`+"\n", mode); diff != "" {
 			t.Errorf("mode (-want +got):\n%s", diff)
 		}
 		for range 2 {
