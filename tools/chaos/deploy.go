@@ -96,6 +96,9 @@ type deployment struct {
 	apis    []*harness.Process
 	apiURLs []string
 	apiKey  string
+	// adminAddrs are the API processes' admin listeners (/metrics), which
+	// the monitor scrapes; a restarted process gets its own back.
+	adminAddrs []string
 
 	check *pgxpool.Pool // straight to the current primary, for the checker
 }
@@ -145,13 +148,18 @@ func deploy(ctx context.Context, work string, bins binaries, o deployOptions) (d
 		if err != nil {
 			return d, err
 		}
+		admin, err := freeAddr()
+		if err != nil {
+			return d, err
+		}
 		d.apiURLs = append(d.apiURLs, "http://"+a)
+		d.adminAddrs = append(d.adminAddrs, admin)
 		d.apis = append(d.apis, nil)
 		if err := d.startAPI(ctx, i); err != nil {
 			return d, err
 		}
 	}
-	return d, nil
+	return d, waitEventsFlowing(ctx, d.apiURLs)
 }
 
 // startBackends starts what the API depends on, each behind a faultable
@@ -197,11 +205,15 @@ func (d *deployment) startBackends(ctx context.Context, dir string, o deployOpti
 // deployment does (D1, D3): the pooled URL lists both nodes' PgBouncers
 // and asks for the one that accepts writes, in exec mode (PgBouncer 1.18
 // in transaction mode keeps no prepared statement across transactions);
-// the direct URL lists both nodes for LISTEN and the migrations.
+// the direct URL lists both nodes for LISTEN and the migrations. The pool
+// is sized above what the load asks of one process (16 clients over two
+// or three processes), as a deployment sizes it: a pool the load holds
+// full is what DatabasePoolSaturated pages for, a false page in every
+// scenario.
 func (d *deployment) databaseURLs() (pooled, direct string) {
 	user := d.pg.User()
 	nodes := d.pg.NodeAddrs()
-	pooled = fmt.Sprintf("postgres://%s@%s,%s/payments?sslmode=disable&target_session_attrs=read-write&default_query_exec_mode=exec&connect_timeout=3&pool_max_conns=8",
+	pooled = fmt.Sprintf("postgres://%s@%s,%s/payments?sslmode=disable&target_session_attrs=read-write&default_query_exec_mode=exec&connect_timeout=3&pool_max_conns=16",
 		user, d.dbLinks[0].Addr(), d.dbLinks[1].Addr())
 	direct = fmt.Sprintf("postgres://%s@%s,%s/payments?sslmode=disable&target_session_attrs=read-write&connect_timeout=3",
 		user, nodes[0], nodes[1])
@@ -222,7 +234,7 @@ func (d *deployment) apiCommand(ctx context.Context, args ...string) error {
 // startAPI starts API process i on its address.
 func (d *deployment) startAPI(ctx context.Context, i int) error {
 	name := "api" + strconv.Itoa(i)
-	env := append([]string{"ADDR=" + strings.TrimPrefix(d.apiURLs[i], "http://")}, d.apiEnv...)
+	env := append([]string{"ADDR=" + strings.TrimPrefix(d.apiURLs[i], "http://"), "ADMIN_ADDR=" + d.adminAddrs[i]}, d.apiEnv...)
 	p, _, err := harness.StartProcess(ctx, d.work, name, d.bins.api, []string{"serve"}, env, "listening")
 	if err != nil {
 		return err

@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -95,13 +96,15 @@ type outcome struct {
 	resolved int
 	// notReady is how long the first API's /readyz answered 503.
 	notReady time.Duration
-	err      error
+	// alerts is what the monitor paged during the scenario.
+	alerts alertOutcome
+	err    error
 }
 
 // passed: the checker found nothing, or for the negative control, found
 // the losses it must.
 func (o outcome) passed() bool {
-	if o.err != nil {
+	if o.err != nil || !o.alerts.passed() {
 		return false
 	}
 	if o.s.control {
@@ -171,6 +174,16 @@ func runScenario(ctx context.Context, o options, s scenario, seed uint64, work s
 		return out
 	}
 	defer d.stop()
+	mon, err := startMonitor(ctx, filepath.Join(d.work, "monitor"), d.adminAddrs, s.alerts.broken)
+	if err != nil {
+		out.err = fmt.Errorf("monitor: %w", err)
+		return out
+	}
+	defer mon.stop()
+	if err := mon.targetsUp(ctx, len(d.adminAddrs)); err != nil {
+		out.err = fmt.Errorf("monitor: %w", err)
+		return out
+	}
 	r := &faultRun{d: d, rng: rand.New(rand.NewPCG(seed, seed>>1)), long: !o.short}
 
 	probeCtx, stopProbe := context.WithCancel(ctx)
@@ -213,7 +226,17 @@ func runScenario(ctx context.Context, o options, s scenario, seed uint64, work s
 		wait = 20 * time.Second
 	}
 	out.res = check(ctx, d.check, d.processorURL, led, wait)
+	out.alerts = watchResolved(ctx, s.alerts, mon, faultStart)
 	return out
+}
+
+// watchResolved waits until every alert the scenario fired has resolved
+// (at most resolveWait) and judges what the monitor saw.
+func watchResolved(ctx context.Context, spec alertSpec, mon *monitor, faultStart time.Time) alertOutcome {
+	waitCtx, cancel := context.WithTimeout(ctx, resolveWait)
+	mon.pages.waitResolved(waitCtx)
+	cancel()
+	return judgeAlerts(spec, mon.pages.snapshot(), faultStart)
 }
 
 func printOutcome(w io.Writer, o outcome) {
@@ -226,6 +249,7 @@ func printOutcome(w io.Writer, o outcome) {
 		o.outage.Seconds(), o.p99.Milliseconds())
 	fmt.Fprintf(w, "  answers: %s; unknown outcomes resolved by a same-key replay: %d; /readyz of api0 answered 503 for %.1fs\n",
 		o.answers, o.resolved, o.notReady.Seconds())
+	printAlerts(w, o.alerts)
 	for _, n := range o.notes {
 		fmt.Fprintln(w, "  note:", n)
 	}
@@ -265,6 +289,7 @@ func summarize(w io.Writer, outcomes []outcome) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "scenario\tresult\tacked\tlost\tduplicated\tdouble charged\tunresolved\toutage s\tp99 ms\t")
 	var failed, acked, lost, duplicated, double int
+	var alerts alertTotals
 	var control *outcome
 	for i, o := range outcomes {
 		verdict := "pass"
@@ -274,6 +299,7 @@ func summarize(w io.Writer, outcomes []outcome) error {
 		}
 		fmt.Fprintf(tw, "%s %s\t%s\t%d\t%d\t%d\t%d\t%d\t%.1f\t%d\t\n", o.s.id, o.s.name, verdict,
 			o.res.Acked, o.res.Lost, o.res.Duplicated, o.res.DoubleCharged, o.res.Unresolved, o.outage.Seconds(), o.p99.Milliseconds())
+		alerts.add(o.alerts)
 		if o.s.control {
 			control = &outcomes[i]
 			continue
@@ -284,12 +310,19 @@ func summarize(w io.Writer, outcomes []outcome) error {
 		double += o.res.DoubleCharged
 	}
 	_ = tw.Flush()
+	printAlertTable(w, outcomes)
+	for _, o := range outcomes {
+		if b := o.alerts.spec.broken; b != nil {
+			fmt.Fprintf(w, "chaos: negative control of the alerts %s: %s with %s misspelled: missed=%q (%s: it must be reported missed)\n",
+				o.s.name, b.alert, b.metric, o.alerts.missed, map[bool]string{true: "passed", false: "FAILED"}[o.alerts.passed()])
+		}
+	}
 	if control != nil {
 		fmt.Fprintf(w, "chaos: negative control %s: lost=%d (%s: it must find losses)\n", control.s.name, control.res.Lost,
 			map[bool]string{true: "passed", false: "FAILED"}[control.passed()])
 	}
-	fmt.Fprintf(w, "chaos: scenarios=%d failed=%d acked=%d lost=%d duplicated=%d double_charged=%d\n",
-		len(outcomes), failed, acked, lost, duplicated, double)
+	fmt.Fprintf(w, "chaos: scenarios=%d failed=%d acked=%d lost=%d duplicated=%d double_charged=%d alerts_expected=%d alerts_fired=%d alerts_missed=%d false_pages=%d\n",
+		len(outcomes), failed, acked, lost, duplicated, double, alerts.expected, alerts.fired, alerts.missed, alerts.falsePages)
 	if failed > 0 {
 		return errors.New("a scenario failed")
 	}

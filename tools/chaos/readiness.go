@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"sync"
 	"time"
@@ -60,4 +61,30 @@ func (p *readinessProbe) NotReady() time.Duration {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.notReady
+}
+
+// waitEventsFlowing waits until every API process's /readyz answers 200
+// with events flowing: its streams and consumer set up on the cluster.
+// A three-node cluster takes seconds to create streams of three
+// replicas; a scenario's clock, and the monitor's, start on a deployment
+// that has settled, not on one still starting.
+func waitEventsFlowing(ctx context.Context, baseURLs []string) error {
+	ctx, cancel := context.WithTimeout(ctx, natsSettle)
+	defer cancel()
+	for _, u := range baseURLs {
+		for {
+			var body struct {
+				Events string `json:"events"`
+			}
+			err := getJSON(ctx, u+"/readyz", &body)
+			if err == nil && body.Events == "flowing" {
+				break
+			}
+			if ctx.Err() != nil {
+				return fmt.Errorf("%s: events not flowing within %s (last: %q, %v)", u, natsSettle, body.Events, err)
+			}
+			sleep(ctx, 200*time.Millisecond)
+		}
+	}
+	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"time"
 
 	toxiclient "github.com/Shopify/toxiproxy/v2/client"
@@ -22,6 +23,8 @@ type scenario struct {
 	control bool
 	async   bool
 	apis    int
+	// alerts is what the fault must page, and may.
+	alerts alertSpec
 	// fault injects the fault and returns when it is over.
 	fault func(ctx context.Context, r *faultRun) error
 }
@@ -59,6 +62,8 @@ func sleep(ctx context.Context, d time.Duration) {
 // scenarios lists every scenario in the order they run.
 func scenarios() []scenario {
 	return []scenario{
+		{id: "0", name: "no-fault", short: true, apis: 2, fault: noFault,
+			about: "the control of the alerts: the same load and no fault; any alert that fires is a false page (X6)"},
 		{id: "1", name: "leader-kill", apis: 2, fault: leaderKill,
 			about: "the Patroni leader's machine is lost (PostgreSQL and Patroni SIGKILLed) under order and payment load; Patroni promotes the synchronous standby on its own"},
 		{id: "2", name: "commit-reset", short: true, apis: 2, fault: commitReset,
@@ -85,6 +90,21 @@ func scenarios() []scenario {
 			about: "a planned switchover (patronictl switchover) under load"},
 		{id: "12", name: "etcd-member-kill", apis: 2, fault: etcdMemberKill,
 			about: "the etcd member leading the raft group is killed: two of three keep the quorum, Patroni keeps its leader"},
+		{id: "13", name: "api-process-dies", short: true, apis: 2, fault: apiProcessDies,
+			about:  "one API process SIGKILLed and left down, then started again: the load goes on through the other, and the person on call is paged for the one down (X6)",
+			alerts: alertSpec{pages: []page{{"APIProcessDown", 10 * time.Second}}}},
+		{id: "13b", name: "api-process-dies-rule-broken", short: true, apis: 2, fault: apiProcessDies,
+			about:  "NEGATIVE CONTROL of the alerts: scenario 13 with APIProcessDown's metric misspelled in the rules Prometheus loads: the harness must report that page missed, by name",
+			alerts: alertSpec{pages: []page{{"APIProcessDown", 10 * time.Second}}, broken: &brokenRule{alert: "APIProcessDown", metric: "up"}}},
+		{id: "14", name: "processor-key-revoked", short: true, apis: 2, fault: processorKeyRevoked,
+			about:  "the processor answers 401 to every call, as to a revoked secret key, then serves again: payments wait unfailed, and the page names our configuration, not the processor (X6)",
+			alerts: alertSpec{pages: []page{{"ProcessorRefusesOurConfiguration", 10 * time.Second}}}},
+		{id: "15", name: "relay-cannot-publish", apis: 2, fault: relayCannotPublish,
+			about:  "every connection to NATS black-holed (nothing answers, nothing closes): the relay's publishes time out while the process still counts itself connected at first (X6)",
+			alerts: alertSpec{pages: []page{{"OutboxRelayCannotPublish", 30 * time.Second}, {"EventsBrokerDisconnected", 30 * time.Second}}}},
+		{id: "16", name: "consumer-failing", apis: 2, fault: consumerFailing,
+			about:  "the orders consumer's every write fails (a trigger refuses its inbox rows, as a bad migration would), then heals within the redelivery horizon: every event applied once after (X6)",
+			alerts: alertSpec{pages: []page{{"ConsumersKeepFailing", 30 * time.Second}}}},
 		{id: "7", name: "async-split-brain", short: true, control: true, async: true, apis: 2, fault: asyncSplitBrain,
 			about: "NEGATIVE CONTROL: Patroni without synchronous_mode; the leader is cut off from etcd and its standby while the API writes to it, then the standby is promoted: the checker must report lost writes"},
 	}
@@ -135,6 +155,76 @@ func commitReset(ctx context.Context, r *faultRun) error {
 	}
 	r.note("%d bursts of resets", bursts)
 	return nil
+}
+
+// noFault holds the load for as long as a fault would last.
+func noFault(ctx context.Context, r *faultRun) error {
+	sleep(ctx, r.hold())
+	return nil
+}
+
+// apiProcessDies kills the second API process and starts it again after
+// the fault's hold.
+func apiProcessDies(ctx context.Context, r *faultRun) error {
+	return r.d.killAPI(ctx, 1, r.hold())
+}
+
+// processorKeyRevoked has the simulator refuse every call with 401 for
+// the fault's hold.
+func processorKeyRevoked(ctx context.Context, r *faultRun) error {
+	if err := setProcessorMode(ctx, r.d.processorURL, `{"refuse_key":true}`); err != nil {
+		return err
+	}
+	sleep(ctx, r.hold())
+	return setProcessorMode(context.WithoutCancel(ctx), r.d.processorURL, `{"refuse_key":false}`)
+}
+
+func setProcessorMode(ctx context.Context, processorURL, body string) error {
+	var mode map[string]any
+	return doJSON(ctx, http.MethodPost, processorURL+"/_sim/mode", body, &mode)
+}
+
+// stalledHold is how long the faults whose page waits "for: 10m" last:
+// ten seconds of the harness (timeScale), and as much again for the
+// alert's window to fill and for Alertmanager to notify.
+const stalledHold = 25 * time.Second
+
+// relayCannotPublish black-holes every NATS link both ways: data is
+// dropped, connections stay open, so a publish waits for an
+// acknowledgement that never comes.
+func relayCannotPublish(ctx context.Context, r *faultRun) error {
+	for _, l := range r.d.natsLinks {
+		for _, stream := range []string{"upstream", "downstream"} {
+			if err := l.Toxic("blackhole-"+stream, "timeout", stream, 1, toxiclient.Attributes{"timeout": 0}); err != nil {
+				return err
+			}
+		}
+	}
+	sleep(ctx, max(r.hold(), stalledHold))
+	var err error
+	for _, l := range r.d.natsLinks {
+		err = errors.Join(err, l.Clear())
+	}
+	return err
+}
+
+// consumerFailing makes every insert of the orders consumer's inbox rows
+// fail for the fault's hold: each event's effect rolls back and is
+// redelivered after the backoff. The hold stays well inside the
+// redelivery horizon (EVENTS_ACK_WAIT 3s doubling over 5 deliveries), so
+// no event is dead-lettered.
+func consumerFailing(ctx context.Context, r *faultRun) error {
+	const install = `CREATE FUNCTION chaos_refuse_inbox() RETURNS trigger LANGUAGE plpgsql AS
+$$BEGIN RAISE EXCEPTION 'chaos: the consumer''s writes are refused'; END$$;
+CREATE TRIGGER chaos_refuse_inbox BEFORE INSERT ON processed_messages
+FOR EACH ROW WHEN (NEW.consumer = 'orders') EXECUTE FUNCTION chaos_refuse_inbox()`
+	const remove = `DROP TRIGGER chaos_refuse_inbox ON processed_messages; DROP FUNCTION chaos_refuse_inbox()`
+	if _, err := r.d.check.Exec(ctx, install); err != nil {
+		return err
+	}
+	sleep(ctx, max(r.hold(), stalledHold))
+	_, err := r.d.check.Exec(context.WithoutCancel(ctx), remove)
+	return err
 }
 
 // pooler adds no fault: the load itself, through PgBouncer in

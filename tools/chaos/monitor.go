@@ -1,0 +1,362 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/idemref/payments/internal/tooling/harness"
+)
+
+// The operator's view of one deployment (X6): a real Prometheus scrapes
+// every API process's admin listener each scrapeEvery and evaluates the
+// rules of deploy/prometheus/alerts.yml, time-scaled (scaleRules), against
+// a real Alertmanager, whose webhook receiver is the harness: what it
+// records is what a person on call would have been paged with.
+const (
+	scrapeEvery = time.Second
+	// apiJob is the API's job name: the rules' up and absent alerts
+	// select it.
+	apiJob = "payments-api"
+)
+
+// monitor is one deployment's Prometheus, its Alertmanager and the
+// receiver of Alertmanager's notifications.
+type monitor struct {
+	prom, am *daemon
+	promURL  string
+	recv     *http.Server
+	pages    *pageLog
+}
+
+// daemon is a child process of the monitor's, its output in a log file.
+type daemon struct {
+	cmd     *exec.Cmd
+	logPath string
+	exited  chan struct{}
+}
+
+func startDaemon(dir, name, bin string, args ...string) (*daemon, error) {
+	d := &daemon{logPath: filepath.Join(dir, name+".log"), exited: make(chan struct{})}
+	logFile, err := os.Create(d.logPath)
+	if err != nil {
+		return nil, err
+	}
+	defer logFile.Close() // the child keeps its own descriptor
+	d.cmd = exec.Command(bin, args...)
+	d.cmd.Stdout, d.cmd.Stderr = logFile, logFile
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := d.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	go func() {
+		_ = d.cmd.Wait()
+		close(d.exited)
+	}()
+	return d, nil
+}
+
+func (d *daemon) stop() {
+	if d == nil {
+		return
+	}
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.exited:
+	case <-time.After(5 * time.Second):
+		_ = d.cmd.Process.Kill()
+		<-d.exited
+	}
+}
+
+// waitReady polls url until it answers 200, the daemon exits or ctx ends.
+func (d *daemon) waitReady(ctx context.Context, url string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-d.exited:
+			return fmt.Errorf("exited; its log:\n%s", harness.Tail(d.logPath))
+		case <-ctx.Done():
+			return fmt.Errorf("not ready: %w; its log:\n%s", ctx.Err(), harness.Tail(d.logPath))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+const prometheusConfig = `global:
+  scrape_interval: %[1]s
+  scrape_timeout: %[1]s
+  evaluation_interval: %[1]s
+rule_files: [%[2]q]
+alerting:
+  alertmanagers:
+    - static_configs:
+        - targets: [%[3]q]
+scrape_configs:
+  - job_name: %[4]s
+    static_configs:
+      - targets: [%[5]s]
+`
+
+// Each alert is its own group, notified at once and again on every
+// change, resolutions included: the receiver sees each alert fire and
+// resolve within a second of Prometheus saying so.
+const alertmanagerConfig = `route:
+  receiver: harness
+  group_by: ['...']
+  group_wait: 0s
+  group_interval: 1s
+  repeat_interval: 24h
+receivers:
+  - name: harness
+    webhook_configs:
+      - url: %q
+        send_resolved: true
+`
+
+// startMonitor starts the monitor of the API processes whose admin
+// listeners are targets, in dir; broken, when set, is the rule it
+// misspells on purpose.
+func startMonitor(ctx context.Context, dir string, targets []string, broken *brokenRule) (m *monitor, err error) {
+	root, err := harness.ModuleRoot()
+	if err != nil {
+		return nil, err
+	}
+	rules, err := os.ReadFile(filepath.Join(root, "deploy", "prometheus", "alerts.yml"))
+	if err != nil {
+		return nil, err
+	}
+	scaled, err := scaleRules(rules, timeScale)
+	if err != nil {
+		return nil, fmt.Errorf("scale deploy/prometheus/alerts.yml: %w", err)
+	}
+	if broken != nil {
+		if scaled, err = breakRule(scaled, *broken); err != nil {
+			return nil, err
+		}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	rulesPath := filepath.Join(dir, "alerts.scaled.yml")
+	if err := os.WriteFile(rulesPath, scaled, 0o644); err != nil {
+		return nil, err
+	}
+	m = &monitor{pages: &pageLog{}}
+	defer func() {
+		if err != nil {
+			m.stop()
+		}
+	}()
+	recvAddr, err := m.startReceiver()
+	if err != nil {
+		return m, err
+	}
+	amAddr, err := freeAddr()
+	if err != nil {
+		return m, err
+	}
+	amConfig := filepath.Join(dir, "alertmanager.yml")
+	if err := os.WriteFile(amConfig, fmt.Appendf(nil, alertmanagerConfig, "http://"+recvAddr+"/alerts"), 0o644); err != nil {
+		return m, err
+	}
+	if m.am, err = startDaemon(dir, "alertmanager", "prometheus-alertmanager",
+		"--config.file="+amConfig, "--storage.path="+filepath.Join(dir, "alertmanager"),
+		"--web.listen-address="+amAddr, "--cluster.listen-address=", "--log.level=warn"); err != nil {
+		return m, err
+	}
+	if err := m.am.waitReady(ctx, "http://"+amAddr+"/-/ready"); err != nil {
+		return m, fmt.Errorf("alertmanager: %w", err)
+	}
+	promAddr, err := freeAddr()
+	if err != nil {
+		return m, err
+	}
+	quoted := make([]string, len(targets))
+	for i, t := range targets {
+		quoted[i] = fmt.Sprintf("%q", t)
+	}
+	promConfig := filepath.Join(dir, "prometheus.yml")
+	if err := os.WriteFile(promConfig, fmt.Appendf(nil, prometheusConfig, scrapeEvery, rulesPath, amAddr, apiJob, strings.Join(quoted, ", ")), 0o644); err != nil {
+		return m, err
+	}
+	// resend-delay: an alert still firing is sent again this often, so
+	// that Alertmanager never times it out between two evaluations.
+	if m.prom, err = startDaemon(dir, "prometheus", "prometheus",
+		"--config.file="+promConfig, "--storage.tsdb.path="+filepath.Join(dir, "prometheus"),
+		"--web.listen-address="+promAddr, "--rules.alert.resend-delay="+scrapeEvery.String(), "--log.level=warn"); err != nil {
+		return m, err
+	}
+	m.promURL = "http://" + promAddr
+	if err := m.prom.waitReady(ctx, m.promURL+"/-/ready"); err != nil {
+		return m, fmt.Errorf("prometheus: %w", err)
+	}
+	return m, nil
+}
+
+// startReceiver serves Alertmanager's webhook on a free address.
+func (m *monitor) startReceiver() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /alerts", func(w http.ResponseWriter, r *http.Request) {
+		var n notification
+		if err := json.NewDecoder(r.Body).Decode(&n); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		m.pages.record(time.Now(), n)
+	})
+	m.recv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = m.recv.Serve(l) }()
+	return l.Addr().String(), nil
+}
+
+func (m *monitor) stop() {
+	if m == nil {
+		return
+	}
+	m.prom.stop()
+	m.am.stop()
+	if m.recv != nil {
+		_ = m.recv.Close()
+	}
+}
+
+// targetsUp waits until Prometheus has scraped every target at least once
+// and found it up, so that a scenario's clock starts on a watched system.
+func (m *monitor) targetsUp(ctx context.Context, n int) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		var res struct {
+			Data struct {
+				Result []json.RawMessage `json:"result"`
+			} `json:"data"`
+		}
+		err := getJSON(ctx, m.promURL+"/api/v1/query?query="+fmt.Sprintf("up{job=%q}==1", apiJob), &res)
+		if err == nil && len(res.Data.Result) == n {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return errors.New("prometheus did not find every API process up within 30s")
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// notification is the part of Alertmanager's webhook payload the
+// harness reads.
+type notification struct {
+	Alerts []struct {
+		Status      string            `json:"status"` // firing or resolved
+		Labels      map[string]string `json:"labels"`
+		Fingerprint string            `json:"fingerprint"`
+	} `json:"alerts"`
+}
+
+// pageLog is every alert Alertmanager notified, by name: when it first
+// fired, which of its instances fire now, when the last one resolved.
+type pageLog struct {
+	mu     sync.Mutex
+	alerts map[string]*alertSeen
+}
+
+type alertSeen struct {
+	firstFired time.Time
+	firing     map[string]bool // by fingerprint
+	resolvedAt time.Time       // zero while an instance fires
+}
+
+func (p *pageLog) record(at time.Time, n notification) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.alerts == nil {
+		p.alerts = map[string]*alertSeen{}
+	}
+	for _, a := range n.Alerts {
+		name := a.Labels["alertname"]
+		s := p.alerts[name]
+		if s == nil {
+			if a.Status != "firing" {
+				continue // resolved before the log began
+			}
+			s = &alertSeen{firstFired: at, firing: map[string]bool{}}
+			p.alerts[name] = s
+		}
+		if a.Status == "firing" {
+			s.firing[a.Fingerprint] = true
+			s.resolvedAt = time.Time{}
+		} else if s.firing[a.Fingerprint] {
+			delete(s.firing, a.Fingerprint)
+			if len(s.firing) == 0 {
+				s.resolvedAt = at
+			}
+		}
+	}
+}
+
+// snapshot copies what was seen, by alert name.
+func (p *pageLog) snapshot() map[string]alertSeen {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string]alertSeen, len(p.alerts))
+	for name, s := range p.alerts {
+		out[name] = alertSeen{firstFired: s.firstFired, resolvedAt: s.resolvedAt, firing: map[string]bool{}}
+		for f := range s.firing {
+			out[name].firing[f] = true
+		}
+	}
+	return out
+}
+
+// waitResolved waits until every alert seen has resolved, or ctx ends.
+func (p *pageLog) waitResolved(ctx context.Context) {
+	for ctx.Err() == nil {
+		firing := false
+		for _, s := range p.snapshot() {
+			firing = firing || len(s.firing) > 0
+		}
+		if !firing {
+			return
+		}
+		sleep(ctx, 250*time.Millisecond)
+	}
+}
+
+// names lists the alerts seen, sorted.
+func (p *pageLog) names() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []string
+	for name := range p.alerts {
+		out = append(out, name)
+	}
+	slices.Sort(out)
+	return out
+}
