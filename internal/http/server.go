@@ -138,6 +138,7 @@ func NewHandler(cfg Config) http.Handler {
 	}
 	r.Route("/v1", a.v1Routes)
 	allow = routeIndex(r)
+	initRouteMetrics(r)
 	return traced(r)
 }
 
