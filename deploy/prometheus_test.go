@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -30,8 +31,9 @@ const (
 // X2, X5: the rules file holds exactly the alerts of the docs' tables. Each
 // row's PromQL is one rule's expr (whitespace aside), its "for 10m" the
 // rule's for, its "(page)" or "(ticket)" the rule's severity, the rest of
-// its alert cell the rule's summary, and its section the rule's runbook;
-// and every rule is a row. Neither can change without the other.
+// its alert cell the rule's summary, and the rule's runbook_url links to a
+// heading of the row's doc of its own (checkRunbookURL); and every rule is
+// a row. Neither can change without the other.
 func TestTheRulesFileIsTheDocsAlertTables(t *testing.T) {
 	t.Parallel()
 	rules := testkit.AlertRules(t, rulesFile)
@@ -59,8 +61,11 @@ func TestTheRulesFileIsTheDocsAlertTables(t *testing.T) {
 	}
 
 	inDocs := map[string]bool{}
+	runbooks := map[string]string{} // runbook_url -> the alert it belongs to
+	anchors := map[string]map[string]bool{}
 	rows := 0
 	for _, doc := range testkit.AlertDocs("..") {
+		anchors[doc] = testkit.HeadingIDs(t, doc)
 		for _, row := range testkit.AlertRows(t, doc) {
 			rows++
 			where := fmt.Sprintf("%s:%d: the alert %q", doc, row.Line, row.Alert)
@@ -81,9 +86,7 @@ func TestTheRulesFileIsTheDocsAlertTables(t *testing.T) {
 			if r.Annotations["summary"] != row.Summary {
 				t.Errorf("%s: %s's summary is %q, want the docs' %q", where, r.Alert, r.Annotations["summary"], row.Summary)
 			}
-			if want := "docs/" + path.Base(doc) + "#" + row.Section; r.Annotations["runbook"] != want {
-				t.Errorf("%s: %s's runbook is %q, want %q (the section of its table)", where, r.Alert, r.Annotations["runbook"], want)
-			}
+			checkRunbookURL(t, where, r, path.Base(doc), anchors[doc], runbooks)
 		}
 	}
 	if rows < 15 {
@@ -94,6 +97,38 @@ func TestTheRulesFileIsTheDocsAlertTables(t *testing.T) {
 			t.Errorf("%s: %s (%s) is in no alert table of the docs: add its row, or remove the rule", rulesFile, r.Alert, testkit.OneLine(r.Expr))
 		}
 	}
+}
+
+// runbookBase is the one base of every runbook_url: Prometheus's external
+// label runbook_base when set, else the repository's docs (make rename
+// rewrites the repository's path with the module's).
+const runbookBase = `{{ or $externalLabels.runbook_base "https://github.com/idemref/payments/blob/main/docs" }}`
+
+// runbookURL is a runbook_url: the base, the doc, and the heading's id.
+var runbookURL = regexp.MustCompile(`^` + regexp.QuoteMeta(runbookBase) + `/([a-z]+\.md)#([a-z0-9_-]+)$`)
+
+// X2, X5: r's runbook_url is the one base, the doc of r's table (doc), and the
+// id of a heading of that doc (anchors: GitHub's ids, lower case, spaces
+// as -, punctuation dropped) that no other alert links to: each alert has
+// a runbook of its own, which a link from the page reaches.
+func checkRunbookURL(t *testing.T, where string, r testkit.AlertRule, doc string, anchors map[string]bool, seen map[string]string) {
+	t.Helper()
+	if r.Annotations["runbook"] != "" {
+		t.Errorf("%s: %s has a runbook annotation; its link is runbook_url", where, r.Alert)
+	}
+	u := r.Annotations["runbook_url"]
+	m := runbookURL.FindStringSubmatch(u)
+	switch {
+	case m == nil:
+		t.Errorf("%s: %s's runbook_url is %q, want %s/%s#<the id of its runbook's heading>", where, r.Alert, u, runbookBase, doc)
+	case m[1] != doc:
+		t.Errorf("%s: %s's runbook_url links to %s, want the doc of its table, %s", where, r.Alert, m[1], doc)
+	case !anchors[m[2]]:
+		t.Errorf("%s: %s's runbook_url links to #%s, which no heading of docs/%s has", where, r.Alert, m[2], doc)
+	case seen[u] != "" && seen[u] != r.Alert:
+		t.Errorf("%s: %s's runbook_url is also %s's: each alert needs a runbook of its own", where, r.Alert, seen[u])
+	}
+	seen[u] = r.Alert
 }
 
 // requirePromtool finds promtool (Debian's prometheus package). Where it
@@ -129,9 +164,10 @@ func TestPrometheusRulesPassPromtool(t *testing.T) {
 }
 
 type promTestGroup struct {
-	Name        string `json:"name"`
-	Interval    string `json:"interval"`
-	InputSeries []struct {
+	Name           string            `json:"name"`
+	Interval       string            `json:"interval"`
+	ExternalLabels map[string]string `json:"external_labels"`
+	InputSeries    []struct {
 		Series string `json:"series"`
 		Values string `json:"values"`
 	} `json:"input_series"`
@@ -146,7 +182,7 @@ type promTestGroup struct {
 }
 
 // Every alert has a case where it fires, with its severity, summary and
-// runbook, and a case where it stays quiet at an evaluation past its for,
+// runbook_url, and a case where it stays quiet at an evaluation past its for,
 // on the same metrics as the firing case (a quiet case on a misspelt
 // series would prove nothing). promtool runs the cases; this test says
 // none is missing.
@@ -204,7 +240,7 @@ func TestEveryAlertHasAFiringAndAQuietCase(t *testing.T) {
 				if a.ExpLabels["severity"] != r.Labels["severity"] {
 					t.Errorf("%s: the case %q expects %s with severity %q, the rule has %q", rulesTestsFile, g.Name, r.Alert, a.ExpLabels["severity"], r.Labels["severity"])
 				}
-				for _, k := range []string{"summary", "runbook", "description"} {
+				for _, k := range []string{"summary", "runbook_url", "description"} {
 					if a.ExpAnnotations[k] == "" {
 						t.Errorf("%s: the case %q expects %s without its %s annotation", rulesTestsFile, g.Name, r.Alert, k)
 					}

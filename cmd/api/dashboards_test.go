@@ -35,7 +35,7 @@ func TestAFreshProcessExportsEverySeriesTheRulesAndTheDashboardQuery(t *testing.
 	}
 	scraped := scrapeFreshProcess(t)
 	for _, sel := range selectors {
-		if why := scraped.missing(sel); why != "" {
+		if why := scraped.missingOrMadeByPrometheus(sel); why != "" {
 			t.Errorf("%s: %s reads %s, %s", sel.source, sel.where, sel, why)
 		}
 	}
@@ -153,7 +153,8 @@ func TestPromQLSelectors(t *testing.T) {
 // The negative control of the series check: a made-up metric, a label
 // value nobody exports and a histogram queried by its family name are
 // each reported; exported series, matched exactly, by a regular
-// expression or through a Grafana variable, are not.
+// expression or through a Grafana variable, are not, nor is up of the
+// scrape job the docs name (Prometheus makes it).
 func TestTheSeriesCheckReportsWhatAFreshProcessLacks(t *testing.T) {
 	t.Parallel()
 	scraped, err := parseExposition(`# HELP idempotency_requests_total Idempotent requests.
@@ -188,12 +189,15 @@ payments_build_info{goversion="go1.27.3",revision="unknown",version="(devel) \"x
 		{`idempotency_requests_total{outcome=~"replay"}`, true},
 		{`idempotency_replay_age_seconds`, true},
 		{`idempotency_lock_wait_seconds_bucket`, true},
+		// up is Prometheus's, for each target of the job payments-api.
+		{`absent(up{job="payments-api"})`, false},
+		{`up{job="api"} == 0`, true},
 	} {
 		sels, err := promQLSelectors(c.expr)
 		if err != nil || len(sels) != 1 {
 			t.Fatalf("%s: %v %v", c.expr, sels, err)
 		}
-		why := scraped.missing(sels[0])
+		why := scraped.missingOrMadeByPrometheus(sels[0])
 		if (why != "") != c.reported {
 			t.Errorf("%s: reported %v (%q), want %v", c.expr, why != "", why, c.reported)
 		}

@@ -130,13 +130,40 @@ func AlertRows(t testing.TB, doc string) []AlertRow {
 	return out
 }
 
+// HeadingIDs returns the ids GitHub gives the headings of doc (outside
+// fenced code), the anchors a link to doc#id may name.
+func HeadingIDs(t testing.TB, doc string) map[string]bool {
+	t.Helper()
+	data, err := os.ReadFile(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string]bool{}
+	fenced := false
+	for line := range strings.Lines(string(data)) {
+		switch {
+		case strings.HasPrefix(line, "```"):
+			fenced = !fenced
+		case !fenced && strings.HasPrefix(line, "#"):
+			ids[headingID(strings.TrimLeft(line, "#"))] = true
+		}
+	}
+	return ids
+}
+
 // tableCells splits a markdown table row on the pipes outside code spans.
+// An escaped pipe (\|) is a pipe in the cell, in a code span too: GitHub
+// needs it so even there (a PromQL regular expression such as "a\|b").
 func tableCells(line string) []string {
 	var cells []string
 	var b strings.Builder
 	code := false
-	for _, r := range strings.TrimSpace(line) {
+	line = strings.TrimSpace(line)
+	for i, r := range line {
 		switch {
+		case r == '\\' && strings.HasPrefix(line[i+1:], "|"):
+			continue // the pipe after it is written as it is
+		case r == '|' && i > 0 && line[i-1] == '\\':
 		case r == '`':
 			code = !code
 		case r == '|' && !code:
