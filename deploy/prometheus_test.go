@@ -315,7 +315,8 @@ func readYAML(t *testing.T, file string, v any) {
 // every panel and target uses the ${datasource} variable (no data source
 // uid of the machine it was made on), panels have distinct ids and do not
 // overlap on the 24-column grid, every target has a query and a distinct
-// refId, and the panels cover what issue 31 asks for. cmd/api
+// refId, the first row shows rate, errors and latency by route with the
+// alerts' queries, and the panels cover what issue 31 asks for. cmd/api
 // TestAFreshProcessExportsEverySeriesTheRulesAndTheDashboardQuery checks
 // the series the queries read.
 func TestGrafanaDashboardIsPortable(t *testing.T) {
@@ -413,8 +414,35 @@ func TestGrafanaDashboardIsPortable(t *testing.T) {
 			exprs = append(exprs, tg.Expr)
 		}
 	}
+	// The first row is RED by route: its three panels, at the top, read
+	// what HTTPServerErrors and HTTPLatencyHigh read, their query with
+	// the dashboard's interval for the rules' 5m and without the threshold.
+	top := map[string]string{} // expr of each panel on the first row
+	for _, p := range dash.Panels {
+		if p.GridPos.Y == 1 && p.Type != "row" && len(p.Targets) > 0 {
+			top[p.Title] = strings.ReplaceAll(p.Targets[0].Expr, "$__rate_interval", "5m")
+		}
+	}
+	rules := map[string]string{}
+	for _, r := range testkit.AlertRules(t, rulesFile) {
+		rules[r.Alert] = testkit.OneLine(r.Expr)
+	}
+	for _, want := range []struct{ panel, rule string }{
+		{"Requests per second by route", ""},
+		{"5xx ratio by route", "HTTPServerErrors"},
+		{"p99 latency by route", "HTTPLatencyHigh"},
+	} {
+		expr, ok := top[want.panel]
+		switch {
+		case !ok:
+			t.Errorf("%s: the first row has no panel %q (rate, errors, latency by route come first)", dashboardFile, want.panel)
+		case want.rule != "" && !strings.HasPrefix(rules[want.rule], testkit.OneLine(expr)+" > "):
+			t.Errorf("%s: the panel %q reads %s, which is not %s's query (%s) with its threshold taken off", dashboardFile, want.panel, expr, want.rule, rules[want.rule])
+		}
+	}
 	// What issue 31 asks the dashboard to show.
 	for _, want := range []struct{ what, in string }{
+		{"the request rate by route", "sum by (route) (rate(http_request_duration_seconds_count["},
 		{"idempotency outcomes", "idempotency_requests_total"},
 		{"replays", `outcome="replayed"`},
 		{"lock waits", "idempotency_lock_wait_seconds_bucket"},
