@@ -1,7 +1,9 @@
 // Command rename makes a fork its own: it rewrites the Go module path and the
 // names a deployment shares with other services (problem type URIs, NATS
 // streams, subjects and connection names, the events' source, the API key
-// prefix) in every file git tracks, and prints what it changed.
+// prefix, the Grafana dashboard's uid and title) in every file git tracks,
+// and prints what it changed. The Go module path rule also rewrites the
+// repository's path in the alerts' default runbook links.
 //
 //	make rename MODULE=example.com/acme/orders [NAME=orders] [DOMAIN=orders.acme.example] [KEY_PREFIX=ok_]
 //
@@ -65,6 +67,33 @@ var rules = []rule{
 	{what: "events' source in the inbox", old: "payments.outbox", new: func(n names) string { return n.name + ".outbox" }},
 	{what: "NATS connection names", old: "payments-api", new: func(n names) string { return n.name + "-api" }},
 	{what: "API key prefix", old: keyPrefixNow, new: func(n names) string { return n.keyPrefix }, prefix: true},
+	// Grafana keys a dashboard by its uid: a fork's must not replace this
+	// one's in a Grafana that shows both. The module's path names it.
+	{what: "Grafana dashboard uid", old: "idemref-payments", new: dashboardUID},
+	{what: "Grafana dashboard title", old: "Payments API: idempotency, payments, messages", new: func(n names) string {
+		return strings.ToUpper(n.name[:1]) + n.name[1:] + " API: idempotency, payments, messages"
+	}},
+}
+
+// dashboardUID is the module's path after its host, its elements joined
+// by - (example.com/acme/orders: acme-orders), or the name for a module
+// that is a host alone; a Grafana uid holds letters, digits, - and _, at
+// most 40 of them.
+func dashboardUID(n names) string {
+	_, rest, _ := strings.Cut(n.module, "/")
+	if rest == "" {
+		rest = n.name
+	}
+	uid := []byte(rest)
+	for i, c := range uid {
+		if !isWord(c) && c != '-' {
+			uid[i] = '-'
+		}
+	}
+	if len(uid) > 40 {
+		uid = uid[len(uid)-40:]
+	}
+	return string(uid)
 }
 
 const usage = `usage: make rename MODULE=example.com/acme/orders [NAME=orders] [DOMAIN=orders.acme.example] [KEY_PREFIX=ok_]

@@ -94,6 +94,11 @@ func TestRewriteWholeNames(t *testing.T) {
 		{"sub 'payments.events.>' PAYMENTS_EVENTS", "sub 'orders.events.>' ORDERS_EVENTS"},
 		{"mypayments.events payments_events_broker_connected", "mypayments.events payments_events_broker_connected"},
 		{`"sk_" + id, task_sk_, sk_<tenant>`, `"ok_" + id, task_sk_, ok_<tenant>`},
+		// The alerts' default runbook base, and the dashboard's uid and title.
+		{`{{ or $externalLabels.runbook_base "https://github.com/idemref/payments/blob/main/docs" }}`,
+			`{{ or $externalLabels.runbook_base "https://payments.example.com/x/blob/main/docs" }}`},
+		{`"uid": "idemref-payments", "title": "Payments API: idempotency, payments, messages"`,
+			`"uid": "x", "title": "Orders API: idempotency, payments, messages"`},
 	} {
 		if got, _ := rewrite([]byte(tc.in), n); string(got) != tc.want {
 			t.Errorf("rewrite(%q) = %q, want %q", tc.in, got, tc.want)
@@ -103,6 +108,17 @@ func TestRewriteWholeNames(t *testing.T) {
 
 // TestNamesAreChecked: each value is checked, and the defaults follow MODULE.
 func TestNamesAreChecked(t *testing.T) {
+	for _, c := range []struct{ module, want string }{
+		{"example.com/acme/orders", "acme-orders"},
+		{"shop.example.com", "shop"},
+		{"example.com/a.b/c~d/orders", "a-b-c-d-orders"},
+		{"example.com/" + strings.Repeat("x", 40) + "/orders", strings.Repeat("x", 33) + "-orders"},
+	} {
+		n, err := names{module: c.module, name: "shop"}.withDefaults()
+		if got := dashboardUID(n); err != nil || got != c.want {
+			t.Errorf("dashboardUID(%s) = %q, %v; want %q", c.module, got, err, c.want)
+		}
+	}
 	n, err := names{module: "example.com/acme/orders/v2"}.withDefaults()
 	if err != nil || n.name != "orders" || n.domain != "orders.example.com" || n.keyPrefix != keyPrefixNow {
 		t.Errorf("defaults = %+v, %v; want name orders, domain orders.example.com, the current key prefix", n, err)
