@@ -78,7 +78,12 @@ func consumerAckFloor(t *testing.T, e *bundle) uint64 {
 	return info.AckFloor.Stream
 }
 
-const duplicatesSkipped = `consumer_duplicates_skipped_total{consumer="orders"}`
+const (
+	duplicatesSkipped = `consumer_duplicates_skipped_total{consumer="orders"}`
+	// streamDuplicates: the skipped first deliveries, second copies on the
+	// stream, which DuplicatesBeyondTheWindow pages for.
+	streamDuplicates = `consumer_stream_duplicates_total{consumer="orders"}`
+)
 
 // T5, M1: the orders consumer's process is killed (SIGKILL, failpoint
 // consumer-after-commit) after the inbox row and the order update
@@ -112,6 +117,11 @@ func TestConsumerKilledAfterCommitBeforeAck(t *testing.T) {
 	}
 	if n := metric(t, api, duplicatesSkipped); n != 1 {
 		t.Errorf("duplicates the second consumer skipped = %v, want 1", n)
+	}
+	// A redelivery after a lost ack is no copy on the stream: nothing
+	// for DuplicatesBeyondTheWindow to page about.
+	if n := metric(t, api, streamDuplicates); n != 0 {
+		t.Errorf("stream duplicates counted for a redelivery = %v, want 0", n)
 	}
 	if final := e.payUntilDone(t, api.base, "pay-key"); final.status != http.StatusCreated {
 		t.Fatalf("final answer %d: %s", final.status, final.body)
@@ -175,6 +185,11 @@ func TestRelayKilledAfterPublishBeforeMark(t *testing.T) {
 				// Both copies were delivered (the first maybe to the dead
 				// process): wait until the stream's last message is acked.
 				testkit.WaitFor(t, 20*time.Second, func() bool { return consumerAckFloor(t, e) == 2 })
+			}
+			// The second copy's first delivery is what the stream let
+			// through, whichever process took the first copy.
+			if got, want := metric(t, api, streamDuplicates), float64(tc.streamMsgs-1); got != want {
+				t.Errorf("stream duplicates = %v, want %v", got, want)
 			}
 			if final := e.payUntilDone(t, api.base, "pay-key"); final.status != http.StatusCreated {
 				t.Fatalf("final answer %d: %s", final.status, final.body)

@@ -109,7 +109,7 @@ func Start(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, cfg 
 		return nil, fmt.Errorf("consumer %s: %w", cfg.Name, err)
 	}
 	// Present at 0 from the start, so rate() and increase() work at once.
-	for _, m := range []*prometheus.CounterVec{processedTotal, duplicatesTotal, redeliveriesTotal, failuresTotal, heldRetriesTotal} {
+	for _, m := range []*prometheus.CounterVec{processedTotal, duplicatesTotal, streamDuplicatesTotal, redeliveriesTotal, failuresTotal, heldRetriesTotal} {
 		m.WithLabelValues(cfg.Name)
 	}
 	c := &Consumer{pool: pool, cfg: cfg, handle: handle, log: log.With(slog.String("consumer", cfg.Name)),
@@ -191,7 +191,7 @@ func (c *Consumer) process(ctx context.Context, msg jetstream.Msg) {
 	// commit, before ack).
 	failpoint.Inject("consumer-after-commit")
 	span.SetAttributes(attribute.Bool("messaging.duplicate", duplicate))
-	c.ack(ctx, log, msg, duplicate)
+	c.ack(ctx, log, msg, md, duplicate)
 }
 
 // applyHeld applies ev, and holds the message in hand through transient
@@ -245,9 +245,12 @@ func (c *Consumer) handBack(ctx context.Context, log *slog.Logger, msg jetstream
 }
 
 // ack counts a committed event and acknowledges its message.
-func (c *Consumer) ack(ctx context.Context, log *slog.Logger, msg jetstream.Msg, duplicate bool) {
+func (c *Consumer) ack(ctx context.Context, log *slog.Logger, msg jetstream.Msg, md *jetstream.MsgMetadata, duplicate bool) {
 	if duplicate {
 		duplicatesTotal.WithLabelValues(c.cfg.Name).Inc()
+		if md.NumDelivered == 1 {
+			streamDuplicatesTotal.WithLabelValues(c.cfg.Name).Inc()
+		}
 		log.InfoContext(ctx, "duplicate event skipped")
 	} else {
 		processedTotal.WithLabelValues(c.cfg.Name).Inc()

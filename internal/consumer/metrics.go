@@ -12,6 +12,15 @@ var (
 		Name: "consumer_duplicates_skipped_total",
 		Help: "Deliveries whose event id the consumer's inbox already had: acknowledged without an effect.",
 	}, []string{"consumer"})
+	// streamDuplicatesTotal is the part of duplicatesTotal that the stream
+	// let through: a first delivery whose event the inbox already had is
+	// a second copy of it on the stream. A redelivery the inbox skips is
+	// a lost acknowledgement (a connection cut, a crash after the commit),
+	// which the inbox absorbs by design and pages no one.
+	streamDuplicatesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "consumer_stream_duplicates_total",
+		Help: "First deliveries whose event id the consumer's inbox already had: a second copy of the event on the stream (published again past the stream's duplicates window). Redeliveries after a lost ack are not counted.",
+	}, []string{"consumer"})
 	redeliveriesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "consumer_redeliveries_total",
 		Help: "Deliveries with a delivery count above 1 (after a missing ack, a nak or a crash).",
@@ -31,7 +40,7 @@ var (
 )
 
 func init() {
-	prometheus.MustRegister(processedTotal, duplicatesTotal, redeliveriesTotal, failuresTotal, heldRetriesTotal, deadLettersTotal)
+	prometheus.MustRegister(processedTotal, duplicatesTotal, streamDuplicatesTotal, redeliveriesTotal, failuresTotal, heldRetriesTotal, deadLettersTotal)
 }
 
 // InitMetrics starts every series of the consumer name at zero, so an
