@@ -180,7 +180,8 @@ func runScenario(ctx context.Context, o options, s scenario, seed uint64, work s
 		return out
 	}
 	defer mon.stop()
-	if err := mon.targetsUp(ctx, len(d.adminAddrs)); err != nil {
+	startup, err := mon.settle(ctx, len(d.adminAddrs))
+	if err != nil {
 		out.err = fmt.Errorf("monitor: %w", err)
 		return out
 	}
@@ -215,6 +216,9 @@ func runScenario(ctx context.Context, o options, s scenario, seed uint64, work s
 	out.outage = led.Outage(faultStart, faultEnd.Add(warm))
 	out.p99 = led.P99(faultStart, faultEnd)
 	out.notes = r.notes
+	if len(startup) > 0 {
+		out.notes = append(out.notes, fmt.Sprintf("fired while the monitor started, before the scenario's clock (not judged): %s", strings.Join(startup, ", ")))
+	}
 	out.answers = answerCounts(led.Operations())
 	out.resolved = led.UnknownResolved()
 	out.notReady = readiness.NotReady()
@@ -226,7 +230,7 @@ func runScenario(ctx context.Context, o options, s scenario, seed uint64, work s
 		wait = 20 * time.Second
 	}
 	out.res = check(ctx, d.check, d.processorURL, led, wait)
-	out.alerts = watchResolved(ctx, s.alerts, mon, faultStart)
+	out.alerts = watchResolved(ctx, s.alerts.inMode(r.long), mon, faultStart)
 	return out
 }
 

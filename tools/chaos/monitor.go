@@ -3,10 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -247,27 +247,58 @@ func (m *monitor) stop() {
 	}
 }
 
-// targetsUp waits until Prometheus has scraped every target at least once
-// and found it up, so that a scenario's clock starts on a watched system.
-func (m *monitor) targetsUp(ctx context.Context, n int) error {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+// settle waits until Prometheus has scraped every one of n targets and
+// found it up, then until nothing fires or is pending, and starts the
+// page log afresh: what fired while the monitor itself started is shown
+// in the returned list and not judged. Prometheus publishes the targets
+// it discovered up to 5 s after it starts, which absent() reads, on the
+// harness's clock, as five minutes without a process: an artifact of
+// starting Prometheus after the service, never of the service.
+func (m *monitor) settle(ctx context.Context, n int) (startup []string, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
+	up := false
+	var quietSince time.Time
 	for {
-		var res struct {
-			Data struct {
-				Result []json.RawMessage `json:"result"`
-			} `json:"data"`
+		if !up {
+			up = m.countQuery(ctx, fmt.Sprintf("up{job=%q}==1", apiJob)) == n
 		}
-		err := getJSON(ctx, m.promURL+"/api/v1/query?query="+fmt.Sprintf("up{job=%q}==1", apiJob), &res)
-		if err == nil && len(res.Data.Result) == n {
-			return nil
+		switch {
+		case !up || m.countQuery(ctx, "ALERTS") != 0 || m.pages.anyFiring():
+			quietSince = time.Time{}
+		case quietSince.IsZero():
+			quietSince = time.Now()
+		case time.Since(quietSince) >= quietFor:
+			// Quiet long enough for a notification Alertmanager was
+			// still sending to have arrived.
+			startup = m.pages.names()
+			m.pages.reset()
+			return startup, nil
 		}
 		select {
 		case <-ctx.Done():
-			return errors.New("prometheus did not find every API process up within 30s")
+			return nil, fmt.Errorf("the deployment did not settle within 60s (every process up: %v; alerts seen: %q)", up, m.pages.names())
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// quietFor is how long nothing may fire or be pending before a
+// scenario's clock starts: two of Alertmanager's group intervals.
+const quietFor = 2 * time.Second
+
+// countQuery is how many series an instant query returns; -1 when it
+// fails.
+func (m *monitor) countQuery(ctx context.Context, query string) int {
+	var res struct {
+		Data struct {
+			Result []json.RawMessage `json:"result"`
+		} `json:"data"`
+	}
+	if err := getJSON(ctx, m.promURL+"/api/v1/query?query="+url.QueryEscape(query), &res); err != nil {
+		return -1
+	}
+	return len(res.Data.Result)
 }
 
 // notification is the part of Alertmanager's webhook payload the
@@ -335,16 +366,26 @@ func (p *pageLog) snapshot() map[string]alertSeen {
 	return out
 }
 
+// anyFiring: an alert notified as firing has not resolved since.
+func (p *pageLog) anyFiring() bool {
+	for _, s := range p.snapshot() {
+		if len(s.firing) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// reset forgets everything recorded.
+func (p *pageLog) reset() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.alerts = nil
+}
+
 // waitResolved waits until every alert seen has resolved, or ctx ends.
 func (p *pageLog) waitResolved(ctx context.Context) {
-	for ctx.Err() == nil {
-		firing := false
-		for _, s := range p.snapshot() {
-			firing = firing || len(s.firing) > 0
-		}
-		if !firing {
-			return
-		}
+	for ctx.Err() == nil && p.anyFiring() {
 		sleep(ctx, 250*time.Millisecond)
 	}
 }

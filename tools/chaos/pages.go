@@ -10,10 +10,14 @@ import (
 )
 
 // page is an alert a scenario's fault must fire, within a bound from the
-// fault's start, and that must resolve once the fault has healed.
+// fault's start, and that must resolve once the fault has healed. A page
+// marked long is required in the long mode only: in the short mode the
+// fault lasts 5 s, 5 minutes of the rules' clock, as long as the
+// shortest for of a rate alert, and it may or may not fire.
 type page struct {
 	alert  string
 	within time.Duration
+	long   bool
 }
 
 // alertSpec is what a scenario declares of the operator's view: the pages
@@ -28,6 +32,24 @@ type alertSpec struct {
 	tolerates []string
 	unjudged  bool
 	broken    *brokenRule
+}
+
+// inMode is the spec as the mode judges it: in the short mode, a page
+// required in the long mode only is tolerated.
+func (a alertSpec) inMode(long bool) alertSpec {
+	if long {
+		return a
+	}
+	out := a
+	out.pages, out.tolerates = nil, slices.Clone(a.tolerates)
+	for _, p := range a.pages {
+		if p.long {
+			out.tolerates = append(out.tolerates, p.alert)
+		} else {
+			out.pages = append(out.pages, p)
+		}
+	}
+	return out
 }
 
 // resolveWait bounds how long after the check the harness waits for

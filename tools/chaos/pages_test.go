@@ -133,7 +133,7 @@ func TestJudgeAlertsFindsMissedLateFalseAndUnresolvedPages(t *testing.T) {
 		}
 		return s
 	}
-	spec := alertSpec{pages: []page{{"APIProcessDown", 10 * time.Second}}, tolerates: []string{"HTTPServerErrors"}}
+	spec := alertSpec{pages: []page{{alert: "APIProcessDown", within: 10 * time.Second}}, tolerates: []string{"HTTPServerErrors"}}
 	for _, tc := range []struct {
 		name string
 		seen map[string]alertSeen
@@ -239,12 +239,29 @@ func TestBrokenRuleMisspellsOneMetricAndMustBeCaught(t *testing.T) {
 	}
 
 	start := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
-	spec := alertSpec{pages: []page{{"OutboxLagging", 10 * time.Second}}, broken: &b}
+	spec := alertSpec{pages: []page{{alert: "OutboxLagging", within: 10 * time.Second}}, broken: &b}
 	if a := judgeAlerts(spec, map[string]alertSeen{}, start); !a.passed() {
 		t.Errorf("the broken rule's page missed: %+v, want the control passed", a)
 	}
 	fired := map[string]alertSeen{"OutboxLagging": {firstFired: start.Add(time.Second), firing: map[string]bool{}}}
 	if a := judgeAlerts(spec, fired, start); a.passed() {
 		t.Errorf("the broken rule's page fired: %+v, want the control failed", a)
+	}
+}
+
+// The short mode's faults are too brief for a page whose for is as long
+// as they are: such a page, marked long, is tolerated there and required
+// in the long mode.
+func TestLongPagesAreToleratedInTheShortMode(t *testing.T) {
+	spec := alertSpec{pages: []page{{alert: "TransientFailures", within: 30 * time.Second, long: true}, {alert: "APIProcessDown", within: 10 * time.Second, long: false}}}
+	short := spec.inMode(false)
+	if len(short.pages) != 1 || short.pages[0].alert != "APIProcessDown" || !slices.Equal(short.tolerates, []string{"TransientFailures"}) {
+		t.Errorf("short mode: %+v, want APIProcessDown required and TransientFailures tolerated", short)
+	}
+	if long := spec.inMode(true); len(long.pages) != 2 || len(long.tolerates) != 0 {
+		t.Errorf("long mode: %+v, want both required", long)
+	}
+	if len(spec.tolerates) != 0 {
+		t.Errorf("inMode changed the spec it was given: %+v", spec)
 	}
 }
