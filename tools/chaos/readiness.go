@@ -81,7 +81,10 @@ func waitEventsFlowing(ctx context.Context, baseURLs []string) error {
 				break
 			}
 			if ctx.Err() != nil {
-				return fmt.Errorf("%s: events not flowing within %s (last: %q, %v)", u, natsSettle, body.Events, err)
+				if err == nil {
+					err = fmt.Errorf("events %q", body.Events)
+				}
+				return fmt.Errorf("%s: events not flowing within %s: %w", u, natsSettle, err)
 			}
 			sleep(ctx, 200*time.Millisecond)
 		}
