@@ -180,7 +180,7 @@ func (c *Consumer) process(ctx context.Context, msg jetstream.Msg) {
 			attribute.Int64("messaging.nats.delivery", int64(min(md.NumDelivered, math.MaxInt64)))))
 	defer span.End()
 
-	duplicate, err := c.applyHeld(ctx, log, msg, ev)
+	duplicate, retried, err := c.applyHeld(ctx, log, msg, ev)
 	if err != nil {
 		span.SetStatus(codes.Error, "apply failed")
 		c.handBack(ctx, log, msg, md, err)
@@ -191,14 +191,20 @@ func (c *Consumer) process(ctx context.Context, msg jetstream.Msg) {
 	// commit, before ack).
 	failpoint.Inject("consumer-after-commit")
 	span.SetAttributes(attribute.Bool("messaging.duplicate", duplicate))
-	c.ack(ctx, log, msg, md, duplicate)
+	// A second copy on the stream is a duplicate found by the first
+	// attempt of a first delivery. A redelivery's is a lost ack; a
+	// retry's, this delivery's own commit whose answer was lost (the
+	// connection cut during COMMIT, a failover).
+	c.ack(ctx, log, msg, duplicate, duplicate && md.NumDelivered == 1 && !retried)
 }
 
 // applyHeld applies ev, and holds the message in hand through transient
 // failures (a database outage), kept in progress on the server, retrying
 // after heldRetryMin and on (see maxHeldRetries) until it applies, the
 // retries run out or Stop comes. The error is the last attempt's.
-func (c *Consumer) applyHeld(ctx context.Context, log *slog.Logger, msg jetstream.Msg, ev events.Envelope) (duplicate bool, err error) {
+// retried says the outcome is a retry's: a duplicate found then may be
+// this delivery's own earlier attempt, committed with its answer lost.
+func (c *Consumer) applyHeld(ctx context.Context, log *slog.Logger, msg jetstream.Msg, ev events.Envelope) (duplicate, retried bool, err error) {
 	stopProgress := c.keepInProgress(msg)
 	defer stopProgress()
 	duplicate, err = c.apply(ctx, ev)
@@ -216,8 +222,9 @@ func (c *Consumer) applyHeld(ctx context.Context, log *slog.Logger, msg jetstrea
 		}
 		wait = min(2*wait, heldRetryMax)
 		duplicate, err = c.apply(ctx, ev)
+		retried = true
 	}
-	return duplicate, err
+	return duplicate, retried, err
 }
 
 // handBack settles a message whose event did not apply (err): terminated
@@ -245,10 +252,10 @@ func (c *Consumer) handBack(ctx context.Context, log *slog.Logger, msg jetstream
 }
 
 // ack counts a committed event and acknowledges its message.
-func (c *Consumer) ack(ctx context.Context, log *slog.Logger, msg jetstream.Msg, md *jetstream.MsgMetadata, duplicate bool) {
+func (c *Consumer) ack(ctx context.Context, log *slog.Logger, msg jetstream.Msg, duplicate, streamCopy bool) {
 	if duplicate {
 		duplicatesTotal.WithLabelValues(c.cfg.Name).Inc()
-		if md.NumDelivered == 1 {
+		if streamCopy {
 			streamDuplicatesTotal.WithLabelValues(c.cfg.Name).Inc()
 		}
 		log.InfoContext(ctx, "duplicate event skipped")

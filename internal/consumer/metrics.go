@@ -13,13 +13,15 @@ var (
 		Help: "Deliveries whose event id the consumer's inbox already had: acknowledged without an effect.",
 	}, []string{"consumer"})
 	// streamDuplicatesTotal is the part of duplicatesTotal that the stream
-	// let through: a first delivery whose event the inbox already had is
-	// a second copy of it on the stream. A redelivery the inbox skips is
-	// a lost acknowledgement (a connection cut, a crash after the commit),
-	// which the inbox absorbs by design and pages no one.
+	// let through: a first delivery whose event the inbox already had, at
+	// its first attempt, is a second copy of it on the stream. A
+	// redelivery the inbox skips is a lost acknowledgement (a connection
+	// cut, a crash after the commit), and a retry in hand that finds it,
+	// the delivery's own commit whose answer was lost: the inbox absorbs
+	// both by design, and they page no one.
 	streamDuplicatesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "consumer_stream_duplicates_total",
-		Help: "First deliveries whose event id the consumer's inbox already had: a second copy of the event on the stream (published again past the stream's duplicates window). Redeliveries after a lost ack are not counted.",
+		Help: "First deliveries whose event id the consumer's inbox already had at their first attempt: a second copy of the event on the stream (published again past the stream's duplicates window). Redeliveries after a lost ack, and retries that find their own commit, are not counted.",
 	}, []string{"consumer"})
 	redeliveriesTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "consumer_redeliveries_total",

@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"encoding/json"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/idemref/payments/internal/broker"
 	"github.com/idemref/payments/internal/consumer"
 	"github.com/idemref/payments/internal/events"
+	"github.com/idemref/payments/internal/inbox"
 	"github.com/idemref/payments/internal/orders"
 	"github.com/idemref/payments/internal/payments"
 	"github.com/idemref/payments/internal/tenants"
@@ -294,5 +296,81 @@ func TestStopHandsBackAHeldEventAtOnce(t *testing.T) {
 	}
 	if n := f.deadLetters(t); n != 0 {
 		t.Errorf("dead letters = %d, want 0", n)
+	}
+}
+
+// duplicateCounts reads consumer_duplicates_skipped_total and
+// consumer_stream_duplicates_total of consumer name.
+func duplicateCounts(t *testing.T, name string) (skipped, streamCopies float64) {
+	t.Helper()
+	families, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range families {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() != "consumer" || l.GetValue() != name {
+					continue
+				}
+				switch mf.GetName() {
+				case "consumer_duplicates_skipped_total":
+					skipped = m.GetCounter().GetValue()
+				case "consumer_stream_duplicates_total":
+					streamCopies = m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return skipped, streamCopies
+}
+
+// A commit whose answer is lost (the leader failing over during COMMIT)
+// is retried in hand, and the retry finds the inbox row its own first
+// attempt committed: a duplicate, skipped, and no second copy on the
+// stream, which DuplicatesBeyondTheWindow would page for. The first
+// attempt here answers a serialization failure while a committed
+// transaction of the same inbox row and effect lands behind it, as the
+// commit that succeeded unseen would have.
+func TestARetryFindingItsOwnCommitIsNoStreamDuplicate(t *testing.T) {
+	t.Parallel()
+	const name = "orders-lost-commit"
+	f := setupOutage(t)
+	var attempts atomic.Int32
+	landed := make(chan error, 1)
+	c := f.start(t, name, func(ctx context.Context, tx pgx.Tx, ev events.Envelope) error {
+		if attempts.Add(1) > 1 {
+			return orders.ApplyEvent(ctx, tx, ev)
+		}
+		// Waits on this attempt's uncommitted inbox row, then commits
+		// the same row and effect once this attempt rolls back.
+		go func() {
+			landed <- pgx.BeginFunc(context.WithoutCancel(ctx), f.pool, func(tx pgx.Tx) error {
+				if _, err := inbox.Record(ctx, tx, name, events.Source, ev.ID.String()); err != nil {
+					return err
+				}
+				return orders.ApplyEvent(ctx, tx, ev)
+			})
+		}()
+		return &pgconn.PgError{Code: "40001", Message: "could not serialize access (the commit's answer lost)"}
+	})
+	t.Cleanup(c.Stop)
+	order := f.order(t, 1000)
+	f.paid(t, order, 1000)
+	if err := <-landed; err != nil {
+		t.Fatal(err)
+	}
+	testkit.WaitFor(t, 10*time.Second, func() bool {
+		skipped, _ := duplicateCounts(t, name)
+		return skipped == 1
+	})
+	if _, copies := duplicateCounts(t, name); copies != 0 {
+		t.Errorf("stream duplicates = %v, want 0: the duplicate was the delivery's own commit", copies)
+	}
+	if paid := f.amountPaid(t, order); paid != 1000 {
+		t.Errorf("amount paid = %d, want 1000 (once)", paid)
+	}
+	if info := f.consumerInfo(t, name); info.Delivered.Consumer != 1 {
+		t.Errorf("deliveries = %d, want 1: retried in hand, not redelivered", info.Delivered.Consumer)
 	}
 }
