@@ -17,8 +17,9 @@
 //     applied);
 //  4. starts this tree's api serve beside it on the same database, and
 //     each replays the other's keys byte for byte, with the tenant the
-//     other's CLI made, while the previous release's reaper prunes keys,
-//     the inbox and the outbox on the new schema;
+//     other's CLI made, and refunds the other's payment, while the
+//     previous release's reaper prunes keys, the inbox and the outbox on
+//     the new schema;
 //  5. stops the previous release (SIGTERM) and replays again on this one.
 //
 // Any ERROR line in either server's log fails it too. Its last line is
