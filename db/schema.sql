@@ -261,7 +261,7 @@ ALTER TABLE public.outbox ALTER COLUMN seq ADD GENERATED ALWAYS AS IDENTITY (
 );
 
 ALTER TABLE ONLY public.outbox
-    ADD CONSTRAINT outbox_pkey PRIMARY KEY (id);
+    ADD CONSTRAINT outbox_pkey PRIMARY KEY (tenant_id, id);
 
 CREATE INDEX outbox_published_at_idx ON public.outbox USING btree (published_at) WHERE (published_at IS NOT NULL);
 
@@ -340,6 +340,8 @@ CREATE UNIQUE INDEX payments_one_live_per_order ON public.payments USING btree (
 
 CREATE INDEX payments_sweep_idx ON public.payments USING btree (sweep_at) WHERE (sweep_at IS NOT NULL);
 
+CREATE UNIQUE INDEX payments_tenant_charge_key_key ON public.payments USING btree (tenant_id, charge_key);
+
 CREATE INDEX payments_tenant_created_idx ON public.payments USING btree (tenant_id, created_at DESC, id DESC);
 
 CREATE TRIGGER payments_guard_status BEFORE UPDATE OF status ON public.payments FOR EACH ROW WHEN ((old.status IS DISTINCT FROM new.status)) EXECUTE FUNCTION public.guard_state_transition('payment');
@@ -357,6 +359,7 @@ CREATE TABLE public.processed_messages (
     source text NOT NULL,
     message_id text NOT NULL,
     processed_at timestamp with time zone DEFAULT now() NOT NULL,
+    tenant_id uuid DEFAULT '00000000-0000-0000-0000-000000000000'::uuid NOT NULL,
     CONSTRAINT processed_messages_consumer_check CHECK ((consumer <> ''::text)),
     CONSTRAINT processed_messages_message_id_check CHECK (((length(message_id) >= 1) AND (length(message_id) <= 255))),
     CONSTRAINT processed_messages_source_check CHECK ((source <> ''::text))
@@ -417,6 +420,8 @@ CREATE INDEX refunds_payment_idx ON public.refunds USING btree (tenant_id, payme
 CREATE UNIQUE INDEX refunds_refund_key_key ON public.refunds USING btree (refund_key);
 
 CREATE INDEX refunds_sweep_idx ON public.refunds USING btree (sweep_at) WHERE (sweep_at IS NOT NULL);
+
+CREATE UNIQUE INDEX refunds_tenant_refund_key_key ON public.refunds USING btree (tenant_id, refund_key);
 
 CREATE TRIGGER refunds_guard_status BEFORE UPDATE OF status ON public.refunds FOR EACH ROW WHEN ((old.status IS DISTINCT FROM new.status)) EXECUTE FUNCTION public.guard_state_transition('refund');
 

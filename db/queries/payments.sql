@@ -152,10 +152,21 @@ ORDER BY payment_id, created_at, charge_id;
 
 -- name: PaymentGetByChargeKeyForUpdate :one
 -- A processor webhook names the charge's idempotency key, unique among
--- payments (payments_charge_key_key). The row lock
+-- the tenant's payments (payments_tenant_charge_key_key), and the tenant
+-- (the charge's metadata, or PaymentFindTenantByChargeKey). The row lock
 -- serialises the webhook with the attempt's own record of the charge and
 -- with the sweep: whoever commits first settles the payment.
-SELECT * FROM payments WHERE charge_key = @charge_key FOR UPDATE;
+SELECT * FROM payments WHERE tenant_id = @tenant_id AND charge_key = @charge_key FOR UPDATE;
+
+-- name: PaymentFindTenantByChargeKey :one
+-- The tenant of a charge made before its metadata named one (migration
+-- 000022): the webhook of such a charge names the key alone. One probe of
+-- payments_tenant_charge_key_key per tenant, so no index on charge_key
+-- alone is needed, and on a sharded database each probe is single-shard.
+-- Only webhooks without the tenant in their metadata pay it.
+SELECT t.id FROM tenants t
+WHERE EXISTS (SELECT 1 FROM payments p WHERE p.tenant_id = t.id AND p.charge_key = @charge_key)
+LIMIT 1;
 
 -- name: PaymentSweepNow :execrows
 -- A charge the payment does not know about was reported, or found by a

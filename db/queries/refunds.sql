@@ -1,10 +1,11 @@
 -- name: RefundCreate :one
--- One refund per derived refund key (refunds_refund_key_key): no row back
--- means this request made its refund already, under a key the server has
--- since forgotten (RefundGetByRefundKey names it).
+-- One refund per derived refund key of the tenant
+-- (refunds_tenant_refund_key_key): no row back means this request made its
+-- refund already, under a key the server has since forgotten
+-- (RefundGetByRefundKey names it).
 INSERT INTO refunds (tenant_id, id, payment_id, amount, refund_key)
 VALUES (@tenant_id, @id, @payment_id, @amount, @refund_key)
-ON CONFLICT (refund_key) DO NOTHING
+ON CONFLICT (tenant_id, refund_key) DO NOTHING
 RETURNING *;
 
 -- name: RefundGetByRefundKey :one

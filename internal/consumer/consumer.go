@@ -276,7 +276,7 @@ func (c *Consumer) ack(ctx context.Context, log *slog.Logger, msg jetstream.Msg,
 // duplicate reports that the inbox already had it: nothing was applied.
 func (c *Consumer) apply(ctx context.Context, ev events.Envelope) (duplicate bool, err error) {
 	err = db.WithTx(ctx, c.pool, func(ctx context.Context, tx pgx.Tx) error {
-		fresh, err := inbox.Record(ctx, tx, c.cfg.Name, events.Source, ev.ID.String())
+		fresh, err := inbox.Record(ctx, tx, ev.TenantID, c.cfg.Name, events.Source, ev.ID.String())
 		if err != nil || !fresh {
 			duplicate = !fresh
 			return err

@@ -248,7 +248,7 @@ func Redrive(ctx context.Context, js jetstream.JetStream, pool *pgxpool.Pool, se
 		r.EventID, r.OccurredAt = ev.ID.String(), ev.OccurredAt
 		// The event cannot have been applied before it occurred: it was
 		// dated before its outbox row committed, so before any delivery.
-		verdict, prunedThrough, err := inbox.Lookup(ctx, pool, r.Consumer, events.Source, r.EventID, ev.OccurredAt)
+		verdict, prunedThrough, err := inbox.Lookup(ctx, pool, ev.TenantID, r.Consumer, events.Source, r.EventID, ev.OccurredAt)
 		if err != nil {
 			return r, fmt.Errorf("dead letter %d: %w", seq, err)
 		}

@@ -346,7 +346,7 @@ func TestARetryFindingItsOwnCommitIsNoStreamDuplicate(t *testing.T) {
 		// the same row and effect once this attempt rolls back.
 		go func() {
 			landed <- pgx.BeginFunc(context.WithoutCancel(ctx), f.pool, func(tx pgx.Tx) error {
-				if _, err := inbox.Record(ctx, tx, name, events.Source, ev.ID.String()); err != nil {
+				if _, err := inbox.Record(ctx, tx, ev.TenantID, name, events.Source, ev.ID.String()); err != nil {
 					return err
 				}
 				return orders.ApplyEvent(ctx, tx, ev)

@@ -434,7 +434,7 @@ func TestPayOrder(t *testing.T) {
 		}
 		want := processor.Charge{
 			ID: ch.ID, Object: "charge", Amount: orderAmount, Currency: "EUR", PaymentMethod: cardVisa,
-			Status: processor.StatusSucceeded, Metadata: map[string]string{"payment_id": p.Id.String(), "order_id": o.Id.String()},
+			Status: processor.StatusSucceeded, Metadata: map[string]string{"tenant_id": e.a.ID.String(), "payment_id": p.Id.String(), "order_id": o.Id.String()},
 			IdempotencyKey: derived, Created: ch.Created,
 		}
 		if diff := cmp.Diff(want, ch); diff != "" {

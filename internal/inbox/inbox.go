@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemref/payments/internal/db/dbsqlc"
@@ -44,12 +45,21 @@ func CheckRetention(retention time.Duration, horizons ...time.Duration) error {
 	return nil
 }
 
+// NoTenant is the tenant of an id recorded without one: before the inbox
+// named tenants (migration 000023), or for a message about nothing of a
+// tenant's (a processor webhook about a charge that is not ours). Record
+// and Lookup look under it as well as under the message's tenant.
+var NoTenant = uuid.Nil
+
 // Record inserts the id of a message from source, as seen by consumer, in
-// tx. It reports false when consumer already processed it: the caller
-// skips the effect, commits nothing new, and acknowledges.
-func Record(ctx context.Context, tx pgx.Tx, consumer, source, messageID string) (fresh bool, err error) {
+// tx, under tenant: the tenant whose rows the message's effect changes in
+// tx (D8), which must be the same on every delivery of the message (an
+// event's envelope names it; NoTenant when the message has none). It
+// reports false when consumer already processed it: the caller skips the
+// effect, commits nothing new, and acknowledges.
+func Record(ctx context.Context, tx pgx.Tx, tenant uuid.UUID, consumer, source, messageID string) (fresh bool, err error) {
 	n, err := dbsqlc.New(tx).ProcessedMessageInsert(ctx, dbsqlc.ProcessedMessageInsertParams{
-		Consumer: consumer, Source: source, MessageID: messageID,
+		TenantID: tenant, Consumer: consumer, Source: source, MessageID: messageID,
 	})
 	return n == 1, err
 }
@@ -88,9 +98,10 @@ func (v Verdict) String() string {
 const ClockSkewAllowance = time.Hour
 
 // Lookup says whether consumer applied the message from source with
-// messageID. sentAt is the earliest the message can have been applied (for
-// an event, when it occurred: before its outbox row committed, so before
-// any delivery), the zero time when unknown. prunedThrough is the
+// messageID, recorded under tenant or NoTenant. sentAt is the earliest the
+// message can have been applied (for an event, when it occurred: before
+// its outbox row committed, so before any delivery), the zero time when
+// unknown. prunedThrough is the
 // processed_at of the newest id pruned so far, zero when none was.
 //
 // The id and the horizon are read in one statement, so in one snapshot: a
@@ -98,9 +109,9 @@ const ClockSkewAllowance = time.Hour
 // that Lookup finds NotApplied can still be applied by a delivery in flight
 // (the broker gave up on it, its consumer had not): that delivery records
 // the id, and whatever is delivered after it finds the id.
-func Lookup(ctx context.Context, db dbsqlc.DBTX, consumer, source, messageID string, sentAt time.Time) (v Verdict, prunedThrough time.Time, err error) {
+func Lookup(ctx context.Context, db dbsqlc.DBTX, tenant uuid.UUID, consumer, source, messageID string, sentAt time.Time) (v Verdict, prunedThrough time.Time, err error) {
 	row, err := dbsqlc.New(db).ProcessedMessageLookup(ctx, dbsqlc.ProcessedMessageLookupParams{
-		Consumer: consumer, Source: source, MessageID: messageID,
+		TenantID: tenant, Consumer: consumer, Source: source, MessageID: messageID,
 	})
 	if err != nil {
 		return Unknown, time.Time{}, fmt.Errorf("inbox lookup: %w", err)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -27,6 +28,10 @@ const (
 	source    = "payments.outbox"
 	retention = 7 * 24 * time.Hour
 )
+
+// tenant is the tenant the tests record their messages under. The inbox
+// does not reference tenants: any UUID will do.
+var tenant = uuid.MustParse("0195a0b0-0000-7000-8000-000000000001")
 
 // insertAt records id as processed at the given time, as an inbox row of
 // that age would be.
@@ -58,7 +63,7 @@ func TestLookupVouchesOnlyForWhatWasNotPruned(t *testing.T) {
 	now := time.Now()
 	lookup := func(id string, sentAt time.Time) (inbox.Verdict, time.Time) {
 		t.Helper()
-		v, pruned, err := inbox.Lookup(ctx, pool, consumer, source, id, sentAt)
+		v, pruned, err := inbox.Lookup(ctx, pool, tenant, consumer, source, id, sentAt)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -70,7 +75,7 @@ func TestLookupVouchesOnlyForWhatWasNotPruned(t *testing.T) {
 		t.Errorf("before any prune, a missing id of unknown age = %v, want not applied", v)
 	}
 	if err := db.WithTx(ctx, pool, func(ctx context.Context, tx pgx.Tx) error {
-		_, err := inbox.Record(ctx, tx, consumer, source, "applied")
+		_, err := inbox.Record(ctx, tx, tenant, consumer, source, "applied")
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -158,7 +163,7 @@ func TestLookupDuringPrunesNeverSaysNotApplied(t *testing.T) {
 		lookups.Go(func() {
 			for i := w; !done.Load(); i = (i + 2) % n {
 				id := fmt.Sprintf("m%d", i)
-				v, horizon, err := inbox.Lookup(ctx, pool, consumer, source, id, at(i).Add(inbox.ClockSkewAllowance))
+				v, horizon, err := inbox.Lookup(ctx, pool, tenant, consumer, source, id, at(i).Add(inbox.ClockSkewAllowance))
 				if err != nil {
 					t.Error(err)
 					return
@@ -230,7 +235,7 @@ func TestHorizonOfADatabaseAlreadyInUse(t *testing.T) {
 	if at == nil || at.Before(before.Add(-time.Minute)) || at.After(time.Now().Add(time.Minute)) {
 		t.Fatalf("horizon of a database in use, after the migration = %v, want about %v", at, before)
 	}
-	if v, _, err := inbox.Lookup(ctx, pool, consumer, source, "from-before", before.Add(-time.Hour)); err != nil || v != inbox.Unknown {
+	if v, _, err := inbox.Lookup(ctx, pool, tenant, consumer, source, "from-before", before.Add(-time.Hour)); err != nil || v != inbox.Unknown {
 		t.Errorf("a missing id of an event from before the migration = %v (%v), want unknown", v, err)
 	}
 }
@@ -252,11 +257,64 @@ func TestAnyDeleteMovesTheHorizon(t *testing.T) {
 	if _, err := pool.Exec(ctx, `DELETE FROM processed_messages WHERE processed_at < now() - interval '7 days'`); err != nil {
 		t.Fatal(err)
 	}
-	v, pruned, err := inbox.Lookup(ctx, pool, consumer, source, "old-2", old)
+	v, pruned, err := inbox.Lookup(ctx, pool, tenant, consumer, source, "old-2", old)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if v != inbox.Unknown || !pruned.Equal(old.Add(time.Hour)) {
 		t.Errorf("after a plain DELETE of two ids, the later one = %v (horizon %v), want unknown (horizon %v)", v, pruned, old.Add(time.Hour))
+	}
+}
+
+// D8, M1: an id recorded before the inbox named tenants (under
+// inbox.NoTenant, as migration 000023 left every earlier row and a
+// previous release still writes them) drops its redelivery under the
+// message's tenant, and Lookup finds it there; an id recorded under the
+// tenant is recorded once.
+func TestAnIDRecordedWithoutItsTenantStillDropsItsRedelivery(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	pool, _ := testdb.NewPool(t)
+	insertAt(t, pool, "before", time.Now())
+	record := func(id string) bool {
+		t.Helper()
+		var fresh bool
+		if err := db.WithTx(ctx, pool, func(ctx context.Context, tx pgx.Tx) (err error) {
+			fresh, err = inbox.Record(ctx, tx, tenant, consumer, source, id)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return fresh
+	}
+	if record("before") {
+		t.Error("an id recorded without its tenant was recorded again under it")
+	}
+	if !record("after") || record("after") {
+		t.Error("an id recorded under its tenant: want fresh once, then a duplicate")
+	}
+	for _, id := range []string{"before", "after"} {
+		if v, _, err := inbox.Lookup(ctx, pool, tenant, consumer, source, id, time.Now()); err != nil || v != inbox.Applied {
+			t.Errorf("Lookup(%s) = %v, %v; want applied", id, v, err)
+		}
+	}
+	var rows []string
+	r, err := pool.Query(ctx, `SELECT tenant_id::text || ' ' || message_id FROM processed_messages ORDER BY message_id DESC`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r.Next() {
+		var s string
+		if err := r.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		rows = append(rows, s)
+	}
+	if err := r.Err(); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{inbox.NoTenant.String() + " before", tenant.String() + " after"}
+	if len(rows) != 2 || rows[0] != want[0] || rows[1] != want[1] {
+		t.Errorf("inbox rows = %q, want %q", rows, want)
 	}
 }

@@ -120,7 +120,7 @@ func (s *Service) charge(ctx context.Context, l *idem.Lease, marked *dbsqlc.Paym
 				Amount:        p.Amount,
 				Currency:      p.Currency,
 				PaymentMethod: p.PaymentMethod,
-				Metadata:      map[string]string{"payment_id": p.ID.String(), "order_id": p.OrderID.String()},
+				Metadata:      chargeMetadata(p),
 			}, p.ChargeKey)
 			var declined *processor.DeclineError
 			var rejected *processor.RequestError

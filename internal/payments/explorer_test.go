@@ -734,7 +734,7 @@ func (r *run) consumeNext(ctx context.Context, pool *pgxpool.Pool, cursor *int) 
 			r.tenant, *cursor).Scan(&id, &payload); err != nil {
 			return err
 		}
-		fresh, err := inbox.Record(ctx, tx, orders.ConsumerName, events.Source, id.String())
+		fresh, err := inbox.Record(ctx, tx, r.tenant, orders.ConsumerName, events.Source, id.String())
 		if err != nil || !fresh {
 			return err
 		}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemref/payments/internal/db"
@@ -49,6 +50,48 @@ import (
 // after both and refunds every succeeded charge but the recorded one. One
 // charge is kept, one event written, whatever the order.
 
+// Finding the tenant first (D8). Every payment is read by its tenant and
+// charge key, so that on a database sharded by tenant a webhook's
+// transaction is single-shard, as the request's own. The processor's event
+// names no tenant of ours, so the charge carries it in its metadata
+// (MetadataTenant, beside payment_id and order_id), which both adapters
+// send with the charge and read back in its webhooks. A charge made before
+// the metadata named the tenant (before migration 000022) is resolved by
+// its key alone, one index probe per tenant (PaymentFindTenantByChargeKey):
+// such webhooks stop once those charges are past the processor's retries.
+
+// MetadataTenant is the charge metadata field naming the tenant whose
+// payment made the charge.
+const MetadataTenant = "tenant_id"
+
+// chargeMetadata is what a payment's charge carries to the processor and
+// back in its webhooks.
+func chargeMetadata(p dbsqlc.Payment) map[string]string {
+	return map[string]string{
+		MetadataTenant: p.TenantID.String(),
+		"payment_id":   p.ID.String(),
+		"order_id":     p.OrderID.String(),
+	}
+}
+
+// chargeTenant is the tenant of a charge a webhook names: its metadata's,
+// else, for a charge made before the metadata carried it, the tenant with
+// a payment under its key. ok is false for a charge that is not ours.
+func chargeTenant(ctx context.Context, q *dbsqlc.Queries, ch processor.Charge) (tenant uuid.UUID, ok bool, err error) {
+	if v, named := ch.Metadata[MetadataTenant]; named {
+		tenant, err := uuid.Parse(v)
+		return tenant, err == nil, nil
+	}
+	if ch.IdempotencyKey == "" {
+		return uuid.Nil, false, nil
+	}
+	tenant, err = q.PaymentFindTenantByChargeKey(ctx, ch.IdempotencyKey)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return uuid.Nil, false, nil
+	}
+	return tenant, err == nil, err
+}
+
 // Inbox names of processor webhooks.
 const (
 	webhookConsumer = "processor-webhooks"
@@ -78,7 +121,19 @@ func (s *Service) HandleProcessorEvent(ctx context.Context, ev processor.Event) 
 	result := WebhookRecorded
 	err := db.WithTx(ctx, s.pool, func(ctx context.Context, tx pgx.Tx) error {
 		result = WebhookRecorded
-		fresh, err := inbox.Record(ctx, tx, webhookConsumer, webhookSource, ev.ID)
+		// The tenant first: the inbox row goes under it, beside the
+		// payment it changes (D8). The same event always resolves to the
+		// same tenant (its charge's metadata, or the one payment under its
+		// key), so a redelivery finds the row its first delivery wrote.
+		ch := ev.Data.Object
+		tenant, ours, err := chargeTenant(ctx, dbsqlc.New(tx), ch)
+		if err != nil {
+			return err
+		}
+		if !ours {
+			tenant = inbox.NoTenant
+		}
+		fresh, err := inbox.Record(ctx, tx, tenant, webhookConsumer, webhookSource, ev.ID)
 		if err != nil {
 			return err
 		}
@@ -86,10 +141,15 @@ func (s *Service) HandleProcessorEvent(ctx context.Context, ev processor.Event) 
 			result = WebhookDuplicate
 			return nil
 		}
-		if ev.Type != processor.EventChargeSucceeded || ev.Data.Object.Status != processor.StatusSucceeded {
+		if ev.Type != processor.EventChargeSucceeded || ch.Status != processor.StatusSucceeded {
 			return nil
 		}
-		result, err = s.chargeSucceeded(ctx, tx, ev.Data.Object)
+		if !ours {
+			// Not a charge of ours (or of a payment pruned long ago).
+			s.log.WarnContext(ctx, "webhook: a charge no payment made", slog.String("charge_id", ch.ID))
+			return nil
+		}
+		result, err = s.chargeSucceeded(ctx, tx, tenant, ch)
 		return err
 	})
 	if err != nil {
@@ -99,9 +159,9 @@ func (s *Service) HandleProcessorEvent(ctx context.Context, ev processor.Event) 
 	return result, nil
 }
 
-func (s *Service) chargeSucceeded(ctx context.Context, tx pgx.Tx, ch processor.Charge) (WebhookResult, error) {
+func (s *Service) chargeSucceeded(ctx context.Context, tx pgx.Tx, tenant uuid.UUID, ch processor.Charge) (WebhookResult, error) {
 	q := dbsqlc.New(tx)
-	cur, err := q.PaymentGetByChargeKeyForUpdate(ctx, ch.IdempotencyKey)
+	cur, err := q.PaymentGetByChargeKeyForUpdate(ctx, dbsqlc.PaymentGetByChargeKeyForUpdateParams{TenantID: tenant, ChargeKey: ch.IdempotencyKey})
 	if errors.Is(err, pgx.ErrNoRows) {
 		// Not a charge of ours (or of a payment pruned long ago).
 		s.log.WarnContext(ctx, "webhook: a charge no payment made", slog.String("charge_id", ch.ID))

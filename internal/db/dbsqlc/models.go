@@ -121,6 +121,7 @@ type ProcessedMessage struct {
 	Source      string
 	MessageID   string
 	ProcessedAt time.Time
+	TenantID    uuid.UUID
 }
 
 type ProcessedMessagesHorizon struct {

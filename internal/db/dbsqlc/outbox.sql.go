@@ -201,7 +201,8 @@ WHERE o.published_at IS NOT NULL
   AND o.created_at > (SELECT coalesce(h.pruned_through, '-infinity') FROM processed_messages_horizon h)
   AND NOT EXISTS (
       SELECT 1 FROM processed_messages m
-      WHERE m.consumer = $2 AND m.source = $3 AND m.message_id = o.id::text
+      WHERE m.tenant_id IN (o.tenant_id, '00000000-0000-0000-0000-000000000000')
+        AND m.consumer = $2 AND m.source = $3 AND m.message_id = o.id::text
   )
 `
 

@@ -326,6 +326,24 @@ func (q *Queries) PaymentCreate(ctx context.Context, arg PaymentCreateParams) (P
 	return i, err
 }
 
+const paymentFindTenantByChargeKey = `-- name: PaymentFindTenantByChargeKey :one
+SELECT t.id FROM tenants t
+WHERE EXISTS (SELECT 1 FROM payments p WHERE p.tenant_id = t.id AND p.charge_key = $1)
+LIMIT 1
+`
+
+// The tenant of a charge made before its metadata named one (migration
+// 000022): the webhook of such a charge names the key alone. One probe of
+// payments_tenant_charge_key_key per tenant, so no index on charge_key
+// alone is needed, and on a sharded database each probe is single-shard.
+// Only webhooks without the tenant in their metadata pay it.
+func (q *Queries) PaymentFindTenantByChargeKey(ctx context.Context, chargeKey string) (uuid.UUID, error) {
+	row := q.db.QueryRow(ctx, paymentFindTenantByChargeKey, chargeKey)
+	var id uuid.UUID
+	err := row.Scan(&id)
+	return id, err
+}
+
 const paymentFinish = `-- name: PaymentFinish :one
 UPDATE payments
 SET status = $1,
@@ -462,15 +480,21 @@ func (q *Queries) PaymentGetByChargeKey(ctx context.Context, arg PaymentGetByCha
 }
 
 const paymentGetByChargeKeyForUpdate = `-- name: PaymentGetByChargeKeyForUpdate :one
-SELECT tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at, trace_parent FROM payments WHERE charge_key = $1 FOR UPDATE
+SELECT tenant_id, id, order_id, amount, currency, payment_method, status, charge_key, charge_id, decline_code, failure_message, refunded_amount, created_at, updated_at, charge_sent_at, charge_calls, sweep_at, trace_parent FROM payments WHERE tenant_id = $1 AND charge_key = $2 FOR UPDATE
 `
 
+type PaymentGetByChargeKeyForUpdateParams struct {
+	TenantID  uuid.UUID
+	ChargeKey string
+}
+
 // A processor webhook names the charge's idempotency key, unique among
-// payments (payments_charge_key_key). The row lock
+// the tenant's payments (payments_tenant_charge_key_key), and the tenant
+// (the charge's metadata, or PaymentFindTenantByChargeKey). The row lock
 // serialises the webhook with the attempt's own record of the charge and
 // with the sweep: whoever commits first settles the payment.
-func (q *Queries) PaymentGetByChargeKeyForUpdate(ctx context.Context, chargeKey string) (Payment, error) {
-	row := q.db.QueryRow(ctx, paymentGetByChargeKeyForUpdate, chargeKey)
+func (q *Queries) PaymentGetByChargeKeyForUpdate(ctx context.Context, arg PaymentGetByChargeKeyForUpdateParams) (Payment, error) {
+	row := q.db.QueryRow(ctx, paymentGetByChargeKeyForUpdate, arg.TenantID, arg.ChargeKey)
 	var i Payment
 	err := row.Scan(
 		&i.TenantID,

@@ -8,24 +8,43 @@ package dbsqlc
 import (
 	"context"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 const processedMessageInsert = `-- name: ProcessedMessageInsert :execrows
-INSERT INTO processed_messages (consumer, source, message_id)
-VALUES ($1, $2, $3)
+INSERT INTO processed_messages (tenant_id, consumer, source, message_id)
+SELECT $1::uuid, $2::text, $3::text, $4::text
+WHERE NOT EXISTS (
+    SELECT 1 FROM processed_messages
+    WHERE tenant_id = '00000000-0000-0000-0000-000000000000'
+      AND consumer = $2 AND source = $3 AND message_id = $4
+)
 ON CONFLICT DO NOTHING
 `
 
 type ProcessedMessageInsertParams struct {
+	TenantID  uuid.UUID
 	Consumer  string
 	Source    string
 	MessageID string
 }
 
 // The inbox row (M1), inserted in the transaction that applies the
-// message's effect. 0 rows: this consumer already applied the message.
+// message's effect, under the message's tenant (D8: on the tenant's shard,
+// with the effect). 0 rows: this consumer already applied the message,
+// recorded under its tenant, or under the nil UUID (no tenant known:
+// before migration 000023, or by a release that did not name it). A
+// message's tenant is fixed (an event's envelope, a charge's metadata or
+// its payment), so a redelivery always looks where its first delivery
+// wrote.
 func (q *Queries) ProcessedMessageInsert(ctx context.Context, arg ProcessedMessageInsertParams) (int64, error) {
-	result, err := q.db.Exec(ctx, processedMessageInsert, arg.Consumer, arg.Source, arg.MessageID)
+	result, err := q.db.Exec(ctx, processedMessageInsert,
+		arg.TenantID,
+		arg.Consumer,
+		arg.Source,
+		arg.MessageID,
+	)
 	if err != nil {
 		return 0, err
 	}
@@ -36,13 +55,15 @@ const processedMessageLookup = `-- name: ProcessedMessageLookup :one
 SELECT
     EXISTS (
         SELECT 1 FROM processed_messages m
-        WHERE m.consumer = $1 AND m.source = $2 AND m.message_id = $3
+        WHERE m.tenant_id IN ($1::uuid, '00000000-0000-0000-0000-000000000000')
+          AND m.consumer = $2 AND m.source = $3 AND m.message_id = $4
     ) AS applied,
     h.pruned_through
 FROM processed_messages_horizon h
 `
 
 type ProcessedMessageLookupParams struct {
+	TenantID  uuid.UUID
 	Consumer  string
 	Source    string
 	MessageID string
@@ -59,7 +80,12 @@ type ProcessedMessageLookupRow struct {
 // with the horizon already past it. No horizon row is an error: the caller
 // must not take "nothing pruned" for granted.
 func (q *Queries) ProcessedMessageLookup(ctx context.Context, arg ProcessedMessageLookupParams) (ProcessedMessageLookupRow, error) {
-	row := q.db.QueryRow(ctx, processedMessageLookup, arg.Consumer, arg.Source, arg.MessageID)
+	row := q.db.QueryRow(ctx, processedMessageLookup,
+		arg.TenantID,
+		arg.Consumer,
+		arg.Source,
+		arg.MessageID,
+	)
 	var i ProcessedMessageLookupRow
 	err := row.Scan(&i.Applied, &i.PrunedThrough)
 	return i, err
@@ -67,8 +93,8 @@ func (q *Queries) ProcessedMessageLookup(ctx context.Context, arg ProcessedMessa
 
 const processedMessagePrune = `-- name: ProcessedMessagePrune :execrows
 DELETE FROM processed_messages m
-WHERE (m.consumer, m.source, m.message_id) IN (
-    SELECT consumer, source, message_id FROM processed_messages
+WHERE (m.tenant_id, m.consumer, m.source, m.message_id) IN (
+    SELECT tenant_id, consumer, source, message_id FROM processed_messages
     WHERE processed_at < now() - make_interval(secs => $1::float8)
     ORDER BY processed_at
     LIMIT $2

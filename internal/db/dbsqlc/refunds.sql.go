@@ -91,7 +91,7 @@ func (q *Queries) RefundClaimSweep(ctx context.Context, arg RefundClaimSweepPara
 const refundCreate = `-- name: RefundCreate :one
 INSERT INTO refunds (tenant_id, id, payment_id, amount, refund_key)
 VALUES ($1, $2, $3, $4, $5)
-ON CONFLICT (refund_key) DO NOTHING
+ON CONFLICT (tenant_id, refund_key) DO NOTHING
 RETURNING tenant_id, id, payment_id, amount, status, refund_key, processor_refund_id, failure_message, created_at, updated_at, refund_sent_at, refund_calls, sweep_at, duplicate_amount
 `
 
@@ -103,9 +103,10 @@ type RefundCreateParams struct {
 	RefundKey string
 }
 
-// One refund per derived refund key (refunds_refund_key_key): no row back
-// means this request made its refund already, under a key the server has
-// since forgotten (RefundGetByRefundKey names it).
+// One refund per derived refund key of the tenant
+// (refunds_tenant_refund_key_key): no row back means this request made its
+// refund already, under a key the server has since forgotten
+// (RefundGetByRefundKey names it).
 func (q *Queries) RefundCreate(ctx context.Context, arg RefundCreateParams) (Refund, error) {
 	row := q.db.QueryRow(ctx, refundCreate,
 		arg.TenantID,

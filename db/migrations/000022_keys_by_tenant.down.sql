@@ -1,0 +1,2 @@
+DROP INDEX refunds_tenant_refund_key_key;
+DROP INDEX payments_tenant_charge_key_key;
