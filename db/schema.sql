@@ -334,8 +334,6 @@ ALTER TABLE public.payments
 ALTER TABLE ONLY public.payments
     ADD CONSTRAINT payments_pkey PRIMARY KEY (tenant_id, id);
 
-CREATE UNIQUE INDEX payments_charge_key_key ON public.payments USING btree (charge_key);
-
 CREATE UNIQUE INDEX payments_one_live_per_order ON public.payments USING btree (tenant_id, order_id) WHERE (status <> ALL (ARRAY['declined'::text, 'failed'::text]));
 
 CREATE INDEX payments_sweep_idx ON public.payments USING btree (sweep_at) WHERE (sweep_at IS NOT NULL);
@@ -366,7 +364,7 @@ CREATE TABLE public.processed_messages (
 );
 
 ALTER TABLE ONLY public.processed_messages
-    ADD CONSTRAINT processed_messages_pkey PRIMARY KEY (consumer, source, message_id);
+    ADD CONSTRAINT processed_messages_pkey PRIMARY KEY (tenant_id, consumer, source, message_id);
 
 CREATE INDEX processed_messages_processed_at_idx ON public.processed_messages USING btree (processed_at);
 
@@ -416,8 +414,6 @@ ALTER TABLE ONLY public.refunds
     ADD CONSTRAINT refunds_pkey PRIMARY KEY (tenant_id, id);
 
 CREATE INDEX refunds_payment_idx ON public.refunds USING btree (tenant_id, payment_id);
-
-CREATE UNIQUE INDEX refunds_refund_key_key ON public.refunds USING btree (refund_key);
 
 CREATE INDEX refunds_sweep_idx ON public.refunds USING btree (sweep_at) WHERE (sweep_at IS NOT NULL);
 

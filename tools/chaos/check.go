@@ -35,9 +35,11 @@ import (
 //   - a payment operation to its payment row by the derived charge key:
 //     the API stores payments.charge_key = idem.DeriveKey(tenant,
 //     "POST /v1/payments", the client's key, "charge") in the transaction
-//     that creates the payment, and the column is unique. The same
-//     derivation is done here, with the tenant read from the clients'
-//     orders, so the link holds even once the key's own row
+//     that creates the payment, and the key is unique within its tenant
+//     (payments_tenant_charge_key_key; it hashes the tenant in, so no two
+//     tenants share one either). The same derivation is done here, with
+//     the tenant read from the clients' orders, so the link holds even
+//     once the key's own row
 //     (idempotency_keys, whose resource_id also names the payment) has
 //     been pruned, and even for a payment whose rows a failover lost;
 //   - a payment to its processor calls by the same charge key: every
@@ -46,7 +48,9 @@ import (
 //     to its refund call by payment_compensations.refund_key;
 //   - an order to its events through the event's data (order_id), and an
 //     event to its application by the orders consumer's inbox row
-//     (processed_messages, the event id as message id).
+//     (processed_messages, the event id as message id, recorded under the
+//     event's tenant, or under the nil UUID by a release before the inbox
+//     named tenants: readRecords matches the id under any tenant).
 
 // checkResult is the verdict on one scenario. Each violation is counted
 // in one bucket and described in Problems.

@@ -30,22 +30,6 @@ var referenceTables = map[string]string{
 		"state (on a sharded database, each node's inbox has its own)",
 }
 
-// contractPending are the keys of tenant data without tenant_id that this
-// release keeps, by name, because the release before it still relies on
-// them: its refund insert infers refunds_refund_key_key (ON CONFLICT
-// (refund_key)), its webhook reads a payment by charge_key alone through
-// payments_charge_key_key, and its inbox rows carry no tenant (the nil
-// UUID), so only a key without tenant_id stops a message it and this
-// release both receive from being applied twice. The next release's
-// contract migration drops them (docs/forking.md, "Upgrades without
-// downtime"). A name listed here that the schema no longer has as such a
-// key is reported too, so the list empties with that migration.
-var contractPending = map[string]string{
-	"payments_charge_key_key": "the previous release reads a payment by charge_key alone through it; dropped by the next release's contract migration",
-	"refunds_refund_key_key":  "the previous release's refund insert infers it (ON CONFLICT (refund_key)); dropped by the next release's contract migration",
-	"processed_messages_pkey": "the previous release records its inbox rows under no tenant; the key becomes the tenant's in the next release's contract migration",
-}
-
 var (
 	schemaTable     = regexp.MustCompile(`(?m)^CREATE TABLE public\.(\w+) \(\n((?:    .*\n)+)\);`)
 	schemaColumn    = regexp.MustCompile(`(?m)^    (\w+) `)
@@ -56,9 +40,8 @@ var (
 // tenantKeyViolations reads a schema as tools/schema writes it (pg_dump's
 // statements) and returns, sorted, one line for each primary key, unique
 // constraint or unique index of a tenant-data table that does not hold
-// tenant_id (but those of contractPending), each tenant-data table
-// without a tenant_id column, each listed table the schema does not have,
-// and each key of contractPending it does not have without tenant_id.
+// tenant_id, each tenant-data table without a tenant_id column, and each
+// listed table the schema does not have.
 func tenantKeyViolations(schema string) []string {
 	var out []string
 	tables := map[string]bool{}
@@ -76,7 +59,6 @@ func tenantKeyViolations(schema string) []string {
 			out = append(out, "table "+name+": tenant data without a tenant_id column (or list it as directory or reference data)")
 		}
 	}
-	pending := map[string]bool{}
 	check := func(table, name, kind, columns string) {
 		if exempt(table) {
 			return
@@ -86,10 +68,6 @@ func tenantKeyViolations(schema string) []string {
 				return
 			}
 		}
-		if _, ok := contractPending[name]; ok {
-			pending[name] = true
-			return
-		}
 		out = append(out, kind+" "+name+" on "+table+" ("+columns+") does not include tenant_id: "+
 			"a database sharded or partitioned by tenant cannot enforce it")
 	}
@@ -98,11 +76,6 @@ func tenantKeyViolations(schema string) []string {
 	}
 	for _, m := range schemaUniqueIdx.FindAllStringSubmatch(schema, -1) {
 		check(m[2], m[1], "unique index", m[3])
-	}
-	for name := range contractPending {
-		if !pending[name] {
-			out = append(out, "key "+name+" is listed as pending the contract migration but the schema has no such key without tenant_id: remove it from contractPending")
-		}
 	}
 	for _, listed := range []map[string]string{directoryTables, referenceTables} {
 		for name := range listed {
