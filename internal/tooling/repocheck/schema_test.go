@@ -11,7 +11,9 @@ import (
 )
 
 // Ready to shard by tenant (D8). Every table of db/schema.sql is tenant
-// data, unless it is listed below as the directory or as reference data.
+// data, unless it is listed below as the directory or as reference data;
+// docs/capacity.md ("A schema ready to shard") says what each class
+// becomes on a sharded database.
 
 // directoryTables are read before the request's tenant is known, or to
 // learn it: on a sharded database they stay one directory beside the
