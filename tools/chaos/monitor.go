@@ -8,12 +8,10 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/idemref/payments/internal/tooling/harness"
@@ -34,54 +32,14 @@ const (
 // monitor is one deployment's Prometheus, its Alertmanager and the
 // receiver of Alertmanager's notifications.
 type monitor struct {
-	prom, am *daemon
+	prom, am *harness.Process
 	promURL  string
 	recv     *http.Server
 	pages    *pageLog
 }
 
-// daemon is a child process of the monitor's, its output in a log file.
-type daemon struct {
-	cmd     *exec.Cmd
-	logPath string
-	exited  chan struct{}
-}
-
-func startDaemon(dir, name, bin string, args ...string) (*daemon, error) {
-	d := &daemon{logPath: filepath.Join(dir, name+".log"), exited: make(chan struct{})}
-	logFile, err := os.Create(d.logPath)
-	if err != nil {
-		return nil, err
-	}
-	defer logFile.Close() // the child keeps its own descriptor
-	d.cmd = exec.Command(bin, args...)
-	d.cmd.Stdout, d.cmd.Stderr = logFile, logFile
-	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := d.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	go func() {
-		_ = d.cmd.Wait()
-		close(d.exited)
-	}()
-	return d, nil
-}
-
-func (d *daemon) stop() {
-	if d == nil {
-		return
-	}
-	_ = d.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-d.exited:
-	case <-time.After(5 * time.Second):
-		_ = d.cmd.Process.Kill()
-		<-d.exited
-	}
-}
-
-// waitReady polls url until it answers 200, the daemon exits or ctx ends.
-func (d *daemon) waitReady(ctx context.Context, url string) error {
+// waitReady polls url until it answers 200, p exits or ctx ends.
+func waitReady(ctx context.Context, p *harness.Process, url string) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	for {
@@ -96,10 +54,10 @@ func (d *daemon) waitReady(ctx context.Context, url string) error {
 			}
 		}
 		select {
-		case <-d.exited:
-			return fmt.Errorf("exited; its log:\n%s", harness.Tail(d.logPath))
+		case <-p.Exited():
+			return fmt.Errorf("exited; its log:\n%s", harness.Tail(p.LogPath))
 		case <-ctx.Done():
-			return fmt.Errorf("not ready: %w; its log:\n%s", ctx.Err(), harness.Tail(d.logPath))
+			return fmt.Errorf("not ready: %w; its log:\n%s", ctx.Err(), harness.Tail(p.LogPath))
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -182,12 +140,12 @@ func startMonitor(ctx context.Context, dir string, targets []string, broken *bro
 	if err := os.WriteFile(amConfig, fmt.Appendf(nil, alertmanagerConfig, "http://"+recvAddr+"/alerts"), 0o644); err != nil {
 		return m, err
 	}
-	if m.am, err = startDaemon(dir, "alertmanager", "prometheus-alertmanager",
-		"--config.file="+amConfig, "--storage.path="+filepath.Join(dir, "alertmanager"),
-		"--web.listen-address="+amAddr, "--cluster.listen-address=", "--log.level=warn"); err != nil {
+	if m.am, err = harness.Spawn(dir, "alertmanager", "prometheus-alertmanager", []string{
+		"--config.file=" + amConfig, "--storage.path=" + filepath.Join(dir, "alertmanager"),
+		"--web.listen-address=" + amAddr, "--cluster.listen-address=", "--log.level=warn"}, nil); err != nil {
 		return m, err
 	}
-	if err := m.am.waitReady(ctx, "http://"+amAddr+"/-/ready"); err != nil {
+	if err := waitReady(ctx, m.am, "http://"+amAddr+"/-/ready"); err != nil {
 		return m, fmt.Errorf("alertmanager: %w", err)
 	}
 	promAddr, err := freeAddr()
@@ -204,13 +162,13 @@ func startMonitor(ctx context.Context, dir string, targets []string, broken *bro
 	}
 	// resend-delay: an alert still firing is sent again this often, so
 	// that Alertmanager never times it out between two evaluations.
-	if m.prom, err = startDaemon(dir, "prometheus", "prometheus",
-		"--config.file="+promConfig, "--storage.tsdb.path="+filepath.Join(dir, "prometheus"),
-		"--web.listen-address="+promAddr, "--rules.alert.resend-delay="+scrapeEvery.String(), "--log.level=warn"); err != nil {
+	if m.prom, err = harness.Spawn(dir, "prometheus", "prometheus", []string{
+		"--config.file=" + promConfig, "--storage.tsdb.path=" + filepath.Join(dir, "prometheus"),
+		"--web.listen-address=" + promAddr, "--rules.alert.resend-delay=" + scrapeEvery.String(), "--log.level=warn"}, nil); err != nil {
 		return m, err
 	}
 	m.promURL = "http://" + promAddr
-	if err := m.prom.waitReady(ctx, m.promURL+"/-/ready"); err != nil {
+	if err := waitReady(ctx, m.prom, m.promURL+"/-/ready"); err != nil {
 		return m, fmt.Errorf("prometheus: %w", err)
 	}
 	return m, nil
@@ -240,8 +198,11 @@ func (m *monitor) stop() {
 	if m == nil {
 		return
 	}
-	m.prom.stop()
-	m.am.stop()
+	for _, p := range []*harness.Process{m.prom, m.am} {
+		if p != nil {
+			p.Stop()
+		}
+	}
 	if m.recv != nil {
 		_ = m.recv.Close()
 	}

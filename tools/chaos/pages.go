@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -98,7 +99,7 @@ func judgeAlerts(spec alertSpec, seen map[string]alertSeen, faultStart time.Time
 			out.unresolved = append(out.unresolved, p.alert)
 		}
 	}
-	for _, name := range sortedKeys(out.fired) {
+	for _, name := range slices.Sorted(maps.Keys(out.fired)) {
 		switch {
 		case out.fired[name] < 0:
 			out.unexpected = append(out.unexpected, name+" (fired before the fault)")
@@ -141,7 +142,7 @@ func (a alertOutcome) describe() string {
 	for _, p := range a.spec.pages {
 		parts = append(parts, a.describeOne(p.alert, fmt.Sprintf("page ≤%s", p.within)))
 	}
-	for _, name := range sortedKeys(a.fired) {
+	for _, name := range slices.Sorted(maps.Keys(a.fired)) {
 		if slices.ContainsFunc(a.spec.pages, func(p page) bool { return p.alert == name }) {
 			continue
 		}
@@ -201,15 +202,6 @@ func (t *alertTotals) add(a alertOutcome) {
 	t.falsePages += len(a.unexpected)
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
-}
-
 // printAlertTable is the summary's second table: per scenario, the pages
 // expected, those fired with their time to fire, those resolved, and the
 // false pages.
@@ -223,7 +215,7 @@ func printAlertTable(w io.Writer, outcomes []outcome) {
 		for _, p := range a.spec.pages {
 			expected = append(expected, p.alert)
 		}
-		for _, name := range sortedKeys(a.fired) {
+		for _, name := range slices.Sorted(maps.Keys(a.fired)) {
 			fired = append(fired, fmt.Sprintf("%s %+.1f", name, a.fired[name].Seconds()))
 			if a.resolved[name] {
 				resolved = append(resolved, name)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -56,7 +57,7 @@ func TestScaledRulesAreTheRulesFileOnTheHarnessClock(t *testing.T) {
 	for g := range before.Groups {
 		for i, r := range before.Groups[g].Rules {
 			s := after.Groups[g].Rules[i]
-			if s.Alert != r.Alert || !mapsEqual(s.Labels, r.Labels) || !mapsEqual(s.Annotations, r.Annotations) {
+			if s.Alert != r.Alert || !maps.Equal(s.Labels, r.Labels) || !maps.Equal(s.Annotations, r.Annotations) {
 				t.Errorf("%s: scaled rule differs beyond its durations: %+v", r.Alert, s)
 			}
 			if r.For != "" {
@@ -109,18 +110,6 @@ func TestScaleRulesRefusesAWindowTooShortForTheScrapes(t *testing.T) {
 }
 
 func stripDurations(expr string) string { return exprDuration.ReplaceAllString(expr, "<d>") }
-
-func mapsEqual(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
-}
 
 // The judgement of one scenario's alerts, on hand-made records: each
 // way a run can go wrong is reported in its bucket, naming the alert.

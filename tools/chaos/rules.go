@@ -58,26 +58,36 @@ func scaledDuration(s string, factor int) (string, time.Duration, error) {
 	return strconv.FormatInt(scaled.Milliseconds(), 10) + "ms", scaled, nil
 }
 
+// rulesDoc is a rules file as the harness rewrites it: each rule a map,
+// so that every field it does not touch is written back as it was.
+type rulesDoc struct {
+	Groups []struct {
+		Name  string           `json:"name"`
+		Rules []map[string]any `json:"rules"`
+	} `json:"groups"`
+}
+
+func parseRules(src []byte) (rulesDoc, error) {
+	var doc rulesDoc
+	err := yaml.UnmarshalStrict(src, &doc)
+	return doc, err
+}
+
 // scaleRules returns the rules file src with every duration divided by
 // factor, and nothing else changed.
 func scaleRules(src []byte, factor int) ([]byte, error) {
-	var file struct {
-		Groups []struct {
-			Name  string           `json:"name"`
-			Rules []map[string]any `json:"rules"`
-		} `json:"groups"`
-	}
-	if err := yaml.UnmarshalStrict(src, &file); err != nil {
+	doc, err := parseRules(src)
+	if err != nil {
 		return nil, err
 	}
-	for _, g := range file.Groups {
+	for _, g := range doc.Groups {
 		for _, r := range g.Rules {
 			if err := scaleRule(r, factor); err != nil {
 				return nil, fmt.Errorf("%s: %v: %w", g.Name, r["alert"], err)
 			}
 		}
 	}
-	return yaml.Marshal(file)
+	return yaml.Marshal(doc)
 }
 
 func scaleRule(r map[string]any, factor int) error {
@@ -133,13 +143,8 @@ type brokenRule struct {
 // breakRule returns the rules file src with b's metric misspelled in b's
 // alert, and fails when the file has no such alert or metric.
 func breakRule(src []byte, b brokenRule) ([]byte, error) {
-	var file struct {
-		Groups []struct {
-			Name  string           `json:"name"`
-			Rules []map[string]any `json:"rules"`
-		} `json:"groups"`
-	}
-	if err := yaml.UnmarshalStrict(src, &file); err != nil {
+	file, err := parseRules(src)
+	if err != nil {
 		return nil, err
 	}
 	metric := regexp.MustCompile(`\b` + regexp.QuoteMeta(b.metric) + `\b`)

@@ -54,14 +54,13 @@ type Process struct {
 	exited  chan struct{}
 }
 
-// StartProcess runs bin with args and env (added to ours), logging to
-// dir/name.log, and waits until its log has a line with msg whose "addr"
-// it returns: both the API and the simulator log where they listen.
-func StartProcess(ctx context.Context, dir, name, bin string, args, env []string, msg string) (*Process, string, error) {
+// Spawn runs bin with args and env (added to ours), logging to
+// dir/name.log, and returns at once.
+func Spawn(dir, name, bin string, args, env []string) (*Process, error) {
 	logPath := filepath.Join(dir, name+".log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	defer logFile.Close() // the child has its own descriptor
 	cmd := exec.Command(bin, args...)
@@ -69,13 +68,25 @@ func StartProcess(ctx context.Context, dir, name, bin string, args, env []string
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
 	if err := cmd.Start(); err != nil {
-		return nil, "", fmt.Errorf("start %s: %w", name, err)
+		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	p := &Process{Name: name, cmd: cmd, LogPath: logPath, exited: make(chan struct{})}
 	go func() {
 		_ = cmd.Wait()
 		close(p.exited)
 	}()
+	return p, nil
+}
+
+// StartProcess spawns bin (Spawn) and waits until its log has a line with
+// msg whose "addr" it returns: both the API and the simulator log where
+// they listen.
+func StartProcess(ctx context.Context, dir, name, bin string, args, env []string, msg string) (*Process, string, error) {
+	p, err := Spawn(dir, name, bin, args, env)
+	if err != nil {
+		return nil, "", err
+	}
+	logPath := p.LogPath
 	deadline := time.After(30 * time.Second)
 	for {
 		if addr := findAddr(logPath, msg); addr != "" {
