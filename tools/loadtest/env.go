@@ -21,18 +21,21 @@ import (
 
 // environment is everything the benchmark started.
 type environment struct {
-	settings  map[string]string
-	cluster   *pgtmp.Cluster
-	dirs      []string // temporary directories to remove
-	keep      bool
-	processor *harness.Process
-	loadAPI   *harness.Process // the API under load, straight to PostgreSQL
-	probeAPI  *harness.Process // the API measured at the wire, through the proxy
-	tracedAPI *harness.Process // the load API's twin with tracing on (tracing.go)
-	sink      *spanSink        // where the traced API exports its spans
-	proxy     *pgwire.Proxy
-	db        *pgxpool.Pool   // straight to PostgreSQL, for the checks
-	nats      *natstmp.Server // the events broker both APIs publish to
+	settings map[string]string
+	cluster  *pgtmp.Cluster
+	memGroup *memoryGroup // with -pg-memory: the cgroup PostgreSQL runs in (memlimit.go)
+
+	timeOrderedKeys bool     // -key-order time (storedkeys.go)
+	dirs            []string // temporary directories to remove
+	keep            bool
+	processor       *harness.Process
+	loadAPI         *harness.Process // the API under load, straight to PostgreSQL
+	probeAPI        *harness.Process // the API measured at the wire, through the proxy
+	tracedAPI       *harness.Process // the load API's twin with tracing on (tracing.go)
+	sink            *spanSink        // where the traced API exports its spans
+	proxy           *pgwire.Proxy
+	db              *pgxpool.Pool   // straight to PostgreSQL, for the checks
+	nats            *natstmp.Server // the events broker both APIs publish to
 
 	processorURL      string
 	loadURL, probeURL string // the two APIs, http://host:port
@@ -70,7 +73,7 @@ type environment struct {
 // start builds and starts everything; on error, what it started is in the
 // returned environment for stop.
 func start(ctx context.Context, o options) (*environment, error) {
-	env := &environment{keep: o.keep, runID: randomHex(4)}
+	env := &environment{keep: o.keep, runID: randomHex(4), timeOrderedKeys: o.keyOrder == "time"}
 	root, err := harness.ModuleRoot()
 	if err != nil {
 		return nil, err
@@ -98,7 +101,7 @@ func start(ctx context.Context, o options) (*environment, error) {
 		return env, err
 	}
 
-	dbURL, err := env.prepareDatabase(ctx, apiBin, dataDir)
+	dbURL, err := env.prepareDatabase(ctx, apiBin, dataDir, o.pgMemory)
 	if err != nil {
 		return env, err
 	}
@@ -136,11 +139,19 @@ func start(ctx context.Context, o options) (*environment, error) {
 // prepareDatabase starts PostgreSQL in dataDir, migrates it with apiBin,
 // creates the benchmark's tenants and opens env.db; it returns the
 // database's URL.
-func (env *environment) prepareDatabase(ctx context.Context, apiBin, dataDir string) (string, error) {
+func (env *environment) prepareDatabase(ctx context.Context, apiBin, dataDir string, memLimit int64) (string, error) {
 	var err error
 	env.cluster, env.settings, err = startDatabase(ctx, dataDir)
 	if err != nil {
 		return "", err
+	}
+	if memLimit > 0 {
+		if env.memGroup, err = newMemoryGroup("loadtest-pg-"+env.runID, memLimit); err != nil {
+			return "", err
+		}
+		if err := env.memGroup.join(env.cluster.Pid()); err != nil {
+			return "", err
+		}
 	}
 	dbURL := env.cluster.URL("payments")
 	migrate := exec.CommandContext(ctx, apiBin, "migrate", "up")
@@ -253,6 +264,11 @@ func (env *environment) stop() {
 	if env.cluster != nil {
 		if err := env.cluster.Stop(); err != nil {
 			fmt.Fprintln(os.Stderr, "loadtest: stop PostgreSQL:", err)
+		}
+	}
+	if env.memGroup != nil {
+		if err := env.memGroup.remove(); err != nil {
+			fmt.Fprintln(os.Stderr, "loadtest: remove PostgreSQL's memory cgroup:", err)
 		}
 	}
 	for _, d := range env.dirs {

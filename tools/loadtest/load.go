@@ -40,6 +40,8 @@ type load struct {
 	replayKeys   []string
 	replayBodies map[string][]byte
 	auth         http.Header
+
+	timeOrderedKeys bool // -key-order time: the stored-keys benchmark mints version 7 keys
 }
 
 func newLoad(base, apiKey, runID string, db *pgxpool.Pool, conns int) *load {

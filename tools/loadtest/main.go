@@ -90,6 +90,8 @@ type options struct {
 	storedKeys  int64  // > 0: creates against an empty key table and one holding this many keys instead (storedkeys.go)
 	execMode    string // pgx's default_query_exec_mode for the APIs; "" keeps pgx's default (cache_statement)
 	crashTrials int    // crashes per party in the crash test (crash.go)
+	pgMemory    int64  // > 0: PostgreSQL runs in a memory cgroup of this many bytes (memlimit.go)
+	keyOrder    string // -stored-keys: "random" (version 4) or "time" (version 7) keys
 }
 
 func parseOptions(args []string, getenv func(string) string) (options, error) {
@@ -108,8 +110,16 @@ func parseOptions(args []string, getenv func(string) string) (options, error) {
 	fs.BoolVar(&o.pgbench, "pgbench", false, "instead: PostgreSQL's CPU per transaction for the create's statements and variants without each piece, driven by pgbench")
 	fs.StringVar(&o.execMode, "exec-mode", "", "pgx's default_query_exec_mode for the APIs' pool (cache_statement, cache_describe, describe_exec, exec, simple_protocol); empty keeps pgx's default, cache_statement")
 	fs.Int64Var(&o.storedKeys, "stored-keys", 0, "instead: create throughput against a key table holding this many random keys (a third completed, two thirds tombstones) versus an empty one, in interleaved rounds, with the full table's sizes; only the create scenario runs (0: off)")
+	fs.StringVar(&o.keyOrder, "key-order", "random", "with -stored-keys: the keys stored and sent, random (version 4 UUIDs) or time (time-ordered, as version 7 UUIDs)")
+	pgMemory := fs.String("pg-memory", "", "hold PostgreSQL, its backends and the page cache they read through to this much memory (e.g. 1GiB) in a memory cgroup, so that a key table larger than it is past memory (needs root or a delegated cgroup; empty: no limit)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
+	}
+	if *pgMemory != "" {
+		var err error
+		if o.pgMemory, err = parseBytes(*pgMemory); err != nil {
+			return o, fmt.Errorf("-pg-memory %w", err)
+		}
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
@@ -144,6 +154,12 @@ func parseOptions(args []string, getenv func(string) string) (options, error) {
 	}
 	if o.storedKeys < 0 {
 		return o, fmt.Errorf("-stored-keys %d: want how many key rows to store, or 0 for the default benchmark", o.storedKeys)
+	}
+	if o.keyOrder != "random" && o.keyOrder != "time" {
+		return o, fmt.Errorf("-key-order %q: want random or time", o.keyOrder)
+	}
+	if o.pgMemory > 0 && o.pgbench {
+		return o, fmt.Errorf("-pg-memory applies to the HTTP benchmarks; -pgbench runs its own server unlimited")
 	}
 	if o.storedKeys > 0 && o.pgbench {
 		return o, fmt.Errorf("-stored-keys and -pgbench are separate benchmarks; give one")

@@ -248,22 +248,40 @@ func TestStoredKeysReport(t *testing.T) {
 		indexes: []relSize{{"idempotency_keys_pkey", 2000 << 20}, {"idempotency_keys_retain_until_idx", 400 << 20}}}
 	r := &storedKeysResults{
 		keys: 20_000_000, tenants: 40,
-		empty: &side{create: scenario{rps: series{1000, 1200, 1100}, p99: series{40, 50, 45}}, executed: 10_000, after: keyTable{rows: 10_001}},
-		full:  &side{create: scenario{rps: series{900, 1140, 990}, p99: series{50, 60, 55}}, executed: 9_000, before: table},
-		fill:  fillResult{total: 9*time.Minute + 30*time.Second},
+		empty: &side{create: scenario{rps: series{1000, 1200, 1100}, p99: series{40, 50, 45}, requests: 9_000}, executed: 10_000, after: keyTable{rows: 10_001},
+			replay: scenario{rps: series{2000, 2100, 1900}, p99: series{20, 22, 21}, requests: 6_000}, stored: storedRows{n: 100_000},
+			createIO: ioCounters{keyRead: 900}},
+		full: &side{create: scenario{rps: series{900, 1140, 990}, p99: series{50, 60, 55}, requests: 8_000}, executed: 9_000, before: table,
+			replay: scenario{rps: series{1000, 1470, 1330}, p99: series{40, 30, 35}, requests: 4_000}, stored: storedRows{n: 20_000_000},
+			createIO: ioCounters{keyRead: 8_000, dbRead: 9_000}, replayIO: ioCounters{keyRead: 8_400, keyHit: 3_600}},
+		fill:     fillResult{total: 9*time.Minute + 30*time.Second},
+		memLimit: 1 << 30, memPeak: 1<<30 - 4096,
 	}
 	var b strings.Builder
 	reportStoredKeys(&b, options{concurrency: 32, rounds: 3}, r)
 	out := b.String()
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	want := "loadtest: stored_keys=20000000 tenants=40 create_full_rps=990 create_empty_rps=1100 full_over_empty=0.90 full_over_empty_min=0.90 full_over_empty_max=0.95" +
-		" create_full_p99_ms=55.0 create_empty_p99_ms=45.0 rows=20000000 table_mb=8000 toast_mb=0 indexes_mb=2400 fill_s=570"
+		" create_full_p99_ms=55.0 create_empty_p99_ms=45.0 rows=20000000 table_mb=8000 toast_mb=0 indexes_mb=2400 fill_s=570" +
+		" replay_full_rps=1330 replay_small_rps=2000 replay_full_over_small=0.70 replay_full_p99_ms=35.0 replay_small_p99_ms=21.0" +
+		" key_reads_per_create_full=1.00 key_reads_per_create_empty=0.10 key_reads_per_replay_full=2.10 pg_memory_mb=1024 pg_memory_peak_mb=1024"
 	if got := lines[len(lines)-1]; got != want {
 		t.Errorf("last line:\n got %s\nwant %s", got, want)
 	}
-	for _, s := range []string{"full / empty, per round, median (range): 0.90 (0.90–0.95)", "idempotency_keys_pkey", "2.0 GB", "7.8 GB"} {
+	for _, s := range []string{"full / empty, per round, median (range): 0.90 (0.90–0.95)", "idempotency_keys_pkey", "2.0 GB", "7.8 GB",
+		"full / small, per round, median (range): 0.70 (0.50–0.70)", "held to 1.0 GB by a memory cgroup"} {
 		if !strings.Contains(out, s) {
 			t.Errorf("the report lacks %q:\n%s", s, out)
+		}
+	}
+	// The reads per request: key table, whole database, key table hit ratio.
+	for _, want := range []string{"create, 20000000 stored keys 1.00 1.12 0.000", "replay, 20000000 stored keys 2.10 0.00 0.300"} {
+		found := false
+		for _, line := range lines {
+			found = found || strings.Join(strings.Fields(line), " ") == want
+		}
+		if !found {
+			t.Errorf("the report lacks the row %q:\n%s", want, out)
 		}
 	}
 }

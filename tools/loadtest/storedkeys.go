@@ -166,6 +166,10 @@ type side struct {
 	executed int // creates executed, the priming and the warm-up included
 	before   keyTable
 	after    keyTable
+
+	createIO, replayIO ioCounters // blocks read and hit during the create rounds, the replay rounds
+	replay             scenario   // replays of the side's stored keys (storedreplays.go)
+	stored             storedRows
 }
 
 type storedKeysResults struct {
@@ -175,13 +179,15 @@ type storedKeysResults struct {
 	fill           fillResult
 	template       templateInfo
 	marginExceeded bool // the run outlasted horizonMargin: the reapers may have had work
+	memLimit       int64
+	memPeak        int64 // PostgreSQL's cgroup's peak usage, with -pg-memory
 }
 
 // runStoredKeys is the benchmark of -stored-keys.
 func runStoredKeys(ctx context.Context, o options, env *environment, stdout io.Writer) error {
-	fmt.Fprintf(stdout, "loadtest: PostgreSQL %s (fsync=%s synchronous_commit=%s full_page_writes=%s), %d CPUs, c=%d, pool=%d, %d rounds of %s per database; creates only, under random keys from %d tenant(s), against an empty key table and one holding %d keys\n",
+	fmt.Fprintf(stdout, "loadtest: PostgreSQL %s (fsync=%s synchronous_commit=%s full_page_writes=%s), %d CPUs, c=%d, pool=%d, %d rounds of %s per database; creates under %s keys from %d tenant(s) against an empty key table and one holding %d keys, then replays of stored keys\n",
 		env.settings["server_version"], env.settings["fsync"], env.settings["synchronous_commit"], env.settings["full_page_writes"],
-		runtime.NumCPU(), o.concurrency, o.pool, o.rounds, o.duration, len(env.tenants), o.storedKeys)
+		runtime.NumCPU(), o.concurrency, o.pool, o.rounds, o.duration, keyOrderName(o.keyOrder), len(env.tenants), o.storedKeys)
 	res, err := measureStoredKeys(ctx, o, env, stdout)
 	if err != nil {
 		for _, p := range []*harness.Process{env.loadAPI, env.fullAPI} {
@@ -202,12 +208,13 @@ func measureStoredKeys(ctx context.Context, o options, env *environment, stdout 
 	conns := o.concurrency + 8
 	res := &storedKeysResults{keys: o.storedKeys, tenants: len(env.tenants)}
 	res.empty = &side{name: "empty", load: newLoad(env.loadURL, env.apiKey, env.runID, env.db, conns), apiKeys: env.apiKeys}
+	res.empty.load.timeOrderedKeys = env.timeOrderedKeys
 
 	var err error
 	if res.template, err = makeTemplate(ctx, res.empty.load, env.templateKey); err != nil {
 		return nil, err
 	}
-	if res.fill, err = fillStoredKeys(ctx, env, o.storedKeys, res.template, stdout); err != nil {
+	if res.fill, err = fillStoredKeys(ctx, env, env.fullFill(o.storedKeys), res.template, stdout); err != nil {
 		return nil, err
 	}
 	if res.full, err = startFullSide(ctx, o, env, conns); err != nil {
@@ -228,7 +235,9 @@ func measureStoredKeys(ctx context.Context, o options, env *environment, stdout 
 	if err := warmUp(ctx, o, sides); err != nil {
 		return nil, err
 	}
-	if err := createRounds(ctx, o, res, stdout); err != nil {
+	if err := ioPhase(ctx, sides, func(s *side) *ioCounters { return &s.createIO }, func() error {
+		return createRounds(ctx, o, res, stdout)
+	}); err != nil {
 		return nil, err
 	}
 
@@ -241,6 +250,15 @@ func measureStoredKeys(ctx context.Context, o options, env *environment, stdout 
 		}
 		if grew := s.after.rows - s.before.rows; grew != int64(s.executed) && !res.marginExceeded {
 			return nil, fmt.Errorf("%s: the key table grew by %d rows for %d creates executed", s.name, grew, s.executed)
+		}
+	}
+	if err := replayRounds(ctx, o, env, res, stdout); err != nil {
+		return nil, err
+	}
+	if env.memGroup != nil {
+		res.memLimit = env.memGroup.limit
+		if _, res.memPeak, err = env.memGroup.usage(); err != nil {
+			return nil, err
 		}
 	}
 	return res, nil
@@ -257,7 +275,9 @@ func startFullSide(ctx context.Context, o options, env *environment, conns int) 
 		return nil, err
 	}
 	env.fullURL = "http://" + addr
-	return &side{name: "full", load: newLoad(env.fullURL, env.fullKeys[0], env.runID, env.fullDB, conns), apiKeys: env.fullKeys}, nil
+	s := &side{name: "full", load: newLoad(env.fullURL, env.fullKeys[0], env.runID, env.fullDB, conns), apiKeys: env.fullKeys}
+	s.load.timeOrderedKeys = env.timeOrderedKeys
+	return s, nil
 }
 
 // warmUp sends one create per tenant first, on each side: each API looks
@@ -310,6 +330,23 @@ func createRounds(ctx context.Context, o options, res *storedKeysResults, stdout
 	return nil
 }
 
+// keyOrderName describes -key-order's keys.
+func keyOrderName(order string) string {
+	if order == "time" {
+		return "time-ordered (version 7 UUID)"
+	}
+	return "random (version 4 UUID)"
+}
+
+// newKey mints a create's key: a version 4 UUID, or with -key-order time a
+// version 7 (time-ordered) one.
+func (l *load) newKey() string {
+	if l.timeOrderedKeys {
+		return uuid.Must(uuid.NewV7()).String()
+	}
+	return uuid.NewString()
+}
+
 // createRandom sends creates under random keys (version 4 UUIDs), from
 // apiKeys in turn, for d, or (d = 0) limit requests in all. Every answer
 // must be an execution, and the orders must grow by exactly their number.
@@ -324,7 +361,7 @@ func (l *load) createRandom(ctx context.Context, workers int, d time.Duration, a
 		h := http.Header{
 			"Authorization":   {"Bearer " + apiKeys[i%int64(len(apiKeys))]},
 			"Content-Type":    {"application/json"},
-			"Idempotency-Key": {uuid.NewString()},
+			"Idempotency-Key": {l.newKey()},
 		}
 		t.Method, t.URL, t.Header, t.Body = http.MethodPost, url, h, orderBody(l.fresh("ref"))
 		return nil
@@ -344,6 +381,8 @@ type templateInfo struct {
 	row      string // to_jsonb of the row
 	endpoint string
 	bodyLen  int
+	request  []byte // the request's body: a replay of a stored completed key sends it
+	response []byte // the recorded response's body: every such replay answers it
 }
 
 // makeTemplate sends one create to l as the template tenant and reads its
@@ -374,6 +413,7 @@ func makeTemplate(ctx context.Context, l *load, apiKey string) (templateInfo, er
 	if resp.StatusCode != http.StatusCreated || resp.Header.Get(replayedHeader) == "true" {
 		return t, fmt.Errorf("the template's create: %d %s=%q %s", resp.StatusCode, replayedHeader, resp.Header.Get(replayedHeader), truncate(answer))
 	}
+	t.request, t.response = body, answer
 	err = l.db.QueryRow(ctx, `
 		SELECT to_jsonb(k)::text, k.endpoint, length(k.response_body)
 		FROM idempotency_keys k JOIN tenants t ON t.id = k.tenant_id
@@ -399,15 +439,20 @@ type fillResult struct {
 // A key is the MD5 of @seed and the row's number, written as a UUID: 36
 // characters, uniformly spread like the version 4 UUIDs clients send, and
 // about ten times cheaper than gen_random_uuid(), which reads the kernel's
-// random source once per row (most of the fill's time). The fingerprint is
-// 32 bytes made of the key's 16, twice: nothing reads it but a retry under
-// the same key, and only its length matters here.
+// random source once per row (most of the fill's time); storedKey computes
+// the same key in Go. With @timeOrdered (-key-order time) the first 12
+// hex digits are the row's number instead, which grows with created_at as
+// a version 7 UUID's timestamp does: the keys sort in the order they were
+// created, and the benchmark's own version 7 keys sort after them all. Every row carries the template's fingerprint (it
+// hashes the endpoint and the body, not the tenant or the key), so the
+// template's request body sent under a completed row's key and tenant is
+// a replay of that row (storedreplays.go).
 const fillSQL = `
 INSERT INTO idempotency_keys (tenant_id, endpoint, idem_key, fingerprint, fingerprint_version, state,
                               response_status, response_headers, response_body, resource_location, resource_id,
                               recovery_point, locked_until, lease_generation,
                               created_at, completed_at, expires_at, retain_until)
-SELECT ts.ids[(1 + s.g % cardinality(ts.ids))::int], t.endpoint, s.key, decode(repeat(replace(s.key, '-', ''), 2), 'hex'), t.fingerprint_version,
+SELECT ts.ids[(1 + s.g % cardinality(ts.ids))::int], t.endpoint, s.key, t.fingerprint, t.fingerprint_version,
        CASE WHEN s.completed THEN 'completed' ELSE 'expired' END, t.response_status,
        CASE WHEN s.completed THEN t.response_headers END, CASE WHEN s.completed THEN t.response_body END,
        t.resource_location, t.resource_id, t.recovery_point, t.locked_until, t.lease_generation,
@@ -418,7 +463,10 @@ FROM jsonb_populate_record(NULL::idempotency_keys, @template::jsonb) t,
      (SELECT make_interval(secs => @retention::float8) AS v) retention,
      (SELECT make_interval(secs => @margin::float8) AS v) margin,
      LATERAL (
-         SELECT g, md5(@seed::text || g)::uuid::text AS key, g >= @tombstones::bigint AS completed,
+         SELECT g, (CASE WHEN @timeOrdered::bool
+                         THEN overlay(md5(@seed::text || g) PLACING lpad(to_hex(g), 12, '0') FROM 1 FOR 12)
+                         ELSE md5(@seed::text || g) END)::uuid::text AS key,
+                g >= @tombstones::bigint AS completed,
                 CASE WHEN g >= @tombstones::bigint
                      THEN @t0::timestamptz - (ttl.v - margin.v)
                           + (g - @tombstones::bigint)::float8 / (@n::bigint - @tombstones::bigint) * (ttl.v - margin.v)
@@ -466,9 +514,27 @@ func (k keyIndex) createSQL() string {
 	return k.def
 }
 
-// fillStoredKeys fills the full database's key table with n rows.
-func fillStoredKeys(ctx context.Context, env *environment, n int64, tpl templateInfo, stdout io.Writer) (fillResult, error) {
+// fillTarget is a database whose key table a fill writes: n rows under
+// keys derived from seed (storedKey). The full side's fill drops the
+// table's indexes first and builds them again after; a small fill (the
+// replays' other side, storedreplays.go) inserts into the table as it is,
+// beside the rows its API wrote.
+type fillTarget struct {
+	database, url string
+	n             int64
+	seed          string
+	dropIndexes   bool
+	timeOrdered   bool // keys in the order of their creation (-key-order time)
+}
+
+func (env *environment) fullFill(n int64) fillTarget {
+	return fillTarget{database: fullDatabase, url: env.fullDBURL, n: n, seed: env.runID + "-", dropIndexes: true, timeOrdered: env.timeOrderedKeys}
+}
+
+// fillStoredKeys fills the key table of f.database with f.n rows.
+func fillStoredKeys(ctx context.Context, env *environment, f fillTarget, tpl templateInfo, stdout io.Writer) (fillResult, error) {
 	var res fillResult
+	n := f.n
 	var st syscall.Statfs_t
 	if err := syscall.Statfs(env.dataDir, &st); err != nil {
 		return res, err
@@ -477,21 +543,23 @@ func fillStoredKeys(ctx context.Context, env *environment, n int64, tpl template
 		return res, fmt.Errorf("-stored-keys %d needs about %s free in %s; there are %s", n, humanBytes(need), env.dataDir, humanBytes(free))
 	}
 
-	conn, err := pgx.Connect(ctx, env.fullDBURL)
+	conn, err := pgx.Connect(ctx, f.url)
 	if err != nil {
 		return res, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if res.start, err = prepareFill(ctx, conn, env); err != nil {
+	if res.start, err = prepareFill(ctx, conn, env, f.database); err != nil {
 		return res, err
 	}
-	indexes, err := keyIndexes(ctx, conn)
-	if err != nil {
-		return res, err
+	var indexes []keyIndex
+	if f.dropIndexes {
+		if indexes, err = keyIndexes(ctx, conn); err != nil {
+			return res, err
+		}
 	}
 	tombstones := n * 2 / 3
-	fmt.Fprintf(stdout, "filling %s: %d key rows under %q, %d completed (the %d-byte response of a real create) and %d tombstones, over %d tenant(s); indexes dropped, built again after\n",
-		fullDatabase, n, tpl.endpoint, n-tombstones, tpl.bodyLen, tombstones, len(env.tenants))
+	fmt.Fprintf(stdout, "filling %s: %d key rows under %q, %d completed (the %d-byte response of a real create) and %d tombstones, over %d tenant(s)%s\n",
+		f.database, n, tpl.endpoint, n-tombstones, tpl.bodyLen, tombstones, len(env.tenants), when(f.dropIndexes, "; indexes dropped, built again after"))
 	began := time.Now()
 	for _, ix := range indexes {
 		if _, err := conn.Exec(ctx, ix.dropSQL()); err != nil {
@@ -499,15 +567,16 @@ func fillStoredKeys(ctx context.Context, env *environment, n int64, tpl template
 		}
 	}
 	args := pgx.NamedArgs{
-		"template":   tpl.row,
-		"tenants":    env.tenants,
-		"ttl":        idem.DefaultTTL.Seconds(),
-		"retention":  idem.DefaultKeyRetention.Seconds(),
-		"margin":     horizonMargin.Seconds(),
-		"tombstones": tombstones,
-		"seed":       env.runID + "-",
-		"n":          n,
-		"t0":         res.start,
+		"template":    tpl.row,
+		"tenants":     env.tenants,
+		"ttl":         idem.DefaultTTL.Seconds(),
+		"retention":   idem.DefaultKeyRetention.Seconds(),
+		"margin":      horizonMargin.Seconds(),
+		"tombstones":  tombstones,
+		"seed":        f.seed,
+		"timeOrdered": f.timeOrdered,
+		"n":           n,
+		"t0":          res.start,
 	}
 	if err := insertKeyRows(ctx, conn, n, args, began, stdout); err != nil {
 		return res, err
@@ -515,17 +584,12 @@ func fillStoredKeys(ctx context.Context, env *environment, n int64, tpl template
 	res.insert = time.Since(began)
 
 	began = time.Now()
-	if err := buildIndexes(ctx, conn, indexes, stdout); err != nil {
-		return res, err
+	if f.dropIndexes {
+		if err := rebuildIndexes(ctx, conn, indexes, stdout); err != nil {
+			return res, err
+		}
 	}
 	res.index = time.Since(began)
-	again, err := keyIndexes(ctx, conn)
-	if err != nil {
-		return res, err
-	}
-	if !slices.Equal(indexes, again) {
-		return res, fmt.Errorf("the indexes built again differ from the migrations':\nbefore %q\nafter  %q", indexes, again)
-	}
 
 	began = time.Now()
 	for _, q := range []string{"VACUUM ANALYZE idempotency_keys", "CHECKPOINT"} {
@@ -539,14 +603,37 @@ func fillStoredKeys(ctx context.Context, env *environment, n int64, tpl template
 	return res, nil
 }
 
+// rebuildIndexes builds the dropped indexes again and checks that they
+// are the migrations' own.
+func rebuildIndexes(ctx context.Context, conn *pgx.Conn, indexes []keyIndex, stdout io.Writer) error {
+	if err := buildIndexes(ctx, conn, indexes, stdout); err != nil {
+		return err
+	}
+	again, err := keyIndexes(ctx, conn)
+	if err != nil {
+		return err
+	}
+	if !slices.Equal(indexes, again) {
+		return fmt.Errorf("the indexes built again differ from the migrations':\nbefore %q\nafter  %q", indexes, again)
+	}
+	return nil
+}
+
 // prepareFill sets conn up for the bulk insert, checks that the full
 // database holds the benchmark's tenants, and returns the server's time,
 // from which the rows' ages are counted.
-func prepareFill(ctx context.Context, conn *pgx.Conn, env *environment) (time.Time, error) {
+func prepareFill(ctx context.Context, conn *pgx.Conn, env *environment, database string) (time.Time, error) {
+	// The primary key's build sorts in maintenance_work_mem; under
+	// -pg-memory it takes at most a quarter of the limit, or the kernel
+	// would kill the backend that sorts.
+	workMem := int64(1 << 30)
+	if env.memGroup != nil {
+		workMem = min(workMem, env.memGroup.limit/4)
+	}
 	for _, q := range []string{
 		"SET session_replication_role = replica",
 		"SET synchronous_commit = off",
-		"SET maintenance_work_mem = '1GB'",
+		fmt.Sprintf("SET maintenance_work_mem = '%dkB'", workMem>>10),
 	} {
 		if _, err := conn.Exec(ctx, q); err != nil {
 			return time.Time{}, err
@@ -557,7 +644,7 @@ func prepareFill(ctx context.Context, conn *pgx.Conn, env *environment) (time.Ti
 		return time.Time{}, err
 	}
 	if tenants != len(env.tenants) {
-		return time.Time{}, fmt.Errorf("%s holds %d of the benchmark's %d tenants", fullDatabase, tenants, len(env.tenants))
+		return time.Time{}, fmt.Errorf("%s holds %d of the benchmark's %d tenants", database, tenants, len(env.tenants))
 	}
 	var start time.Time
 	if err := conn.QueryRow(ctx, "SELECT now()").Scan(&start); err != nil {
@@ -680,7 +767,7 @@ func humanBytes(b int64) string {
 func megabytes(b int64) float64 { return float64(b) / (1 << 20) }
 
 func reportStoredKeys(w io.Writer, o options, r *storedKeysResults) {
-	fmt.Fprintf(w, "\ncreate at c=%d under random keys from %d tenant(s), median (range) over %d rounds:\n", o.concurrency, r.tenants, o.rounds)
+	fmt.Fprintf(w, "\ncreate at c=%d under %s keys from %d tenant(s), median (range) over %d rounds:\n", o.concurrency, keyOrderName(o.keyOrder), r.tenants, o.rounds)
 	fmt.Fprintf(w, "  %-24s %-24s %-24s %s\n", "", "requests/s", "p50 ms", "p99 ms")
 	for _, s := range []*side{r.empty, r.full} {
 		label := "empty key table"
@@ -689,8 +776,8 @@ func reportStoredKeys(w io.Writer, o options, r *storedKeysResults) {
 		}
 		fmt.Fprintf(w, "  %-24s %-24s %-24s %s\n", label, s.create.rps.format(0), s.create.p50.format(1), s.create.p99.format(1))
 	}
-	ratio := ratio(r.full.create.rps, r.empty.create.rps)
-	fmt.Fprintf(w, "\nfull / empty, per round, median (range): %s   target >= 0.85\n", ratio.format(2))
+	fmt.Fprintf(w, "\nfull / empty, per round, median (range): %s   target >= 0.85\n", ratio(r.full.create.rps, r.empty.create.rps).format(2))
+	reportStoredReplays(w, o, r)
 
 	f := r.fill
 	fmt.Fprintf(w, "\nthe fill: %s (rows %s, indexes %s, VACUUM ANALYZE and CHECKPOINT %s)\n",
@@ -711,18 +798,18 @@ func reportStoredKeys(w io.Writer, o options, r *storedKeysResults) {
 
 // storedKeysFields are the last line's name=value pairs.
 func storedKeysFields(r *storedKeysResults) []string {
-	ratio := ratio(r.full.create.rps, r.empty.create.rps)
+	createRatio := ratio(r.full.create.rps, r.empty.create.rps)
 	t := r.full.before
 	lo, hi := 0.0, 0.0
-	if len(ratio) > 0 {
-		lo, hi = slices.Min(ratio), slices.Max(ratio)
+	if len(createRatio) > 0 {
+		lo, hi = slices.Min(createRatio), slices.Max(createRatio)
 	}
 	return []string{
 		fmt.Sprintf("stored_keys=%d", r.keys),
 		fmt.Sprintf("tenants=%d", r.tenants),
 		fmt.Sprintf("create_full_rps=%.0f", r.full.create.rps.median()),
 		fmt.Sprintf("create_empty_rps=%.0f", r.empty.create.rps.median()),
-		fmt.Sprintf("full_over_empty=%.2f", ratio.median()),
+		fmt.Sprintf("full_over_empty=%.2f", createRatio.median()),
 		fmt.Sprintf("full_over_empty_min=%.2f", lo),
 		fmt.Sprintf("full_over_empty_max=%.2f", hi),
 		fmt.Sprintf("create_full_p99_ms=%.1f", r.full.create.p99.median()),
@@ -732,5 +819,49 @@ func storedKeysFields(r *storedKeysResults) []string {
 		fmt.Sprintf("toast_mb=%.0f", megabytes(t.toast)),
 		fmt.Sprintf("indexes_mb=%.0f", megabytes(t.indexBytes())),
 		fmt.Sprintf("fill_s=%.0f", r.fill.total.Seconds()),
+		fmt.Sprintf("replay_full_rps=%.0f", r.full.replay.rps.median()),
+		fmt.Sprintf("replay_small_rps=%.0f", r.empty.replay.rps.median()),
+		fmt.Sprintf("replay_full_over_small=%.2f", ratio(r.full.replay.rps, r.empty.replay.rps).median()),
+		fmt.Sprintf("replay_full_p99_ms=%.1f", r.full.replay.p99.median()),
+		fmt.Sprintf("replay_small_p99_ms=%.1f", r.empty.replay.p99.median()),
+		fmt.Sprintf("key_reads_per_create_full=%.2f", keyReads(r.full.createIO, r.full.create.requests)),
+		fmt.Sprintf("key_reads_per_create_empty=%.2f", keyReads(r.empty.createIO, r.empty.create.requests)),
+		fmt.Sprintf("key_reads_per_replay_full=%.2f", keyReads(r.full.replayIO, r.full.replay.requests)),
+		fmt.Sprintf("pg_memory_mb=%.0f", megabytes(r.memLimit)),
+		fmt.Sprintf("pg_memory_peak_mb=%.0f", megabytes(r.memPeak)),
+	}
+}
+
+func keyReads(c ioCounters, n int) float64 {
+	k, _ := c.perRequest(n)
+	return k
+}
+
+// reportStoredReplays prints the replays' table, the blocks read per
+// request, and the memory PostgreSQL was held to.
+func reportStoredReplays(w io.Writer, o options, r *storedKeysResults) {
+	fmt.Fprintf(w, "\nreplay of a random stored completed key at c=%d, median (range) over %d rounds:\n", o.concurrency, o.rounds)
+	fmt.Fprintf(w, "  %-24s %-24s %-24s %s\n", "", "requests/s", "p50 ms", "p99 ms")
+	for _, s := range []*side{r.empty, r.full} {
+		fmt.Fprintf(w, "  %-24s %-24s %-24s %s\n", fmt.Sprintf("%d stored keys", s.stored.n), s.replay.rps.format(0), s.replay.p50.format(1), s.replay.p99.format(1))
+	}
+	fmt.Fprintf(w, "full / small, per round, median (range): %s\n", ratio(r.full.replay.rps, r.empty.replay.rps).format(2))
+
+	fmt.Fprintf(w, "\nblocks read from the operating system (not found in shared_buffers) per request, over all rounds:\n")
+	fmt.Fprintf(w, "  %-34s %-18s %-18s %s\n", "", "key table", "whole database", "key table hit ratio")
+	row := func(label string, c ioCounters, n int) {
+		k, d := c.perRequest(n)
+		hit := 0.0
+		if c.keyRead+c.keyHit > 0 {
+			hit = float64(c.keyHit) / float64(c.keyRead+c.keyHit)
+		}
+		fmt.Fprintf(w, "  %-34s %-18.2f %-18.2f %.3f\n", label, k, d, hit)
+	}
+	row("create, empty key table", r.empty.createIO, r.empty.create.requests)
+	row(fmt.Sprintf("create, %d stored keys", r.keys), r.full.createIO, r.full.create.requests)
+	row(fmt.Sprintf("replay, %d stored keys", r.empty.stored.n), r.empty.replayIO, r.empty.replay.requests)
+	row(fmt.Sprintf("replay, %d stored keys", r.keys), r.full.replayIO, r.full.replay.requests)
+	if r.memLimit > 0 {
+		fmt.Fprintf(w, "PostgreSQL held to %s by a memory cgroup (its page cache included); peak usage %s\n", humanBytes(r.memLimit), humanBytes(r.memPeak))
 	}
 }

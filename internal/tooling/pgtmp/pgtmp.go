@@ -178,6 +178,9 @@ func (c *Cluster) URL(database string) string {
 // Port returns the TCP port the server listens on at 127.0.0.1.
 func (c *Cluster) Port() int { return c.port }
 
+// Pid is the postmaster's process id.
+func (c *Cluster) Pid() int { return c.cmd.Process.Pid }
+
 // Stop shuts the server down with PostgreSQL's fast shutdown (open
 // transactions roll back, clients are disconnected, data is checkpointed)
 // and waits for it to exit; after stopTimeout it kills the server's process
