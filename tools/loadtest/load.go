@@ -229,15 +229,7 @@ func (l *load) baseline(ctx context.Context, workers int, d time.Duration, ids *
 }
 
 func (l *load) createOn(ctx context.Context, name, path string, withKey bool, workers int, d time.Duration, ids *orderIDs) (outcome, error) {
-	url := l.base + path
-	tr := func(t *vegeta.Target) error {
-		key := ""
-		if withKey {
-			key = l.fresh("create")
-		}
-		t.Method, t.URL, t.Header, t.Body = http.MethodPost, url, l.headers(key), orderBody(l.fresh("ref"))
-		return nil
-	}
+	tr := l.createTargeter(path, withKey)
 	var out outcome
 	err := l.checkRows(ctx, name, countOrders, func() (int, error) {
 		var err error
@@ -250,6 +242,20 @@ func (l *load) createOn(ctx context.Context, name, path string, withKey bool, wo
 	err = ids.add(out.bodies)
 	out.bodies = nil
 	return out, err
+}
+
+// createTargeter sends creates to path, each a new order under a fresh
+// key (withKey) or without one.
+func (l *load) createTargeter(path string, withKey bool) vegeta.Targeter {
+	url := l.base + path
+	return func(t *vegeta.Target) error {
+		key := ""
+		if withKey {
+			key = l.fresh("create")
+		}
+		t.Method, t.URL, t.Header, t.Body = http.MethodPost, url, l.headers(key), orderBody(l.fresh("ref"))
+		return nil
+	}
 }
 
 // setupReplays creates n orders under n keys, one request each, for the
@@ -284,6 +290,22 @@ func (l *load) setupReplays(ctx context.Context, n int) error {
 // be a replay (201 with the replayed header and a recorded body, byte for
 // byte), and no order may be written.
 func (l *load) replay(ctx context.Context, workers int, d time.Duration) (outcome, error) {
+	tr, expect, err := l.replayTargeter()
+	if err != nil {
+		return outcome{}, err
+	}
+	var out outcome
+	err = l.checkRows(ctx, "replay", countOrders, func() (int, error) {
+		var err error
+		out, err = l.attack("replay", workers, d, tr, expect, false)
+		return 0, err
+	})
+	return out, err
+}
+
+// replayTargeter resends the setup's requests under their keys, in turn,
+// and expects each answer to be a replay of the recorded response.
+func (l *load) replayTargeter() (vegeta.Targeter, expectation, error) {
 	var next atomic.Int64
 	recorded := map[string]bool{}
 	requests := map[string][]byte{} // the body each key was first sent with
@@ -291,7 +313,7 @@ func (l *load) replay(ctx context.Context, workers int, d time.Duration) (outcom
 		recorded[string(l.replayBodies[k])] = true
 		var v struct{ Reference string }
 		if err := json.Unmarshal(l.replayBodies[k], &v); err != nil {
-			return outcome{}, err
+			return nil, nil, err
 		}
 		requests[k] = orderBody(v.Reference)
 	}
@@ -310,13 +332,7 @@ func (l *load) replay(ctx context.Context, workers int, d time.Duration) (outcom
 		}
 		return ""
 	}
-	var out outcome
-	err := l.checkRows(ctx, "replay", countOrders, func() (int, error) {
-		var err error
-		out, err = l.attack("replay", workers, d, tr, expect, false)
-		return 0, err
-	})
-	return out, err
+	return tr, expect, nil
 }
 
 // get reads the round's orders, one GET each in turn.
@@ -348,7 +364,21 @@ func (l *load) paymentBaseline(ctx context.Context, workers int, d time.Duration
 
 func (l *load) paymentOn(ctx context.Context, name, path string, withKey bool, workers int, d time.Duration, ids *orderIDs) (outcome, bool, error) {
 	var ranOut atomic.Bool
-	tr := func(t *vegeta.Target) error {
+	tr := l.paymentTargeter(path, withKey, ids, &ranOut)
+	var out outcome
+	err := l.checkRows(ctx, name, countPayments, func() (int, error) {
+		var err error
+		out, err = l.attack(name, workers, d, tr, paymentSucceeded, false)
+		return out.ok, err
+	})
+	return out, ranOut.Load(), err
+}
+
+// paymentTargeter pays ids' unpaid orders, each once, on path, under a
+// fresh key (withKey) or without one; when none is left it sets ranOut
+// and stops the attack.
+func (l *load) paymentTargeter(path string, withKey bool, ids *orderIDs, ranOut *atomic.Bool) vegeta.Targeter {
+	return func(t *vegeta.Target) error {
 		i := int(ids.paid.Add(1)) - 1
 		ids.mu.Lock()
 		n := len(ids.ids)
@@ -369,24 +399,19 @@ func (l *load) paymentOn(ctx context.Context, name, path string, withKey bool, w
 		t.Method, t.URL, t.Header, t.Body = http.MethodPost, l.base+path, l.headers(key), body
 		return nil
 	}
-	executed := status(http.StatusCreated, false)
-	expect := func(res *vegeta.Result) string {
-		if p := executed(res); p != "" {
-			return p
-		}
-		var v struct{ Status string }
-		if err := json.Unmarshal(res.Body, &v); err != nil || v.Status != "succeeded" {
-			return "a payment did not succeed: " + truncate(res.Body)
-		}
-		return ""
+}
+
+// paymentSucceeded expects a payment's execution (201, not replayed)
+// that succeeded.
+func paymentSucceeded(res *vegeta.Result) string {
+	if p := status(http.StatusCreated, false)(res); p != "" {
+		return p
 	}
-	var out outcome
-	err := l.checkRows(ctx, name, countPayments, func() (int, error) {
-		var err error
-		out, err = l.attack(name, workers, d, tr, expect, false)
-		return out.ok, err
-	})
-	return out, ranOut.Load(), err
+	var v struct{ Status string }
+	if err := json.Unmarshal(res.Body, &v); err != nil || v.Status != "succeeded" {
+		return "a payment did not succeed: " + truncate(res.Body)
+	}
+	return ""
 }
 
 // stormResult is one duplicate storm.

@@ -657,29 +657,35 @@ func parentPid(pid int) (int, error) {
 // childrenCPU is the user and system CPU, in seconds, of pid's children
 // that have exited and been waited for (cutime + cstime, proc(5)).
 func childrenCPU(pid int) (float64, error) {
+	_, reaped, err := procCPU(pid)
+	return reaped, err
+}
+
+// procCPU reads pid's own user and system CPU (utime + stime) and that of
+// its children that have exited and been waited for (cutime + cstime),
+// in seconds, from /proc/PID/stat (proc(5)).
+func procCPU(pid int) (own, reaped float64, err error) {
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	// The command name, in parentheses, may hold spaces: count fields
 	// after its closing parenthesis (field 2).
 	_, rest, ok := strings.Cut(string(stat), ") ")
 	if !ok {
-		return 0, fmt.Errorf("unreadable /proc/%d/stat", pid)
+		return 0, 0, fmt.Errorf("unreadable /proc/%d/stat", pid)
 	}
 	fields := strings.Fields(rest)
 	if len(fields) < 15 {
-		return 0, fmt.Errorf("short /proc/%d/stat", pid)
+		return 0, 0, fmt.Errorf("short /proc/%d/stat", pid)
 	}
-	var ticks float64
-	for _, f := range fields[13:15] { // fields 16 and 17: cutime, cstime
-		n, err := strconv.ParseFloat(f, 64)
-		if err != nil {
-			return 0, err
+	var ticks [4]float64
+	for i, f := range fields[11:15] { // fields 14 to 17: utime, stime, cutime, cstime
+		if ticks[i], err = strconv.ParseFloat(f, 64); err != nil {
+			return 0, 0, err
 		}
-		ticks += n
 	}
-	return ticks / clockTicks, nil
+	return (ticks[0] + ticks[1]) / clockTicks, (ticks[2] + ticks[3]) / clockTicks, nil
 }
 
 // clockTicks is USER_HZ, the unit of /proc's times: 100 on every Linux
