@@ -130,6 +130,9 @@ func start(ctx context.Context, o options) (*environment, error) {
 	if o.storedKeys > 0 {
 		return env, setupStoredKeys(ctx, o, env)
 	}
+	if o.capacity {
+		return env, nil // the load API alone (capacity.go)
+	}
 	if err := startPeers(ctx, env, root); err != nil {
 		return env, err
 	}

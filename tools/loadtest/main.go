@@ -26,6 +26,10 @@
 //
 //	loadtest [-rounds 5] [-duration 4s] [-c 32] [-pool 4] [-storm 200] [-exec-mode M] [-short]
 //	loadtest -stored-keys 20000000 [-rounds 5] [-duration 4s] [-c 32] [-pool 4] [-short]
+//	loadtest -capacity [-sync-standby] [-capacity-json PATH] [-rounds 3] [-duration 20s] [-c 32] [-pool 4] [-short]
+//
+// -capacity measures commits per second per vCPU of the primary and
+// commits per request (capacity.go).
 //
 // -short (or LOADTEST_SHORT=1) is the smoke test CI runs: 2 short rounds,
 // which proves the benchmark works and says nothing about speed.
@@ -92,6 +96,10 @@ type options struct {
 	crashTrials int    // crashes per party in the crash test (crash.go)
 	pgMemory    int64  // > 0: PostgreSQL runs in a memory cgroup of this many bytes (memlimit.go)
 	keyOrder    string // -stored-keys: "random" (version 4) or "time" (version 7) keys
+
+	capacity     bool   // commits per second per vCPU of the primary instead (capacity.go)
+	syncStandby  bool   // -capacity with a synchronous standby
+	capacityJSON string // -capacity's results file, if any
 }
 
 func parseOptions(args []string, getenv func(string) string) (options, error) {
@@ -112,6 +120,9 @@ func parseOptions(args []string, getenv func(string) string) (options, error) {
 	fs.Int64Var(&o.storedKeys, "stored-keys", 0, "instead: create throughput against a key table holding this many random keys (a third completed, two thirds tombstones) versus an empty one, in interleaved rounds, with the full table's sizes; only the create scenario runs (0: off)")
 	fs.StringVar(&o.keyOrder, "key-order", "random", "with -stored-keys: the keys stored and sent, random (version 4 UUIDs) or time (time-ordered, as version 7 UUIDs)")
 	pgMemory := fs.String("pg-memory", "", "hold PostgreSQL, its backends and the page cache they read through to this much memory (e.g. 1GiB) in a memory cgroup, so that a key table larger than it is past memory (needs root or a delegated cgroup; empty: no limit)")
+	fs.BoolVar(&o.capacity, "capacity", false, "instead: commits and requests per second per vCPU of PostgreSQL, and commits per request, for create, payment and a mix (3 rounds of 20s unless given; -short: 1 of 2s)")
+	fs.BoolVar(&o.syncStandby, "sync-standby", false, "-capacity with a streaming standby in synchronous_standby_names (synchronous_commit on)")
+	fs.StringVar(&o.capacityJSON, "capacity-json", "", "-capacity: write the results to this JSON file (PostgresBench's shape)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -144,6 +155,9 @@ func parseOptions(args []string, getenv func(string) string) (options, error) {
 			o.crashTrials = 1
 		}
 	}
+	if err := capacityOptions(&o, fs); err != nil {
+		return o, err
+	}
 	if o.rounds < 1 || o.duration <= 0 || o.concurrency < 1 || o.pool < 1 || o.storm < 2 || o.replayKeys < 1 || o.samples < 1 || o.crashTrials < 1 {
 		return o, fmt.Errorf("every count and duration must be positive (storm at least 2)")
 	}
@@ -174,6 +188,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	if o.pgbench {
 		return runPgbench(ctx, o, stdout)
+	}
+	if o.capacity {
+		return runCapacity(ctx, o, stdout)
 	}
 	env, err := start(ctx, o)
 	if env != nil {
