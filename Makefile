@@ -18,7 +18,7 @@ VULNDB_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/govulndb/$(VULNDB_VERSION)
 BIN  := bin
 
 .DEFAULT_GOAL := help
-.PHONY: help run psql reset test bench loadtest loadtest-smoke loadtest-pgbench chaos fuzz fuzz-ci generate verify lint vuln build migrate-new rename upgrade-test
+.PHONY: help run psql reset test bench loadtest loadtest-smoke loadtest-pgbench capacity capacity-standby chaos fuzz fuzz-ci generate verify lint vuln build migrate-new rename upgrade-test
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {n++; name[n] = $$1; text[n] = $$2; if (length($$1) > w) w = length($$1)} \
@@ -67,6 +67,12 @@ loadtest-smoke: ## The load benchmark's short mode (what CI runs): it must finis
 
 loadtest-pgbench: ## What one create costs PostgreSQL (CPU per transaction), and each piece of the pattern, driven by pgbench
 	$(GO) run ./tools/loadtest -pgbench $(LOADTEST_FLAGS)
+
+capacity: ## Commits/s per vCPU of the primary and commits per request (create, payment, mix); results in docs/capacity/ (some 8 minutes)
+	$(GO) run ./tools/loadtest -capacity -capacity-json docs/capacity/results-$$(date +%F).json $(CAPACITY_FLAGS)
+
+capacity-standby: ## The same with a synchronous streaming standby (synchronous_commit on); its own results file
+	$(GO) run ./tools/loadtest -capacity -sync-standby -capacity-json docs/capacity/results-$$(date +%F)-sync-standby.json $(CAPACITY_FLAGS)
 
 chaos: ## Patroni failover and split brain, pooler, NATS cluster and link faults against a local HA deployment, then the checker (CHAOS_FLAGS=-short: what CI runs)
 	$(GO) run ./tools/chaos $(CHAOS_FLAGS)
