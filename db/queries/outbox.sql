@@ -19,7 +19,7 @@ UPDATE outbox o
 SET claimed_until = now() + make_interval(secs => @hold_seconds::float8),
     publish_attempts = o.publish_attempts + 1
 FROM (
-    SELECT id FROM outbox
+    SELECT tenant_id, id FROM outbox
     WHERE published_at IS NULL
       AND (claimed_until IS NULL OR claimed_until <= now())
       AND xid < pg_snapshot_xmin(pg_current_snapshot())
@@ -27,11 +27,16 @@ FROM (
     LIMIT @max_rows
     FOR UPDATE SKIP LOCKED
 ) c
-WHERE o.id = c.id
+-- The join names the whole primary key, (tenant_id, id): by id alone no
+-- index serves it, and every claim would read the whole outbox, published
+-- rows included, which are kept for MESSAGE_RETENTION.
+WHERE o.tenant_id = c.tenant_id AND o.id = c.id
 RETURNING o.id, o.seq, o.subject, o.event_type, o.payload, o.created_at, o.claimed_until, o.trace_parent;
 
 -- name: OutboxMarkPublished :execrows
--- After the broker acknowledged each publish.
+-- After the broker acknowledged each publish. By id, within the unpublished
+-- rows: their partial index (outbox_unpublished_idx) bounds the search to
+-- the rows still to publish, however many published rows are kept.
 UPDATE outbox SET published_at = now(), claimed_until = NULL
 WHERE id = ANY(@ids::uuid[]) AND published_at IS NULL;
 
@@ -52,10 +57,12 @@ SELECT count(*)::bigint AS unpublished,
 FROM outbox WHERE published_at IS NULL;
 
 -- name: OutboxDeletePublished :execrows
--- The reaper: published rows older than the retention, in bounded batches.
+-- The reaper: published rows older than the retention, in bounded batches,
+-- each found by its whole primary key (as in OutboxClaim: by id alone,
+-- every batch would read the whole outbox).
 DELETE FROM outbox o
-WHERE o.id IN (
-    SELECT id FROM outbox
+WHERE (o.tenant_id, o.id) IN (
+    SELECT tenant_id, id FROM outbox
     WHERE published_at IS NOT NULL
       AND published_at < now() - make_interval(secs => @retention_seconds::float8)
     ORDER BY published_at

@@ -17,7 +17,7 @@ UPDATE outbox o
 SET claimed_until = now() + make_interval(secs => $1::float8),
     publish_attempts = o.publish_attempts + 1
 FROM (
-    SELECT id FROM outbox
+    SELECT tenant_id, id FROM outbox
     WHERE published_at IS NULL
       AND (claimed_until IS NULL OR claimed_until <= now())
       AND xid < pg_snapshot_xmin(pg_current_snapshot())
@@ -25,7 +25,7 @@ FROM (
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 ) c
-WHERE o.id = c.id
+WHERE o.tenant_id = c.tenant_id AND o.id = c.id
 RETURNING o.id, o.seq, o.subject, o.event_type, o.payload, o.created_at, o.claimed_until, o.trace_parent
 `
 
@@ -55,6 +55,9 @@ type OutboxClaimRow struct {
 // ahead of it, and a reader that follows the outbox by position would step
 // over it for good. With it the relay waits for the oldest transaction in
 // flight, and publishes in transaction order.
+// The join names the whole primary key, (tenant_id, id): by id alone no
+// index serves it, and every claim would read the whole outbox, published
+// rows included, which are kept for MESSAGE_RETENTION.
 func (q *Queries) OutboxClaim(ctx context.Context, arg OutboxClaimParams) ([]OutboxClaimRow, error) {
 	rows, err := q.db.Query(ctx, outboxClaim, arg.HoldSeconds, arg.MaxRows)
 	if err != nil {
@@ -86,8 +89,8 @@ func (q *Queries) OutboxClaim(ctx context.Context, arg OutboxClaimParams) ([]Out
 
 const outboxDeletePublished = `-- name: OutboxDeletePublished :execrows
 DELETE FROM outbox o
-WHERE o.id IN (
-    SELECT id FROM outbox
+WHERE (o.tenant_id, o.id) IN (
+    SELECT tenant_id, id FROM outbox
     WHERE published_at IS NOT NULL
       AND published_at < now() - make_interval(secs => $1::float8)
     ORDER BY published_at
@@ -101,7 +104,9 @@ type OutboxDeletePublishedParams struct {
 	BatchSize        int32
 }
 
-// The reaper: published rows older than the retention, in bounded batches.
+// The reaper: published rows older than the retention, in bounded batches,
+// each found by its whole primary key (as in OutboxClaim: by id alone,
+// every batch would read the whole outbox).
 func (q *Queries) OutboxDeletePublished(ctx context.Context, arg OutboxDeletePublishedParams) (int64, error) {
 	result, err := q.db.Exec(ctx, outboxDeletePublished, arg.RetentionSeconds, arg.BatchSize)
 	if err != nil {
@@ -164,7 +169,9 @@ UPDATE outbox SET published_at = now(), claimed_until = NULL
 WHERE id = ANY($1::uuid[]) AND published_at IS NULL
 `
 
-// After the broker acknowledged each publish.
+// After the broker acknowledged each publish. By id, within the unpublished
+// rows: their partial index (outbox_unpublished_idx) bounds the search to
+// the rows still to publish, however many published rows are kept.
 func (q *Queries) OutboxMarkPublished(ctx context.Context, ids []uuid.UUID) (int64, error) {
 	result, err := q.db.Exec(ctx, outboxMarkPublished, ids)
 	if err != nil {
