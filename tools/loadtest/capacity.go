@@ -116,13 +116,13 @@ var capacityScenarios = []string{scenarioCreate, scenarioPayment, scenarioMix}
 // replays, and payments for the rest.
 const (
 	mixBlock   = 20
-	mixCreates = 12
-	mixReplays = 5
+	mixCreates = mixCreate * mixBlock / 100
+	mixReplays = mixReplay * mixBlock / 100
 	mixShare   = "60/25/15 creates/replays/payments"
 )
 
 // mixKind is what the mix's i-th request is.
-func mixKind(i int64) int {
+func mixKind(i int64) requestKind {
 	switch r := i % mixBlock; {
 	case r < mixCreates:
 		return kindCreate
@@ -132,12 +132,6 @@ func mixKind(i int64) int {
 		return kindPayment
 	}
 }
-
-const (
-	kindCreate = iota
-	kindReplay
-	kindPayment
-)
 
 // paymentShare is the share of a scenario's requests that pay an order.
 func paymentShare(scenario string) float64 {

@@ -120,8 +120,12 @@ func start(ctx context.Context, o options) (*environment, error) {
 	common := []string{"ADDR=127.0.0.1:0", "PROCESSOR_URL=" + env.processorURL, "RATE_LIMIT_RPS=0", "NATS_URL=" + env.nats.URL(), "SHUTDOWN_GRACE=0"}
 	common = append(common, untracedEnv...)
 	var addr string
-	env.loadAPI, addr, err = harness.StartProcess(ctx, work, "api-load", apiBin, []string{"serve"},
-		append(common, "DATABASE_URL="+apiURL), "listening")
+	loadEnv := append(slices.Clip(common), "DATABASE_URL="+apiURL)
+	if o.soak > 0 {
+		// The soak's API alone runs with its horizons scaled (soak.go).
+		loadEnv = append(loadEnv, soakEnv(soakFactor)...)
+	}
+	env.loadAPI, addr, err = harness.StartProcess(ctx, work, "api-load", apiBin, []string{"serve"}, loadEnv, "listening")
 	if err != nil {
 		return env, err
 	}
@@ -130,8 +134,8 @@ func start(ctx context.Context, o options) (*environment, error) {
 	if o.storedKeys > 0 {
 		return env, setupStoredKeys(ctx, o, env)
 	}
-	if o.capacity {
-		return env, nil // the load API alone (capacity.go)
+	if o.capacity || o.soak > 0 {
+		return env, nil // the load API alone (capacity.go, soak.go)
 	}
 	if err := startPeers(ctx, env, root); err != nil {
 		return env, err

@@ -22,6 +22,27 @@ import (
 // checks the wire, not the server's constants.
 const replayedHeader = "Idempotent-Replayed"
 
+// The mix of the soak and of the capacity's mix scenario, in percent of
+// the requests: creates under fresh keys, replays of a create sent earlier
+// (same key, same body), payments of created orders.
+const (
+	mixCreate  = 60
+	mixReplay  = 25
+	mixPayment = 15
+)
+
+// requestKind is the kind of a request of a mix.
+type requestKind int
+
+const (
+	kindCreate requestKind = iota
+	kindReplay
+	kindPayment
+	requestKinds
+)
+
+var requestKindNames = [requestKinds]string{"create", "replay", "payment"}
+
 // orderAmount is what every order of the benchmark costs, and so what
 // every payment pays.
 const orderAmount = 2500

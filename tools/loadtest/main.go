@@ -100,6 +100,10 @@ type options struct {
 	capacity     bool   // commits per second per vCPU of the primary instead (capacity.go)
 	syncStandby  bool   // -capacity with a synchronous standby
 	capacityJSON string // -capacity's results file, if any
+
+	soak         time.Duration // > 0: the soak instead (soak.go)
+	soakInterval time.Duration // between the soak's rows
+	soakPlot     string        // the soak's PNG; its CSV beside it
 }
 
 func parseOptions(args []string, getenv func(string) string) (options, error) {
@@ -123,6 +127,9 @@ func parseOptions(args []string, getenv func(string) string) (options, error) {
 	fs.BoolVar(&o.capacity, "capacity", false, "instead: commits and requests per second per vCPU of PostgreSQL, and commits per request, for create, payment and a mix (3 rounds of 20s unless given; -short: 1 of 2s)")
 	fs.BoolVar(&o.syncStandby, "sync-standby", false, "-capacity with a streaming standby in synchronous_standby_names (synchronous_commit on)")
 	fs.StringVar(&o.capacityJSON, "capacity-json", "", "-capacity: write the results to this JSON file (PostgresBench's shape)")
+	fs.DurationVar(&o.soak, "soak", 0, "instead: a day of churn in this long, the API's horizons divided by 432, c=8 unless -c is given; a row every -soak-interval, judged at the end (soak.go; 0: off)")
+	fs.DurationVar(&o.soakInterval, "soak-interval", time.Minute, "with -soak: the time between rows")
+	fs.StringVar(&o.soakPlot, "soak-plot", "", "with -soak: write the rows' plot to this PNG, and the rows as CSV beside it")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -175,6 +182,9 @@ func parseOptions(args []string, getenv func(string) string) (options, error) {
 	if o.pgMemory > 0 && o.pgbench {
 		return o, fmt.Errorf("-pg-memory applies to the HTTP benchmarks; -pgbench runs its own server unlimited")
 	}
+	if err := soakDefaults(fs, &o); err != nil {
+		return o, err
+	}
 	if o.storedKeys > 0 && o.pgbench {
 		return o, fmt.Errorf("-stored-keys and -pgbench are separate benchmarks; give one")
 	}
@@ -201,6 +211,9 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	if o.storedKeys > 0 {
 		return runStoredKeys(ctx, o, env, stdout)
+	}
+	if o.soak > 0 {
+		return runSoak(ctx, o, env, stdout)
 	}
 	mode := o.execMode
 	if mode == "" {
