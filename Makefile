@@ -18,7 +18,7 @@ VULNDB_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/govulndb/$(VULNDB_VERSION)
 BIN  := bin
 
 .DEFAULT_GOAL := help
-.PHONY: help run psql reset test bench loadtest loadtest-smoke loadtest-pgbench capacity capacity-standby soak soak-smoke chaos fuzz fuzz-ci generate verify lint vuln build migrate-new rename upgrade-test
+.PHONY: help run psql reset test bench loadtest loadtest-smoke loadtest-pgbench capacity capacity-standby capacity-smoke soak soak-smoke chaos fuzz fuzz-ci generate verify lint vuln build migrate-new rename upgrade-test
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {n++; name[n] = $$1; text[n] = $$2; if (length($$1) > w) w = length($$1)} \
@@ -73,6 +73,9 @@ capacity: ## Commits/s per vCPU of the primary and commits per request (create, 
 
 capacity-standby: ## The same with a synchronous streaming standby (synchronous_commit on); its own results file
 	$(GO) run ./tools/loadtest -capacity -sync-standby -capacity-json docs/capacity/results-$$(date +%F)-sync-standby.json $(CAPACITY_FLAGS)
+
+capacity-smoke: ## The capacity's short mode with the standby (what CI runs): one round of 2 s per scenario, checked, no results file
+	$(GO) run ./tools/loadtest -capacity -sync-standby -short $(CAPACITY_FLAGS)
 
 soak: ## A day of churn in half an hour: 30 minutes at c=8, the API's horizons divided by 432, judged; plot and CSV in docs/soak/
 	$(GO) run ./tools/loadtest -soak 30m -soak-plot docs/soak/soak-$$(date +%F).png $(SOAK_FLAGS)
