@@ -210,7 +210,7 @@ var Settings = []Setting{
 	{"REAPER_BATCH", strconv.Itoa(reaper.DefaultBatch), "", "rows per reaper batch",
 		atLeastOne(func(c *Config) *int { return &c.ReaperBatch }, "a positive number of rows, such as 500"), shown},
 	{"REAPER_DUTY", strconv.FormatFloat(reaper.DefaultDuty, 'f', -1, 64), "",
-		"the largest share of its time the reaper spends in batches: higher reaps faster and costs live traffic more",
+		"the share of its time the reaper spends in batches: higher reaps faster and costs live traffic more; while batches keep coming back full it doubles it, up to 0.5, until one comes back short",
 		parseReaperDuty, shown},
 	{"PROCESSOR", ProcessorSimulator, "",
 		"the payment processor's adapter: `simulator` (ours, at `PROCESSOR_URL`) or `stripe` (Stripe through stripe-go, with `STRIPE_API_KEY`; see `docs/payments.md`)",

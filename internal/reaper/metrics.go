@@ -20,10 +20,14 @@ var (
 		Name: "idempotency_reaper_batch_size",
 		Help: "The reaper's current adaptive batch size; below the configured batch after statement timeouts.",
 	})
+	currentDuty = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "idempotency_reaper_duty",
+		Help: "The share of its time the reaper may spend in batches now: REAPER_DUTY, doubled while it keeps finding full batches (catching up), at most 0.5.",
+	})
 )
 
 func init() {
-	prometheus.MustRegister(rowsTotal, timeoutsTotal, passFailuresTotal, batchSize)
+	prometheus.MustRegister(rowsTotal, timeoutsTotal, passFailuresTotal, batchSize, currentDuty)
 	// Present at 0 before the first pass, so rate() and increase() work
 	// from the start.
 	rowsTotal.WithLabelValues("pruned")

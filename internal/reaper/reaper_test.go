@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/reaper"
@@ -355,4 +356,67 @@ func readKey(t *testing.T, pool *pgxpool.Pool, tenant uuid.UUID, name string) (r
 		t.Fatal(err)
 	}
 	return r, found
+}
+
+// A backlog that fills batch after batch raises the reaper's duty (the
+// share of its time in batches) above REAPER_DUTY, so that keys arriving
+// faster than the base duty reaps are still worked off; the duty falls
+// back to REAPER_DUTY once a batch comes back short. Read from the
+// idempotency_reaper_duty gauge while a pass runs. Not parallel: the gauge
+// is the process's, and the parallel tests' reapers would set it too.
+func TestDutyRisesWhileBatchesAreFull(t *testing.T) {
+	const (
+		n     = 3000
+		batch = 100
+		base  = 0.05
+	)
+	pool, _ := testdb.NewPool(t)
+	tenant := newTenant(t, pool)
+	fill(t, pool, tenant, "d", n, "completed", "-1 hour", "+1 day")
+	r := reaper.New(pool, reaper.Config{Batch: batch, Duty: base, Logger: testkit.Logger(t)})
+
+	done := make(chan error, 1)
+	go func() {
+		res, err := r.RunOnce(t.Context())
+		if err == nil && res.Pruned != n {
+			err = fmt.Errorf("pruned %d, want %d", res.Pruned, n)
+		}
+		done <- err
+	}()
+	highest := reaperDuty(t)
+	for running := true; running; {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			running = false
+		case <-time.After(time.Millisecond):
+			highest = max(highest, reaperDuty(t))
+		}
+	}
+	// 30 full batches: the duty doubles after every 4, so it reaches the cap.
+	if highest < 2*base {
+		t.Errorf("the duty stayed at %v through %d full batches; want it raised above REAPER_DUTY %v", highest, n/batch, base)
+	}
+	if after := reaperDuty(t); after != base {
+		t.Errorf("after the pass the duty is %v, want REAPER_DUTY %v again", after, base)
+	}
+	t.Logf("the duty rose to %v during a pass of %d full batches", highest, n/batch)
+}
+
+// reaperDuty reads the idempotency_reaper_duty gauge.
+func reaperDuty(t *testing.T) float64 {
+	t.Helper()
+	families, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == "idempotency_reaper_duty" {
+			return f.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatal("no idempotency_reaper_duty gauge")
+	return 0
 }
