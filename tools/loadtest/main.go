@@ -104,6 +104,7 @@ type options struct {
 	soak         time.Duration // > 0: the soak instead (soak.go)
 	soakInterval time.Duration // between the soak's rows
 	soakPlot     string        // the soak's PNG; its CSV beside it
+	soakRate     int           // > 0: the soak's requests arrive at this rate (open loop) rather than from -c clients
 }
 
 func parseOptions(args []string, getenv func(string) string) (options, error) {
@@ -130,6 +131,7 @@ func parseOptions(args []string, getenv func(string) string) (options, error) {
 	fs.DurationVar(&o.soak, "soak", 0, "instead: a day of churn in this long, the API's horizons divided by 432, c=8 unless -c is given; a row every -soak-interval, judged at the end (soak.go; 0: off)")
 	fs.DurationVar(&o.soakInterval, "soak-interval", time.Minute, "with -soak: the time between rows")
 	fs.StringVar(&o.soakPlot, "soak-plot", "", "with -soak: write the rows' plot to this PNG, and the rows as CSV beside it")
+	fs.IntVar(&o.soakRate, "soak-rate", 0, "with -soak: requests arrive at this many a second whatever the answers' latency (open loop, at most 64 in flight) instead of from -c closed-loop clients; 0: closed loop")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}

@@ -4,10 +4,11 @@ package main
 //
 // One API process runs as `api serve` with every horizon the reaper works
 // to divided by soakFactor, so that keys are created, replayed, pruned to
-// tombstones and deleted many times over within the run. A fixed number of
-// closed-loop clients (-c, 8 by default here: steady, not flat out) sends
-// a mix of creates under fresh keys, replays of recent creates, and
-// payments of created orders, for D; every answer is checked. Every
+// tombstones and deleted many times over within the run. Requests arrive
+// at a fixed rate (-soak-rate, open loop: what `make soak` runs) or from a
+// fixed number of closed-loop clients (-c, 8 by default here): a mix of
+// creates under fresh keys, replays of recent creates, and payments of
+// created orders, for D; every answer is checked. Every
 // -soak-interval a row is taken: the rates and p99 per kind, the key
 // table's size, tuples, autovacuum and autoanalyze counts, the reaper's
 // lag, and the WAL written per create. At the end the rows are judged
@@ -50,6 +51,12 @@ const soakFactor = 432
 // cores busy with the API, PostgreSQL and the reaper, few enough that the
 // run is a steady state rather than a queue.
 const soakConcurrency = 8
+
+// soakMaxInFlight bounds the requests in flight at a fixed rate
+// (-soak-rate): a service that slows down gets more requests at once, as
+// it would from real callers, up to this many; past it arrivals wait, and
+// the rate answered falls below the rate offered.
+const soakMaxInFlight = 64
 
 // soakHorizon is one setting of the soak's API: its default and the value
 // the soak runs with.
@@ -125,8 +132,8 @@ func soakDefaults(fs *flag.FlagSet, o *options) error {
 		return fmt.Errorf("-soak %s: want how long the soak runs, or 0 for the default benchmark", o.soak)
 	}
 	if o.soak == 0 {
-		if set["soak-interval"] || set["soak-plot"] {
-			return errors.New("-soak-interval and -soak-plot belong to -soak; give -soak DURATION")
+		if set["soak-interval"] || set["soak-plot"] || set["soak-rate"] {
+			return errors.New("-soak-interval, -soak-plot and -soak-rate belong to -soak; give -soak DURATION")
 		}
 		return nil
 	}
@@ -136,6 +143,8 @@ func soakDefaults(fs *flag.FlagSet, o *options) error {
 	switch {
 	case o.soakInterval <= 0 || o.soakInterval > o.soak:
 		return fmt.Errorf("-soak-interval %s: want a positive interval no longer than -soak %s", o.soakInterval, o.soak)
+	case o.soakRate < 0:
+		return fmt.Errorf("-soak-rate %d: want requests per second, or 0 for closed-loop clients", o.soakRate)
 	case o.pgbench || o.storedKeys > 0:
 		return errors.New("-soak, -pgbench and -stored-keys are separate benchmarks; give one")
 	}
@@ -308,7 +317,7 @@ func (t *soakTraffic) recorded(c *soakCreate, orderID string) {
 // runSoak is the soak of -soak.
 func runSoak(ctx context.Context, o options, env *environment, stdout io.Writer) error {
 	printSoakHeader(stdout, o, env)
-	l := newLoad(env.loadURL, env.apiKey, env.runID, env.db, o.concurrency+8)
+	l := newLoad(env.loadURL, env.apiKey, env.runID, env.db, max(o.concurrency, soakMaxInFlight)+8)
 	ttl, _, _ := soakScaled(soakFactor)
 	traffic := newSoakTraffic(l, ttl)
 	s := &soakSampler{db: env.db, started: time.Now().UTC()}
@@ -328,7 +337,7 @@ func runSoak(ctx context.Context, o options, env *environment, stdout io.Writer)
 		return err
 	}
 	checkErr := soakFinalChecks(ctx, env, l, traffic, s)
-	judgement := judgeSoak(rows, o.soakInterval, soakFactor)
+	judgement := judgeSoak(rows, o.soakInterval, soakFactor, float64(o.soakRate))
 	verdict, complete := soakVerdict(judgement.checks)
 	printSoakVerdict(stdout, judgement.checks, verdict, complete)
 	if o.soakPlot != "" {
@@ -351,9 +360,9 @@ func runSoak(ctx context.Context, o options, env *environment, stdout io.Writer)
 }
 
 func printSoakHeader(w io.Writer, o options, env *environment) {
-	fmt.Fprintf(w, "loadtest: soak of %s, PostgreSQL %s (fsync=%s synchronous_commit=%s full_page_writes=%s), %d CPUs, c=%d closed-loop clients, pool=%d, a row every %s\n",
+	fmt.Fprintf(w, "loadtest: soak of %s, PostgreSQL %s (fsync=%s synchronous_commit=%s full_page_writes=%s), %d CPUs, %s, pool=%d, a row every %s\n",
 		o.soak, env.settings["server_version"], env.settings["fsync"], env.settings["synchronous_commit"], env.settings["full_page_writes"],
-		runtime.NumCPU(), o.concurrency, o.pool, o.soakInterval)
+		runtime.NumCPU(), soakLoadText(o, true), o.pool, o.soakInterval)
 	fmt.Fprintf(w, "mix: %d%% creates under fresh keys, %d%% replays of a create at most IDEMPOTENCY_TTL/2 old, %d%% payments of created orders; RATE_LIMIT_RPS=0\n",
 		mixCreate, mixReplay, mixPayment)
 	fmt.Fprintf(w, "the API's horizons divided by %d (a run of %s is %.1f days of churn):\n", soakFactor, o.soak, (o.soak*soakFactor).Hours()/24)
@@ -362,18 +371,38 @@ func printSoakHeader(w io.Writer, o options, env *environment) {
 	}
 }
 
+// soakLoadText says how the soak's requests come: at a rate, or from
+// closed-loop clients; long, for the header, or short, for the plot.
+func soakLoadText(o options, long bool) string {
+	switch {
+	case o.soakRate > 0 && long:
+		return fmt.Sprintf("%d requests/s offered (open loop, at most %d in flight)", o.soakRate, soakMaxInFlight)
+	case o.soakRate > 0:
+		return fmt.Sprintf("%d requests/s", o.soakRate)
+	case long:
+		return fmt.Sprintf("c=%d closed-loop clients", o.concurrency)
+	}
+	return fmt.Sprintf("c=%d", o.concurrency)
+}
+
 // soakLoop runs the attack for o.soak, checks every answer and takes a
 // row every o.soakInterval; the last, partial interval makes a row if it
 // lasted at least half an interval.
 func soakLoop(ctx context.Context, o options, traffic *soakTraffic, s *soakSampler, stdout io.Writer) ([]soakRow, error) {
+	// Closed loop: o.concurrency clients, each sending as soon as it has
+	// its answer. Open loop: arrivals at o.soakRate, whatever the latency.
+	rate, maxWorkers := vegeta.Rate{}, o.concurrency
+	if o.soakRate > 0 {
+		rate, maxWorkers = vegeta.Rate{Freq: o.soakRate, Per: time.Second}, soakMaxInFlight
+	}
 	atk := vegeta.NewAttacker(
 		vegeta.Client(traffic.l.client),
 		vegeta.Workers(uint64(o.concurrency)),
-		vegeta.MaxWorkers(uint64(o.concurrency)),
+		vegeta.MaxWorkers(uint64(maxWorkers)),
 	)
 	ticker := time.NewTicker(o.soakInterval)
 	defer ticker.Stop()
-	results := atk.Attack(traffic.target, vegeta.Rate{}, o.soak, "soak")
+	results := atk.Attack(traffic.target, rate, o.soak, "soak")
 	var rows []soakRow
 	done := ctx.Done()
 	for {
@@ -613,15 +642,15 @@ type soakJudgement struct {
 }
 
 // judgeSoak applies the pass rules to rows taken every sample with the
-// horizons divided by factor. The first rows are the growth phase: the
+// horizons divided by factor, and offered requests/s (0: closed loop). The first rows are the growth phase: the
 // table fills until the first keys reach the retention horizon. Drift and
 // p99 are judged over the whole run all the same; the plateau only over
 // the last third of the rows, and only if that third begins after the
 // retention horizon.
-func judgeSoak(rows []soakRow, sample time.Duration, factor int) soakJudgement {
+func judgeSoak(rows []soakRow, sample time.Duration, factor int, offered float64) soakJudgement {
 	_, retention, interval := soakScaled(factor)
 	return soakJudgement{checks: []soakCheck{
-		judgeDrift(rows),
+		judgeDrift(rows, offered),
 		judgePlateau(rows, retention),
 		judgeLag(rows, lagIntervals*interval+sample),
 		judgeP99(rows),
@@ -638,8 +667,11 @@ func mean(rows []soakRow, f func(soakRow) float64) float64 {
 }
 
 // judgeDrift compares the mean throughput of the first and the last
-// sixth of the rows (five minutes each of a 30-minute run).
-func judgeDrift(rows []soakRow) soakCheck {
+// sixth of the rows (five minutes each of a 30-minute run). At an offered
+// rate the last sixth must also answer within maxDrift of it: a service
+// that falls behind its arrivals answers fewer than arrive, and its p99
+// grows with the queue.
+func judgeDrift(rows []soakRow, offered float64) soakCheck {
 	c := soakCheck{name: "throughput drift"}
 	k := len(rows) / 6
 	if k < 1 || len(rows) < 2*k {
@@ -653,6 +685,11 @@ func judgeDrift(rows []soakRow) soakCheck {
 	c.pass = first > 0 && abs(c.value) <= maxDrift
 	c.detail = fmt.Sprintf("mean of the first %d rows %.0f requests/s, of the last %d %.0f: %+.1f%% (limit ±%.0f%%)",
 		k, first, k, last, 100*c.value, 100*maxDrift)
+	if offered > 0 {
+		kept := last / offered
+		c.pass = c.pass && kept >= 1-maxDrift
+		c.detail += fmt.Sprintf("; the last %d answered %.1f%% of the %.0f/s offered (limit %.0f%%)", k, 100*kept, offered, 100*(1-maxDrift))
+	}
 	return c
 }
 
@@ -792,6 +829,7 @@ func soakFields(o options, rows []soakRow, j soakJudgement, t *soakTraffic, verd
 		fmt.Sprintf("minutes=%.1f", o.soak.Minutes()),
 		fmt.Sprintf("factor=%d", soakFactor),
 		fmt.Sprintf("c=%d", o.concurrency),
+		fmt.Sprintf("rate=%d", o.soakRate),
 		fmt.Sprintf("rows=%d", len(rows)),
 		fmt.Sprintf("creates=%d", t.executed[kindCreate]),
 		fmt.Sprintf("replays=%d", t.executed[kindReplay]),

@@ -68,6 +68,8 @@ func TestParseSoakOptions(t *testing.T) {
 		{"-soak-plot", "x.png"},
 		{"-soak", "1m", "-pgbench"},
 		{"-soak", "1m", "-stored-keys", "10"},
+		{"-soak-rate", "100"},
+		{"-soak", "1m", "-soak-rate", "-5"},
 	} {
 		if _, err := parseOptions(args, none); err == nil {
 			t.Errorf("%q: no error", args)
@@ -144,7 +146,7 @@ func TestJudgeSoak(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			j := judgeSoak(tt.rows, time.Minute, soakFactor)
+			j := judgeSoak(tt.rows, time.Minute, soakFactor, 0)
 			c := checkNamed(t, j, tt.check)
 			if c.judged != tt.judged || c.pass != tt.pass {
 				t.Errorf("%s: judged %t pass %t, want %t %t (%s)", tt.check, c.judged, c.pass, tt.judged, tt.pass, c.detail)
@@ -156,15 +158,31 @@ func TestJudgeSoak(t *testing.T) {
 	}
 }
 
+// At an offered rate, keeping pace with it is part of the drift rule: a
+// run as steady from start to end, but answering less than is offered,
+// fails.
+func TestSoakDriftAtAnOfferedRate(t *testing.T) {
+	t.Parallel()
+	rows := steady(30, func(int, *soakRow) {}) // 1,000 requests/s throughout
+	for _, tt := range []struct {
+		offered float64
+		pass    bool
+	}{{1000, true}, {1100, true}, {1120, false}} {
+		if c := checkNamed(t, judgeSoak(rows, time.Minute, soakFactor, tt.offered), "throughput drift"); c.pass != tt.pass {
+			t.Errorf("1,000/s answered of %.0f/s offered: pass %t, want %t (%s)", tt.offered, c.pass, tt.pass, c.detail)
+		}
+	}
+}
+
 func TestSoakLagLimit(t *testing.T) {
 	t.Parallel()
 	// Two scaled reaper intervals (139 ms each) and a sampling interval.
 	rows := steady(30, func(i int, r *soakRow) { r.pruneLag = 60.3 })
-	if c := checkNamed(t, judgeSoak(rows, time.Minute, soakFactor), "reaper keeps up"); c.pass {
+	if c := checkNamed(t, judgeSoak(rows, time.Minute, soakFactor, 0), "reaper keeps up"); c.pass {
 		t.Errorf("lag 60.3 s passed: %s", c.detail)
 	}
 	rows = steady(30, func(i int, r *soakRow) { r.pruneLag = 60.2 })
-	if c := checkNamed(t, judgeSoak(rows, time.Minute, soakFactor), "reaper keeps up"); !c.pass {
+	if c := checkNamed(t, judgeSoak(rows, time.Minute, soakFactor, 0), "reaper keeps up"); !c.pass {
 		t.Errorf("lag 60.2 s failed: %s", c.detail)
 	}
 }
@@ -172,10 +190,10 @@ func TestSoakLagLimit(t *testing.T) {
 func TestSoakPlateauSize(t *testing.T) {
 	t.Parallel()
 	rows := steady(30, func(i int, r *soakRow) { r.heap, r.indexes = 30<<20, 10<<20 })
-	if got := judgeSoak(rows, time.Minute, soakFactor).plateau; got != 40<<20 {
+	if got := judgeSoak(rows, time.Minute, soakFactor, 0).plateau; got != 40<<20 {
 		t.Errorf("plateau %d bytes, want 40 MB", got)
 	}
-	if got := judgeSoak(rows[:6], time.Minute, soakFactor).plateau; got != 0 {
+	if got := judgeSoak(rows[:6], time.Minute, soakFactor, 0).plateau; got != 0 {
 		t.Errorf("plateau of a 6-minute run %d, want 0 (not judged)", got)
 	}
 }

@@ -109,8 +109,8 @@ func writeSoakPlot(path string, rows []soakRow, started time.Time, o options) er
 		p := plot.New()
 		p.Title.Text = pn.title
 		if i == 0 {
-			p.Title.Text = fmt.Sprintf("soak of %s, %s; horizons ÷%d (TTL %s, retention %s), c=%d\n%s",
-				o.soak, started.Format("2006-01-02"), soakFactor, ttl, retention, o.concurrency, pn.title)
+			p.Title.Text = fmt.Sprintf("soak of %s, %s; horizons ÷%d (TTL %s, retention %s), %s\n%s",
+				o.soak, started.Format("2006-01-02"), soakFactor, ttl, retention, soakLoadText(o, false), pn.title)
 		}
 		p.X.Label.Text = "minutes"
 		p.Y.Label.Text = pn.unit
