@@ -16,6 +16,13 @@ VULNDB_VERSION := v0.0.0-20261105234957-e22db6528018
 # Its index, built once per version, outside the repository (like Go's own caches).
 VULNDB_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/govulndb/$(VULNDB_VERSION)
 BIN  := bin
+# The TypeScript client's types are generated from openapi.yaml by
+# openapi-typescript, pinned with the other Node tools in .tools/ (npm ci
+# --prefix .tools). A field with a default stays optional, as the contract
+# says, instead of required (the tool's default).
+OPENAPI_TS := .tools/node_modules/.bin/openapi-typescript
+OPENAPI_TS_FLAGS := --default-non-nullable false
+TS_API := clients/typescript/src/api.gen.ts
 
 .DEFAULT_GOAL := help
 .PHONY: help run psql reset test bench loadtest loadtest-smoke loadtest-pgbench capacity capacity-standby capacity-smoke soak soak-smoke chaos fuzz fuzz-ci generate verify lint vuln build migrate-new rename upgrade-test
@@ -115,17 +122,27 @@ fuzz-ci: ## Fuzz every target for a few seconds each (FUZZTIME=3s; what CI runs)
 	  done; \
 	done
 
-generate: ## Regenerate the sqlc code (internal/db/dbsqlc), the client's types and operations (client/api) from openapi.yaml, and db/schema.sql from the migrations
+generate: ## Regenerate the sqlc code (internal/db/dbsqlc), the Go and TypeScript clients' types (client/api, clients/typescript/src/api.gen.ts) from openapi.yaml, and db/schema.sql from the migrations
 	$(SQLC) generate
 	cd client/api && $(OAPI) -config oapi-codegen.yaml ../../openapi.yaml
+	@test -x $(OPENAPI_TS) || { echo "generate: $(OPENAPI_TS) is not installed: run npm ci --prefix .tools"; exit 1; }
+	$(OPENAPI_TS) openapi.yaml $(OPENAPI_TS_FLAGS) -o $(TS_API)
 	$(GO) run ./tools/schema -o db/schema.sql
 
-verify: ## Fail if generated code, db/schema.sql or go.mod is out of date
+verify: ## Fail if generated code (the Go and TypeScript clients' types too), db/schema.sql or go.mod is out of date
 	$(SQLC) diff
 	@tmp=$$(mktemp -d) && trap 'rm -rf $$tmp' EXIT && \
 	sed 's|^output: .*|output: '$$tmp'/api.gen.go|' client/api/oapi-codegen.yaml > $$tmp/config.yaml && \
 	$(OAPI) -config $$tmp/config.yaml openapi.yaml && \
 	diff -u client/api/api.gen.go $$tmp/api.gen.go || { echo "client/api/api.gen.go is stale: run make generate"; exit 1; }
+	@# The TypeScript client's types, when the Node tools are installed
+	@# (CI installs them; without them only CI fails here).
+	@if [ -x $(OPENAPI_TS) ]; then \
+	  tmp=$$(mktemp -d) && trap 'rm -rf $$tmp' EXIT && \
+	  $(OPENAPI_TS) openapi.yaml $(OPENAPI_TS_FLAGS) -o $$tmp/api.gen.ts >/dev/null && \
+	  diff -u $(TS_API) $$tmp/api.gen.ts || { echo "$(TS_API) is stale: run make generate"; exit 1; }; \
+	elif [ -n "$$CI" ]; then echo "verify: $(OPENAPI_TS) is not installed: run npm ci --prefix .tools"; exit 1; \
+	else echo "verify: $(TS_API) not checked: openapi-typescript is not installed (npm ci --prefix .tools)"; fi
 	$(GO) run ./tools/schema -check db/schema.sql
 	$(GO) mod tidy -diff
 	cd client && $(GO) mod tidy -diff
