@@ -43,6 +43,7 @@ type bundle struct {
 	tenantID uuid.UUID
 	apiKey   string
 	faults   *faultTransport
+	sim      *processorsim.Simulator // the processor the server calls
 }
 
 // timeouts are the server's: how long a request may run, and how long it
@@ -66,7 +67,8 @@ func setup(t *testing.T, with ...timeouts) *bundle {
 		t.Fatal(err)
 	}
 	store := idem.NewStore(pool, idem.Config{LockTimeout: to.lock})
-	sim := httptest.NewServer(processorsim.New(processorsim.Config{Logger: slog.New(slog.DiscardHandler)}).Handler())
+	proc := processorsim.New(processorsim.Config{Logger: slog.New(slog.DiscardHandler)})
+	sim := httptest.NewServer(proc.Handler())
 	t.Cleanup(sim.Close)
 	svc := payments.NewService(pool, store, simproc.NewClient(sim.URL, 5*time.Second), httpapi.Renderer{},
 		slog.New(slog.DiscardHandler), payments.Config{SettleWindow: 15 * time.Second})
@@ -79,7 +81,7 @@ func setup(t *testing.T, with ...timeouts) *bundle {
 		OpenAPI:        apispec.OpenAPI,
 	}))
 	t.Cleanup(srv.Close)
-	return &bundle{pool: pool, url: srv.URL, tenantID: id, apiKey: key, faults: &faultTransport{next: srv.Client().Transport}}
+	return &bundle{pool: pool, url: srv.URL, tenantID: id, apiKey: key, faults: &faultTransport{next: srv.Client().Transport}, sim: proc}
 }
 
 // client returns a client that sends through the fault transport, with
@@ -140,8 +142,10 @@ type faultTransport struct {
 
 // seen is one attempt as the transport saw it.
 type seen struct {
-	at  time.Time
-	key string // its Idempotency-Key header
+	at     time.Time
+	key    string // its Idempotency-Key header
+	method string
+	path   string
 }
 
 func (f *faultTransport) play(faults ...fault) {
@@ -158,7 +162,7 @@ func (f *faultTransport) forever(x fault) {
 
 func (f *faultTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	f.mu.Lock()
-	f.attempts = append(f.attempts, seen{at: time.Now(), key: req.Header.Get("Idempotency-Key")})
+	f.attempts = append(f.attempts, seen{at: time.Now(), key: req.Header.Get("Idempotency-Key"), method: req.Method, path: req.URL.Path})
 	next := f.always
 	if len(f.script) > 0 {
 		next, f.script = f.script[0], f.script[1:]
