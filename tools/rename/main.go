@@ -1,7 +1,8 @@
 // Command rename makes a fork its own: it rewrites the Go module path and the
 // names a deployment shares with other services (problem type URIs, NATS
 // streams, subjects and connection names, the events' source, the API key
-// prefix, the Grafana dashboard's uid and title) in every file git tracks,
+// prefix, the Grafana dashboard's uid and title, the TypeScript client's
+// npm name) in every file git tracks,
 // and prints what it changed. The Go module path rule also rewrites the
 // repository's path in the alerts' default runbook links.
 //
@@ -73,6 +74,27 @@ var rules = []rule{
 	{what: "Grafana dashboard title", old: "Payments API: idempotency, payments, messages", new: func(n names) string {
 		return strings.ToUpper(n.name[:1]) + n.name[1:] + " API: idempotency, payments, messages"
 	}},
+	// The TypeScript client's npm name (clients/typescript/package.json,
+	// its tests' imports, the docs): a fork publishes its own.
+	{what: "TypeScript client's npm name", old: "@idemref/payments", new: npmName},
+}
+
+// npmName is the TypeScript client's npm package name: NAME, scoped by the
+// module path's element after its host (example.com/acme/orders:
+// @acme/orders), in the characters npm allows (lower case letters, digits,
+// - . _, not first); a module with no such element gives NAME unscoped.
+func npmName(n names) string {
+	elems := strings.Split(n.module, "/")
+	if len(elems) < 3 {
+		return n.name
+	}
+	scope := []byte(strings.ToLower(elems[1]))
+	for i, c := range scope {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '.' || c == '_') || i == 0 && (c == '.' || c == '_') {
+			scope[i] = '-'
+		}
+	}
+	return "@" + string(scope) + "/" + n.name
 }
 
 // dashboardUID is the module's path after its host, its elements joined

@@ -99,9 +99,22 @@ func TestRewriteWholeNames(t *testing.T) {
 			`{{ or $externalLabels.runbook_base "https://payments.example.com/x/blob/main/docs" }}`},
 		{`"uid": "idemref-payments", "title": "Payments API: idempotency, payments, messages"`,
 			`"uid": "x", "title": "Orders API: idempotency, payments, messages"`},
+		// The npm name: a module with one element after its host has no
+		// scope to give it.
+		{`"name": "@idemref/payments", import "@idemref/paymentsx"`, `"name": "orders", import "@idemref/paymentsx"`},
 	} {
 		if got, _ := rewrite([]byte(tc.in), n); string(got) != tc.want {
 			t.Errorf("rewrite(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+	for _, tc := range []struct{ module, want string }{
+		{"example.com/acme/orders", "@acme/orders"},
+		{"github.com/Acme_Corp/orders/v2", "@acme_corp/orders"},
+		{"example.com/_x~y/orders", "@-x-y/orders"},
+		{"example.com/orders", "orders"},
+	} {
+		if got := npmName(names{module: tc.module, name: "orders"}); got != tc.want {
+			t.Errorf("npmName(%s) = %q, want %q", tc.module, got, tc.want)
 		}
 	}
 }
