@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -25,13 +26,13 @@ const requirementsHeader = "| id | rule | code | tests |"
 
 var (
 	// requirementID is the form of a requirement id: a letter of the spec's
-	// sections and a digit. P (performance) ids are measured by benchmarks;
-	// a row may name one (P8), but a comment citing one needs none, so P is
-	// not among citedRequirement's letters.
-	requirementID = regexp.MustCompile(`^[DGKFLOSMNERXTHP][0-9]$`)
+	// sections and a number of one or two digits (L5, G10). P (performance)
+	// ids are measured by benchmarks; a row may name one (P8), but a comment
+	// citing one needs none, so P is not among citedRequirement's letters.
+	requirementID = regexp.MustCompile(`^[DGKFLOSMNERXTHP][0-9]{1,2}$`)
 	// citedRequirement finds ids in a comment, and ranges such as "M1-M4"
 	// (every id between the two ends is cited).
-	citedRequirement = regexp.MustCompile(`\b([DGKFLOSMNERXTH])([0-9])\b(?:[-–]([DGKFLOSMNERXTH])([0-9])\b)?`)
+	citedRequirement = regexp.MustCompile(`\b([DGKFLOSMNERXTH])([0-9]{1,2})\b(?:[-–]([DGKFLOSMNERXTH])([0-9]{1,2})\b)?`)
 	backticked       = regexp.MustCompile("`([^`]+)`")
 	testDecl         = regexp.MustCompile(`(?m)^func (Test\w*)\(`)
 )
@@ -54,7 +55,7 @@ func TestRequirementsTable(t *testing.T) {
 	byID := map[string]requirementRow{}
 	for _, r := range rows {
 		if !requirementID.MatchString(r.id) {
-			t.Errorf("%s:%d: id %q is not a requirement id (a letter of D G K F L O S M N E R X T H P and a digit, such as L5): fix the id", requirementsDoc, r.line, r.id)
+			t.Errorf("%s:%d: id %q is not a requirement id (a letter of D G K F L O S M N E R X T H P and one or two digits, such as L5 or G10): fix the id", requirementsDoc, r.line, r.id)
 			continue
 		}
 		if prev, dup := byID[r.id]; dup {
@@ -183,15 +184,16 @@ func scanRepository(t *testing.T) (cited map[string][]string, tests map[string][
 	cited, tests = map[string][]string{}, map[string][]string{}
 	cite := func(file string, line int, comment string) {
 		for _, m := range citedRequirement.FindAllStringSubmatch(comment, -1) {
-			from, to := m[2][0], m[2][0]
-			if m[3] == m[1] && m[4][0] > from {
-				to = m[4][0] // a range: M1-M4
+			from, _ := strconv.Atoi(m[2]) // one or two digits: cannot fail
+			to := from
+			if end, _ := strconv.Atoi(m[4]); m[3] == m[1] && end > from {
+				to = end // a range: M1-M4
 			} else if m[3] != "" {
 				id := m[3] + m[4]
 				cited[id] = append(cited[id], fmt.Sprintf("%s:%d", file, line))
 			}
 			for d := from; d <= to; d++ {
-				id := m[1] + string(d)
+				id := m[1] + strconv.Itoa(d)
 				cited[id] = append(cited[id], fmt.Sprintf("%s:%d", file, line))
 			}
 		}
