@@ -90,7 +90,8 @@ func npmName(n names) string {
 	}
 	scope := []byte(strings.ToLower(elems[1]))
 	for i, c := range scope {
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '.' || c == '_') || i == 0 && (c == '.' || c == '_') {
+		allowed := c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || i > 0 && (c == '.' || c == '_')
+		if !allowed {
 			scope[i] = '-'
 		}
 	}
