@@ -182,13 +182,22 @@ build: ## Build bin/api
 # BUILDAH_LAYERS=false: Podman's step cache would reuse a LABEL step whose
 # build arguments changed, keeping an earlier build's labels (and it leaves
 # an intermediate image per step); Docker ignores the variable.
+#
+# Beside the image, the binary's bill of materials: cyclonedx-gomod reads
+# the modules the go command recorded in the binary and writes a CycloneDX
+# JSON SBOM to $(BIN)/sbom.cdx.json; the image's labels carry its sha256
+# and the tag of the SBOM's own image, IMAGE:<tag>.sbom (a scratch image
+# holding only /sbom.cdx.json, deploy/Containerfile.sbom), which make
+# image-push pushes with the image. $(BIN)/image.tag keeps the tag for it.
 IMAGE     ?= payments-api
 CONTAINER ?= podman
 CA_BUNDLE ?= /etc/ssl/certs/ca-certificates.crt
-.PHONY: image
-image: ## Build the container image (deploy/Containerfile): a static bin/image/api on scratch, non-root, tagged with its version and latest
+CYCLONEDX := $(GO) run github.com/CycloneDX/cyclonedx-gomod/cmd/cyclonedx-gomod@v1.10.0
+SBOM_LABEL := io.github.idemref.payments.sbom
+.PHONY: image image-push
+image: ## Build the container image (deploy/Containerfile): a static bin/image/api on scratch, non-root, tagged with its version and latest; its CycloneDX SBOM beside it
 	@test -r "$(CA_BUNDLE)" || { echo "image: no CA bundle at $(CA_BUNDLE): install ca-certificates, or set CA_BUNDLE"; exit 1; }
-	rm -rf $(BIN)/image && mkdir -p $(BIN)/image
+	rm -rf $(BIN)/image $(BIN)/sbom $(BIN)/sbom.cdx.json $(BIN)/image.tag && mkdir -p $(BIN)/image $(BIN)/sbom
 	CGO_ENABLED=0 $(GO) build -tags nodev -trimpath -buildvcs=auto -ldflags='-s -w' -o $(BIN)/image/api ./cmd/api
 	cp "$(CA_BUNDLE)" $(BIN)/image/ca-certificates.crt
 	printf 'api:x:65532:65532:api:/nonexistent:/sbin/nologin\n' > $(BIN)/image/passwd
@@ -199,12 +208,55 @@ image: ## Build the container image (deploy/Containerfile): a static bin/image/a
 	revision=$$(printf '%s\n' "$$meta" | sed -n 's/^[[:space:]]*build[[:space:]]*vcs.revision=//p'); \
 	tag=$$(printf '%s' "$$version" | tr -c 'A-Za-z0-9_.-' '-'); \
 	case "$$tag" in [A-Za-z0-9_]*) ;; *) tag=dev ;; esac; \
+	echo "cyclonedx-gomod bin -json -output $(BIN)/sbom.cdx.json $(BIN)/image/api"; \
+	$(CYCLONEDX) bin -json -version "$$version" -output $(BIN)/sbom.cdx.json $(BIN)/image/api; \
+	sbom=$$(sha256sum $(BIN)/sbom.cdx.json | cut -d' ' -f1); \
+	cp $(BIN)/sbom.cdx.json $(BIN)/sbom/; \
 	echo "$(CONTAINER) build -f deploy/Containerfile -t $(IMAGE):$$tag -t $(IMAGE):latest $(BIN)/image (version $$version)"; \
 	BUILDAH_LAYERS=false $(CONTAINER) build -f deploy/Containerfile \
 	  --build-arg VERSION="$$version" --build-arg REVISION="$${revision:-unknown}" \
 	  --build-arg CREATED="$$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
+	  --label "$(SBOM_LABEL).digest=sha256:$$sbom" --label "$(SBOM_LABEL).tag=$$tag.sbom" \
 	  -t $(IMAGE):$$tag -t $(IMAGE):latest $(BIN)/image; \
-	echo "image: $(IMAGE):$$tag (and :latest), $$($(CONTAINER) image inspect --format '{{.Size}}' $(IMAGE):$$tag) bytes; the binary $(BIN)/image/api $$(wc -c < $(BIN)/image/api) bytes"
+	BUILDAH_LAYERS=false $(CONTAINER) build -f deploy/Containerfile.sbom \
+	  --label "org.opencontainers.image.description=CycloneDX SBOM of $(IMAGE):$$tag" \
+	  -t $(IMAGE):$$tag.sbom $(BIN)/sbom; \
+	echo "$$tag" > $(BIN)/image.tag; \
+	echo "image: $(IMAGE):$$tag (and :latest), $$($(CONTAINER) image inspect --format '{{.Size}}' $(IMAGE):$$tag) bytes; the binary $(BIN)/image/api $$(wc -c < $(BIN)/image/api) bytes; SBOM $(BIN)/sbom.cdx.json (sha256:$$sbom, image $(IMAGE):$$tag.sbom)"
+
+# make image-push: the image make image built last, at its version tag, and
+# its SBOM's image, to REGISTRY/<name>:<tag> and REGISTRY/<name>:<tag>.sbom;
+# a REGISTRY of oci:DIR writes both into a local OCI layout instead (refs
+# <name>:<tag> and <name>:<tag>.sbom), which is how the test reads a push back.
+image-push: ## Push the image and its SBOM image: make image-push REGISTRY=registry.example.com/team (or REGISTRY=oci:DIR, a local OCI layout)
+	@test -n "$(REGISTRY)" || { echo "image-push: name the registry: make image-push REGISTRY=registry.example.com/team (or REGISTRY=oci:/some/dir)"; exit 1; }
+	@test -s $(BIN)/image.tag || { echo "image-push: no $(BIN)/image.tag: run make image first"; exit 1; }
+	@set -e; tag=$$(cat $(BIN)/image.tag); name=$$(basename $(IMAGE)); \
+	case "$(REGISTRY)" in oci:*) dest="$(REGISTRY):$$name" ;; *) dest="$(REGISTRY)/$$name" ;; esac; \
+	for t in "$$tag" "$$tag.sbom"; do \
+	  echo "$(CONTAINER) push $(IMAGE):$$t $$dest:$$t"; \
+	  $(CONTAINER) push $(IMAGE):$$t "$$dest:$$t"; \
+	done
+
+# make manifests: the Kubernetes objects of an overlay
+# (deploy/kubernetes/overlays/OVERLAY, or OVERLAY=a folder), rendered by
+# the kustomize CLI from the module proxy, to stdout; refused while a
+# FILL-IN is left, so that a placeholder never reaches a cluster: in the
+# rendered objects, or in the overlay's .env files (a Secret's values are
+# rendered in base64, where the word does not show).
+KUSTOMIZE := $(GO) run sigs.k8s.io/kustomize/kustomize/v5@v5.8.1
+OVERLAY   ?= dev
+.PHONY: manifests
+manifests: ## Render a Kubernetes overlay with kustomize (OVERLAY=dev or production) to stdout; refuses while a FILL-IN is left
+	@set -e; dir=$(if $(findstring /,$(OVERLAY)),$(OVERLAY),deploy/kubernetes/overlays/$(OVERLAY)); \
+	out=$$($(KUSTOMIZE) build "$$dir"); \
+	left=$$({ printf '%s\n' "$$out" | grep -n FILL-IN | sed 's/^/rendered line /'; \
+	  for f in "$$dir"/*.env; do [ ! -f "$$f" ] || grep -Hn FILL-IN "$$f"; done; } || true); \
+	if [ -n "$$left" ]; then \
+	  echo "manifests: $$dir still says FILL-IN; set these in its files first:" >&2; \
+	  printf '%s\n' "$$left" >&2; exit 1; \
+	fi; \
+	printf '%s\n' "$$out"
 
 migrate-new: ## Create the next pair of migration files: make migrate-new NAME=add_things
 	@# POSIX sh only (Debian's /bin/sh is dash): expr reads the zero-padded

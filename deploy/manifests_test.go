@@ -2,13 +2,17 @@ package deploy
 
 import (
 	"bytes"
+	"fmt"
+	"maps"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,14 +23,24 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// manifestDir holds one Kubernetes object per file.
+// manifestDir holds the Kustomize base (base/, one object per file) and
+// the overlays a team applies (overlays/<name>).
 const manifestDir = "kubernetes"
 
 // placeholder marks every value a team must fill in before applying the
-// manifests.
+// production overlay.
 const placeholder = "FILL-IN"
 
-// manifests are the objects of manifestDir, decoded.
+// The overlays, and the kinds each renders: dev runs one pod on the
+// host's network (no Service, no budget, no Secret: the recipe creates a
+// Podman secret), production everything a cluster needs.
+var overlayKinds = map[string][]string{
+	"dev":        {"ConfigMap", "Deployment", "Job"},
+	"production": {"ConfigMap", "Secret", "Deployment", "Service", "Job", "PodDisruptionBudget"},
+}
+
+// manifests are the objects an overlay renders, decoded; a kind the
+// overlay does not render is nil.
 type manifests struct {
 	ConfigMap  *corev1.ConfigMap
 	Secret     *corev1.Secret
@@ -36,16 +50,95 @@ type manifests struct {
 	PDB        *policyv1.PodDisruptionBudget
 }
 
-// loadManifests decodes every file of manifestDir strictly into the real
-// Kubernetes API type its kind and apiVersion name: a field the type does
-// not have, a duplicate key, a kind this package does not expect or a
-// second object of one kind fails the test.
-func loadManifests(t *testing.T) *manifests {
+// kustomizeCommand is the kustomize CLI the Makefile pins (KUSTOMIZE), so
+// that the tests render with the version make manifests runs.
+func kustomizeCommand(t *testing.T) []string {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join(manifestDir, "*.yaml"))
+	makefile, err := os.ReadFile(filepath.Join("..", "Makefile"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	m := regexp.MustCompile(`(?m)^KUSTOMIZE := \$\(GO\) run (\S+@v\S+)$`).FindSubmatch(makefile)
+	if m == nil {
+		t.Fatal("the Makefile has no KUSTOMIZE := $(GO) run <module>@<version> line")
+	}
+	return []string{"go", "run", string(m[1])}
+}
+
+// kustomize runs kustomize build on dir and returns what it printed, or
+// its error with what it said.
+func kustomize(t *testing.T, dir string) ([]byte, error) {
+	t.Helper()
+	args := append(kustomizeCommand(t), "build", dir)
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("kustomize build %s: %w\n%s", dir, err, stderr.String())
+	}
+	return stdout.Bytes(), nil
+}
+
+// overlayCopy copies manifestDir into a temporary folder and returns the
+// overlay's folder there. For production it copies each *.env.example to
+// its *.env, as a team starts: the rendered objects then hold the
+// placeholders the examples mark.
+func overlayCopy(t *testing.T, overlay string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "kubernetes")
+	if err := os.CopyFS(dir, os.DirFS(manifestDir)); err != nil {
+		t.Fatal(err)
+	}
+	od := filepath.Join(dir, "overlays", overlay)
+	examples, _ := filepath.Glob(filepath.Join(od, "*.env.example"))
+	for _, ex := range examples {
+		b, err := os.ReadFile(ex)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(strings.TrimSuffix(ex, ".example"), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return od
+}
+
+var (
+	renderedMu sync.Mutex
+	rendered   = map[string][]byte{}
+)
+
+// render is kustomize build of an overlay (from overlayCopy), once per
+// test binary.
+func render(t *testing.T, overlay string) []byte {
+	t.Helper()
+	renderedMu.Lock()
+	defer renderedMu.Unlock()
+	if out, ok := rendered[overlay]; ok {
+		return out
+	}
+	out, err := kustomize(t, overlayCopy(t, overlay))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rendered[overlay] = out
+	return out
+}
+
+// loadManifests renders an overlay and decodes every object strictly into
+// the real Kubernetes API type its kind and apiVersion name: a field the
+// type does not have, a duplicate key, a kind the overlay should not
+// render or a second object of one kind fails the test.
+func loadManifests(t *testing.T, overlay string) *manifests {
+	t.Helper()
+	m, err := decodeManifests(render(t, overlay), overlayKinds[overlay])
+	if err != nil {
+		t.Fatalf("overlay %s: %v", overlay, err)
+	}
+	return m
+}
+
+func decodeManifests(stream []byte, kinds []string) (*manifests, error) {
 	m := &manifests{}
 	// The type each kind decodes into, and the apiVersion it must name.
 	targets := map[string]struct {
@@ -59,46 +152,46 @@ func loadManifests(t *testing.T) *manifests {
 		"Job":                 {"batch/v1", func() any { m.Job = &batchv1.Job{}; return m.Job }},
 		"PodDisruptionBudget": {"policy/v1", func() any { m.PDB = &policyv1.PodDisruptionBudget{}; return m.PDB }},
 	}
-	seen := map[string]string{} // kind -> file
-	for _, file := range files {
-		data, err := os.ReadFile(file)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if regexp.MustCompile(`(?m)^---`).Match(data) {
-			t.Fatalf("%s holds more than one document: keep one object per file", file)
+	seen := map[string]bool{}
+	for _, doc := range regexp.MustCompile(`(?m)^---\n`).Split(string(stream), -1) {
+		if strings.TrimSpace(doc) == "" {
+			continue
 		}
 		var head struct {
 			APIVersion string `json:"apiVersion"`
 			Kind       string `json:"kind"`
 		}
-		if err := yaml.Unmarshal(data, &head); err != nil {
-			t.Fatalf("%s: %v", file, err)
+		if err := yaml.Unmarshal([]byte(doc), &head); err != nil {
+			return nil, err
 		}
 		target, ok := targets[head.Kind]
-		if !ok {
-			t.Fatalf("%s: kind %q: this test knows ConfigMap, Secret, Deployment, Service, Job and PodDisruptionBudget; add the new kind to loadManifests and check it", file, head.Kind)
+		if !ok || !slices.Contains(kinds, head.Kind) {
+			return nil, fmt.Errorf("kind %q: want only %v; add a new kind to overlayKinds and check it", head.Kind, kinds)
 		}
 		if head.APIVersion != target.apiVersion {
-			t.Fatalf("%s: %s with apiVersion %q, want %q", file, head.Kind, head.APIVersion, target.apiVersion)
+			return nil, fmt.Errorf("%s with apiVersion %q, want %q", head.Kind, head.APIVersion, target.apiVersion)
 		}
-		if other, dup := seen[head.Kind]; dup {
-			t.Fatalf("%s and %s are both a %s: keep one", other, file, head.Kind)
+		if seen[head.Kind] {
+			return nil, fmt.Errorf("two objects of kind %s: keep one", head.Kind)
 		}
-		seen[head.Kind] = file
-		if err := yaml.UnmarshalStrict(data, target.obj()); err != nil {
-			t.Fatalf("%s does not decode strictly into the %s type of k8s.io/api: %v", file, head.Kind, err)
-		}
-	}
-	for kind := range targets {
-		if _, ok := seen[kind]; !ok {
-			t.Errorf("%s has no %s", manifestDir, kind)
+		seen[head.Kind] = true
+		if err := yaml.UnmarshalStrict([]byte(doc), target.obj()); err != nil {
+			return nil, fmt.Errorf("a %s does not decode strictly into the type of k8s.io/api: %w", head.Kind, err)
 		}
 	}
-	if t.Failed() {
-		t.FailNow()
+	for _, kind := range kinds {
+		if !seen[kind] {
+			return nil, fmt.Errorf("no %s", kind)
+		}
 	}
-	return m
+	return m, nil
+}
+
+// forEachOverlay runs check as a subtest per overlay.
+func forEachOverlay(t *testing.T, check func(t *testing.T, overlay string, m *manifests)) {
+	for _, overlay := range slices.Sorted(maps.Keys(overlayKinds)) {
+		t.Run(overlay, func(t *testing.T) { check(t, overlay, loadManifests(t, overlay)) })
+	}
 }
 
 // TestManifestsDecodeStrictly: every manifest is a known kind decoded by
@@ -106,7 +199,10 @@ func loadManifests(t *testing.T) *manifests {
 // refuse them (a misspelt field would otherwise be dropped silently, as
 // kubectl apply without --validate=strict does).
 func TestManifestsDecodeStrictly(t *testing.T) {
-	loadManifests(t)
+	forEachOverlay(t, func(t *testing.T, overlay string, m *manifests) {
+		t.Logf("overlay %s: kustomize build rendered %d objects (%v), each decoded strictly: %d replica(s), image %s", overlay,
+			len(overlayKinds[overlay]), overlayKinds[overlay], *m.Deployment.Spec.Replicas, m.Deployment.Spec.Template.Spec.Containers[0].Image)
+	})
 	misspelt := []byte("apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: x\nspec:\n  replicaz: 3\n")
 	if err := yaml.UnmarshalStrict(misspelt, &appsv1.Deployment{}); err == nil {
 		t.Error("a Deployment with spec.replicaz decoded without error: the decoding is not strict")
@@ -117,7 +213,7 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 // Standard and more: not root, no privilege escalation, no capability, the
 // runtime's seccomp profile, a read-only root file system, no service
 // account token.
-func checkLockedDown(t *testing.T, what string, spec corev1.PodSpec) {
+func checkLockedDown(t *testing.T, what string, spec corev1.PodSpec, hostNetwork bool) {
 	t.Helper()
 	psc := spec.SecurityContext
 	if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot {
@@ -132,7 +228,7 @@ func checkLockedDown(t *testing.T, what string, spec corev1.PodSpec) {
 	if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
 		t.Errorf("%s: automountServiceAccountToken is not false: the API never calls the Kubernetes API", what)
 	}
-	if spec.HostNetwork || spec.HostPID || spec.HostIPC {
+	if (spec.HostNetwork && !hostNetwork) || spec.HostPID || spec.HostIPC {
 		t.Errorf("%s: the pod shares a host namespace", what)
 	}
 	if len(spec.InitContainers) > 0 {
@@ -169,10 +265,13 @@ func checkLockedDown(t *testing.T, what string, spec corev1.PodSpec) {
 }
 
 // TestPodsAreLockedDown: the Deployment's and the migration Job's pods.
+// The dev overlay alone shares the host's network, where a laptop's
+// PostgreSQL and NATS listen on 127.0.0.1.
 func TestPodsAreLockedDown(t *testing.T) {
-	m := loadManifests(t)
-	checkLockedDown(t, "Deployment "+m.Deployment.Name, m.Deployment.Spec.Template.Spec)
-	checkLockedDown(t, "Job "+m.Job.Name, m.Job.Spec.Template.Spec)
+	forEachOverlay(t, func(t *testing.T, overlay string, m *manifests) {
+		checkLockedDown(t, "Deployment "+m.Deployment.Name, m.Deployment.Spec.Template.Spec, overlay == "dev")
+		checkLockedDown(t, "Job "+m.Job.Name, m.Job.Spec.Template.Spec, overlay == "dev")
+	})
 }
 
 // apiContainer returns the one container of a pod spec.
@@ -207,7 +306,10 @@ func probePort(t *testing.T, c *corev1.Container, p *corev1.Probe) int32 {
 // alive on /healthz at the port ADDR listens on, and a grace period above
 // what a SIGTERM may take by the ConfigMap's settings.
 func TestDeploymentServesAndStopsInTime(t *testing.T) {
-	m := loadManifests(t)
+	forEachOverlay(t, checkServesAndStops)
+}
+
+func checkServesAndStops(t *testing.T, overlay string, m *manifests) {
 	spec := &m.Deployment.Spec.Template.Spec
 	c := apiContainer(t, "the Deployment", spec)
 	if !slices.Equal(c.Args, []string{"serve"}) {
@@ -272,7 +374,13 @@ func TestDeploymentServesAndStopsInTime(t *testing.T) {
 	if rollout == nil || rollout.MaxUnavailable == nil || rollout.MaxUnavailable.IntValue() != 0 {
 		t.Error("the rolling update may take a pod away before its replacement is ready: set maxUnavailable: 0")
 	}
-	if r := m.Deployment.Spec.Replicas; r == nil || *r < 2 {
+	// On the host's network a second pod finds ADDR taken and restarts
+	// without end; in a cluster one pod is no service through a restart.
+	r := m.Deployment.Spec.Replicas
+	if overlay == "dev" && (r == nil || *r != 1) {
+		t.Errorf("replicas %v: want 1 on the host's network", derefOr(r))
+	}
+	if overlay != "dev" && (r == nil || *r < 2) {
 		t.Errorf("replicas %v: want at least 2, so that a restart or a drain leaves one serving", derefOr(r))
 	}
 }
@@ -310,8 +418,17 @@ func parseGoMemLimit(s string) (int64, error) {
 // and the PodDisruptionBudget name exists: the ConfigMap, the Secret and
 // its keys, the pods' labels, a container port, one image for both.
 func TestManifestsReferToEachOther(t *testing.T) {
-	m := loadManifests(t)
-	secretKeys := secretValues(m.Secret)
+	forEachOverlay(t, checkReferences)
+}
+
+// checkReferences checks what an overlay renders; the objects it does not
+// render (dev's Secret, Service and budget) are not checked here: the
+// recipe's test runs the dev overlay with the Secret it creates.
+func checkReferences(t *testing.T, _ string, m *manifests) {
+	secretKeys := map[string]string{}
+	if m.Secret != nil {
+		secretKeys = secretValues(m.Secret)
+	}
 	checkRefs := func(what string, c *corev1.Container) {
 		for _, from := range c.EnvFrom {
 			if from.ConfigMapRef != nil && from.ConfigMapRef.Name != m.ConfigMap.Name {
@@ -325,7 +442,7 @@ func TestManifestsReferToEachOther(t *testing.T) {
 			if e.ValueFrom == nil {
 				continue
 			}
-			if ref := e.ValueFrom.SecretKeyRef; ref != nil {
+			if ref := e.ValueFrom.SecretKeyRef; ref != nil && m.Secret != nil {
 				if _, ok := secretKeys[ref.Key]; ref.Name != m.Secret.Name || !ok {
 					t.Errorf("%s: %s comes from Secret %q key %q, which %s does not hold", what, e.Name, ref.Name, ref.Key, m.Secret.Name)
 				}
@@ -370,6 +487,9 @@ func TestManifestsReferToEachOther(t *testing.T) {
 	}
 	if matches(selector, m.Job.Spec.Template.Labels) {
 		t.Errorf("the Deployment's selector %v matches the Job's pods: the Service would send them requests", selector)
+	}
+	if m.Service == nil {
+		return
 	}
 	if !equalMaps(m.Service.Spec.Selector, selector) {
 		t.Errorf("the Service selects %v, the Deployment %v", m.Service.Spec.Selector, selector)
@@ -432,7 +552,7 @@ func secretValues(s *corev1.Secret) map[string]string {
 // which cmd/api's tests keep equal to the code), so a misspelt name cannot
 // pass for a setting.
 func TestEssentialSettings(t *testing.T) {
-	m := loadManifests(t)
+	m := loadManifests(t, "production")
 	secrets := secretValues(m.Secret)
 	cfg := m.ConfigMap.Data
 
@@ -524,7 +644,7 @@ func documentedVariables(t *testing.T) map[string]bool {
 // the image, the hosts and passwords of the URLs, the NATS servers, the
 // processor, the proxies, the webhook secrets.
 func TestPlaceholdersAreMarked(t *testing.T) {
-	m := loadManifests(t)
+	m := loadManifests(t, "production")
 	want := map[string]bool{
 		"ConfigMap NATS_URL": true, "ConfigMap PROCESSOR_URL": true, "ConfigMap TRUSTED_PROXIES": true,
 		"Secret DATABASE_URL": true, "Secret DATABASE_DIRECT_URL": true, "Secret WEBHOOK_SECRETS": true,
@@ -554,11 +674,13 @@ func TestPlaceholdersAreMarked(t *testing.T) {
 	}
 	for k := range got {
 		if !want[k] {
-			t.Errorf("%s holds a %s placeholder this test does not expect: add it to want, and to what the kube play test fills in", k, placeholder)
+			t.Errorf("%s holds a %s placeholder this test does not expect: add it to want", k, placeholder)
 		}
 	}
 	// Each placeholder is explained in a comment of its file.
-	files, _ := filepath.Glob(filepath.Join(manifestDir, "*.yaml"))
+	base, _ := filepath.Glob(filepath.Join(manifestDir, "*", "*"))
+	overlays, _ := filepath.Glob(filepath.Join(manifestDir, "*", "*", "*"))
+	files := append(base, overlays...)
 	for _, file := range files {
 		data, _ := os.ReadFile(file)
 		var comments, values int
@@ -581,7 +703,7 @@ func TestPlaceholdersAreMarked(t *testing.T) {
 // the pod annotations tell Prometheus to scrape, and that the Service
 // does not publish.
 func TestAdminPortIsScrapedNotPublished(t *testing.T) {
-	m := loadManifests(t)
+	m := loadManifests(t, "production")
 	c := apiContainer(t, "the Deployment", &m.Deployment.Spec.Template.Spec)
 	_, adminPort, err := splitAddr(m.ConfigMap.Data["ADMIN_ADDR"])
 	if err != nil {
@@ -608,5 +730,61 @@ func TestAdminPortIsScrapedNotPublished(t *testing.T) {
 		if sp.TargetPort.String() == named || sp.TargetPort.IntValue() == int(adminPort) {
 			t.Errorf("the Service publishes the admin port (%s): /metrics and pprof would reach every client of the Service", sp.Name)
 		}
+	}
+}
+
+// TestProductionIsRefusedUntilSet: the production overlay renders nothing
+// until the team has written settings.env and secrets.env, and make
+// manifests refuses it while a FILL-IN is left in them or in the image;
+// filled in, it renders. The dev overlay has nothing to fill in.
+func TestProductionIsRefusedUntilSet(t *testing.T) {
+	_, err := kustomize(t, filepath.Join(manifestDir, "overlays", "production"))
+	if err == nil || !strings.Contains(err.Error(), "settings.env") && !strings.Contains(err.Error(), "secrets.env") {
+		t.Errorf("kustomize build of the production overlay without settings.env and secrets.env: %v; want it refused, naming the missing file", err)
+	} else {
+		t.Logf("without the env files, kustomize build refuses: %s", regexp.MustCompile(`(?m)^Error: .*$`).FindString(err.Error()))
+	}
+
+	manifests := func(overlay string) (string, error) {
+		cmd := exec.Command("make", "-C", "..", "--no-print-directory", "-s", "manifests", "OVERLAY="+overlay)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		if err != nil {
+			err = fmt.Errorf("%w: %s", err, stderr.String())
+		}
+		return stdout.String(), err
+	}
+	dir := overlayCopy(t, "production")
+	out, err := manifests(dir)
+	if err == nil || !strings.Contains(err.Error(), "still says FILL-IN") {
+		t.Fatalf("make manifests of the production overlay as the examples leave it: %v; want it refused for its FILL-IN values\n%.500s", err, out)
+	}
+	for _, want := range []string{"settings.env:", "NATS_URL=", "PROCESSOR_URL=", "TRUSTED_PROXIES=", "secrets.env:", "DATABASE_URL=", "DATABASE_DIRECT_URL=", "WEBHOOK_SECRETS=", "image: registry.example.com/payments-api:FILL-IN"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("make manifests refused without naming %q:\n%v", want, err)
+		}
+	}
+	t.Logf("with the examples as they are, make manifests refuses: %s", strings.SplitN(err.Error(), "\n", 2)[0])
+
+	files, _ := filepath.Glob(filepath.Join(dir, "*"))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f, bytes.ReplaceAll(b, []byte(placeholder), []byte("set")), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err = manifests(dir)
+	if err != nil {
+		t.Fatalf("make manifests of the production overlay filled in: %v", err)
+	}
+	if _, err := decodeManifests([]byte(out), overlayKinds["production"]); err != nil {
+		t.Errorf("make manifests of the production overlay filled in: %v", err)
+	}
+	if out, err := manifests("dev"); err != nil || !strings.Contains(out, "kind: Deployment") {
+		t.Errorf("make manifests OVERLAY=dev: %v\n%.300s", err, out)
 	}
 }

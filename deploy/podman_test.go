@@ -21,8 +21,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	corev1 "k8s.io/api/core/v1"
-	"sigs.k8s.io/yaml"
 
 	"github.com/idemref/payments/internal/tooling/natstmp"
 	"github.com/idemref/payments/internal/tooling/testdb"
@@ -62,9 +60,10 @@ func haveRunc() bool {
 
 // podman runs podman with the two settings a sandboxed machine needs and
 // an ordinary one accepts: runc as the runtime (crun refuses cgroups in
-// hybrid mode), and a containers.conf without default ulimits (setting
-// them needs CAP_SYS_RESOURCE, which a sandbox may drop). The file is the
-// test's own; nothing of the machine's configuration changes.
+// hybrid mode), and no default ulimits (setting them needs
+// CAP_SYS_RESOURCE, which a sandbox may drop), both in a containers.conf
+// of the test's own, so that the recipe's plain podman commands use them
+// too; nothing of the machine's configuration changes.
 type podman struct {
 	env []string
 }
@@ -72,7 +71,7 @@ type podman struct {
 func newPodman(t *testing.T) *podman {
 	t.Helper()
 	conf := filepath.Join(t.TempDir(), "containers.conf")
-	if err := os.WriteFile(conf, []byte("[containers]\ndefault_ulimits = []\n"), 0o600); err != nil {
+	if err := os.WriteFile(conf, []byte("[containers]\ndefault_ulimits = []\n[engine]\nruntime = \"runc\"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return &podman{env: append(os.Environ(), "CONTAINERS_CONF="+conf)}
@@ -112,8 +111,12 @@ var hardened = []string{"--network=host", "--read-only", "--read-only-tmpfs=fals
 
 // image is what make image built.
 type image struct {
-	ref     string // name:version tag
-	version string // api version's version line
+	name    string            // without a tag
+	tag     string            // the version tag
+	ref     string            // name:tag
+	version string            // api version's version line
+	bin     string            // make image's BIN: the binary, its SBOM, image.tag
+	labels  map[string]string // the image's labels
 }
 
 // buildImage runs make image, as a developer does, under a name of the
@@ -182,6 +185,7 @@ func buildImage(t *testing.T, p *podman) image {
 		tag = "dev"
 	}
 	ref := name + ":" + tag
+	t.Cleanup(func() { p.quiet("rmi", ref+".sbom") }) // the SBOM's image, a tag of its own
 	if !slices.Contains(img.RepoTags, ref) || !slices.Contains(img.RepoTags, name+":latest") {
 		t.Errorf("the image is tagged %q, want %s and latest", img.RepoTags, ref)
 	}
@@ -192,19 +196,21 @@ func buildImage(t *testing.T, p *podman) image {
 		t.Errorf("entrypoint %q, command %q: want api and serve", img.Config.Entrypoint, img.Config.Cmd)
 	}
 	t.Logf("api version (from the image):\n%s", formatVersion(version))
-	return image{ref: ref, version: version["version"]}
+	return image{name: name, tag: tag, ref: ref, version: version["version"], bin: bin, labels: labels}
 }
 
-// TestImage builds the image with make image and runs it in Podman: from
-// podman run (migrate up, tenant create, serve) and from podman kube play
-// (the migration Job's pod, then the Deployment with its ConfigMap and
-// Secret), each time creating an order and replaying it.
+// TestImage builds the image with make image and runs it in Podman with
+// podman run (migrate up, tenant create, serve: an order and its replay);
+// pushes it and its SBOM to a local OCI layout and reads them back; and
+// runs docs/deployment.md's recipe word for word (the dev overlay under
+// podman kube play: an order and its replay).
 func TestImage(t *testing.T) {
 	requirePodman(t)
 	p := newPodman(t)
 	img := buildImage(t, p)
 	t.Run("run", func(t *testing.T) { testPodmanRun(t, p, img) })
-	t.Run("kube play", func(t *testing.T) { testKubePlay(t, p, img) })
+	t.Run("push", func(t *testing.T) { testPush(t, p, img) })
+	t.Run("recipe", func(t *testing.T) { testRecipe(t, p, img) })
 }
 
 // testPodmanRun: api migrate up and api serve from the image, hardened as
@@ -255,153 +261,6 @@ func testPodmanRun(t *testing.T, p *podman, img image) {
 	}
 }
 
-// testKubePlay runs the manifests as written, with only what a test must
-// change: the image, the pods on the host's network (where PostgreSQL and
-// NATS listen), the FILL-IN values (the test's database, broker and
-// addresses; one NATS server, so EVENTS_REPLICAS=1), one replica, and
-// names of the test's own. podman kube play (4.3) runs Pods and
-// Deployments with their ConfigMaps; it cannot run a Job, a Service or a
-// PodDisruptionBudget ("does not contain any supported kube kind"), so
-// the Job's pod template runs as a Pod, and those three are checked by the
-// strict decoding alone. It stores a played Secret but reads a referenced
-// one only as a podman secret holding a JSON map of the values, so the
-// test creates that from the Secret's values.
-func testKubePlay(t *testing.T, p *podman, img image) {
-	m := loadManifests(t)
-	dbURL := testdb.CreateEmptyDatabase(t)
-	natsURL := startNATS(t)
-	port := freePort(t)
-	suffix := "-test-" + randomHex(t)
-
-	secretName := m.Secret.Name + suffix
-	values := secretValues(m.Secret)
-	values["DATABASE_URL"] = dbURL
-	values["DATABASE_DIRECT_URL"] = dbURL
-	values["WEBHOOK_SECRETS"] = "whsec_kube_play_test"
-	data := map[string][]byte{}
-	for k, v := range values {
-		if strings.Contains(v, placeholder) {
-			t.Fatalf("the Secret's %s still holds a %s placeholder: fill it in here", k, placeholder)
-		}
-		data[k] = []byte(v)
-	}
-	secretFile := filepath.Join(t.TempDir(), "secret.json")
-	b, err := json.Marshal(data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(secretFile, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	p.run(t, "secret", "create", secretName, secretFile)
-	t.Cleanup(func() { p.quiet("secret", "rm", secretName) })
-
-	cm := m.ConfigMap.DeepCopy()
-	cm.Name += suffix
-	cm.Data["NATS_URL"] = natsURL
-	cm.Data["EVENTS_REPLICAS"] = "1"
-	cm.Data["PROCESSOR_URL"] = "http://127.0.0.1:9"
-	cm.Data["TRUSTED_PROXIES"] = "127.0.0.1/32"
-	cm.Data["ADDR"] = fmt.Sprintf("127.0.0.1:%d", port)
-	adminPort := freePort(t)
-	cm.Data["ADMIN_ADDR"] = fmt.Sprintf("127.0.0.1:%d", adminPort)
-	for k, v := range cm.Data {
-		if strings.Contains(v, placeholder) {
-			t.Fatalf("the ConfigMap's %s still holds a %s placeholder: fill it in here", k, placeholder)
-		}
-	}
-	// As the manifests run it, but on the host's network, from the test's
-	// image, naming the test's ConfigMap and Secret.
-	adapt := func(spec *corev1.PodSpec) {
-		spec.HostNetwork = true
-		if dir := socketDir(t, dbURL); dir != "" {
-			spec.Volumes = append(spec.Volumes, corev1.Volume{Name: "pg-socket", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: dir}}})
-		}
-		for i := range spec.Containers {
-			c := &spec.Containers[i]
-			c.Image = img.ref
-			for j := range c.EnvFrom {
-				if r := c.EnvFrom[j].ConfigMapRef; r != nil {
-					r.Name = cm.Name
-				}
-			}
-			for j := range c.Env {
-				if vf := c.Env[j].ValueFrom; vf != nil && vf.SecretKeyRef != nil {
-					vf.SecretKeyRef.Name = secretName
-				}
-			}
-			// On the host's network a container port means nothing to
-			// Kubernetes; podman 4.3 refuses it ("PortMappings can only be
-			// used with Bridge or slirp4netns networking"). ADDR says where
-			// serve listens.
-			c.Ports = nil
-			if dir := socketDir(t, dbURL); dir != "" {
-				c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: "pg-socket", MountPath: dir})
-			}
-		}
-	}
-
-	// The migration Job's pod: migrate up over DATABASE_DIRECT_URL.
-	job := &corev1.Pod{Spec: *m.Job.Spec.Template.Spec.DeepCopy()}
-	job.APIVersion, job.Kind = "v1", "Pod"
-	job.Name = m.Job.Name + suffix
-	job.Labels = m.Job.Spec.Template.Labels
-	adapt(&job.Spec)
-	jobFile := writeYAML(t, job)
-	ids := kubePlay(t, p, jobFile)
-	if code := strings.TrimSpace(p.run(t, "wait", ids[0])); code != "0" {
-		out, _ := p.command("logs", ids[0]).CombinedOutput()
-		t.Fatalf("the migration Job's pod exited %s:\n%s", code, out)
-	}
-	t.Logf("kube play: the migration Job's pod %s ran migrate up and exited 0", job.Name)
-
-	// The Deployment, with its ConfigMap.
-	d := m.Deployment.DeepCopy()
-	d.Name += suffix
-	one := int32(1)
-	d.Spec.Replicas = &one
-	adapt(&d.Spec.Template.Spec)
-	deployFile := writeYAML(t, cm, d)
-	ids = kubePlay(t, p, deployFile)
-	var ctr struct {
-		Config     struct{ User string }
-		HostConfig struct{ ReadonlyRootfs bool }
-	}
-	for _, id := range ids {
-		var got []json.RawMessage
-		if err := json.Unmarshal([]byte(p.run(t, "inspect", id)), &got); err != nil || len(got) != 1 {
-			t.Fatalf("podman inspect %s: %v", id, err)
-		}
-		if err := json.Unmarshal(got[0], &ctr); err != nil {
-			t.Fatal(err)
-		}
-		if !ctr.HostConfig.ReadonlyRootfs || strings.HasPrefix(ctr.Config.User, "0") || ctr.Config.User == "" {
-			t.Errorf("container %s: user %q, read-only root %v; want the image's non-root user on a read-only root", id, ctr.Config.User, ctr.HostConfig.ReadonlyRootfs)
-		}
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			for _, id := range ids {
-				out, _ := p.command("logs", id).CombinedOutput()
-				t.Logf("podman logs %s:\n%s", id, out)
-			}
-		}
-	})
-
-	c := d.Spec.Template.Spec.Containers[0]
-	base := fmt.Sprintf("http://127.0.0.1:%d", port)
-	waitReady(t, base+c.ReadinessProbe.HTTPGet.Path)
-	if body := get(t, base+c.LivenessProbe.HTTPGet.Path); body == "" {
-		t.Errorf("the liveness probe's %s answered nothing", c.LivenessProbe.HTTPGet.Path)
-	}
-	mounts := socketMounts(t, dbURL)
-	tenant := append(append(append([]string{"run", "--rm"}, hardened...), mounts...), "-e", "DATABASE_URL="+dbURL, img.ref, "tenant", "create", "kube-play")
-	key := lastLine(p.run(t, tenant...))
-	order := createAndReplay(t, base, key, dbURL, "kube-play")
-	t.Logf("kube play: the Deployment's pod %s created order %s", d.Name, order)
-	checkAdmin(t, base, fmt.Sprintf("http://127.0.0.1:%d", adminPort), img)
-}
-
 // checkAdmin: the admin listener serves /metrics, which names the image's
 // build, and the profiler; the public listener serves neither (G6).
 func checkAdmin(t *testing.T, base, admin string, img image) {
@@ -422,50 +281,6 @@ func checkAdmin(t *testing.T, base, admin string, img image) {
 			t.Errorf("the public listener's %s = %d, want 404", path, res.StatusCode)
 		}
 	}
-}
-
-// kubePlay plays the file, tears it down when the test ends, and returns
-// the ids of the containers it started (the pod's infrastructure container
-// is not among them).
-func kubePlay(t *testing.T, p *podman, file string) []string {
-	t.Helper()
-	out := p.run(t, "kube", "play", file)
-	t.Cleanup(func() { p.quiet("kube", "down", file) })
-	var ids []string
-	inContainers := false
-	for line := range strings.Lines(out) {
-		line = strings.TrimSpace(line)
-		switch {
-		case strings.HasPrefix(line, "Container"):
-			inContainers = true
-		case strings.HasSuffix(line, ":") || line == "":
-			inContainers = false
-		case inContainers && regexp.MustCompile(`^[0-9a-f]{64}$`).MatchString(line):
-			ids = append(ids, line)
-		}
-	}
-	if len(ids) == 0 {
-		t.Fatalf("podman kube play %s started no container:\n%s", file, out)
-	}
-	return ids
-}
-
-// writeYAML writes objects as one multi-document YAML file.
-func writeYAML(t *testing.T, objects ...any) string {
-	t.Helper()
-	var docs [][]byte
-	for _, o := range objects {
-		b, err := yaml.Marshal(o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		docs = append(docs, b)
-	}
-	file := filepath.Join(t.TempDir(), "play.yaml")
-	if err := os.WriteFile(file, bytes.Join(docs, []byte("---\n")), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return file
 }
 
 // createAndReplay creates an order with an idempotency key, sends the

@@ -10,6 +10,7 @@ import (
 	"github.com/idemref/payments/internal/tenants"
 	"github.com/idemref/payments/internal/tooling/processorsim"
 	"github.com/idemref/payments/internal/tooling/testdb"
+	"github.com/idemref/payments/internal/tooling/testkit"
 )
 
 // The README's curl examples run, in order, against a real server and
@@ -22,22 +23,17 @@ func TestReadmeExamplesRun(t *testing.T) {
 	if _, err := exec.LookPath("curl"); err != nil {
 		t.Fatal("the README's examples need curl on the PATH")
 	}
-	readme, err := os.ReadFile("../../README.md")
+	blocks, err := testkit.ShellBlocks("../../README.md", "## Every idempotency outcome, with curl")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, section, ok := strings.Cut(string(readme), "\n## Every idempotency outcome, with curl\n")
-	if !ok {
-		t.Fatal("README has no section \"Every idempotency outcome, with curl\"")
-	}
-	section, _, _ = strings.Cut(section, "\n## ")
 	var script strings.Builder
 	var want []string
 	statusLine := regexp.MustCompile(`^# HTTP/1\.1 (\d{3})`)
 	inline := regexp.MustCompile(`\s# (\d{3}) [a-z_]+`)
-	for _, block := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(section, -1) {
-		script.WriteString(block[1])
-		for _, line := range strings.Split(block[1], "\n") {
+	for _, block := range blocks {
+		script.WriteString(block)
+		for _, line := range strings.Split(block, "\n") {
 			if m := statusLine.FindStringSubmatch(line); m != nil {
 				want = append(want, m[1])
 			} else if m := inline.FindStringSubmatch(line); m != nil && !strings.HasPrefix(line, "#") {

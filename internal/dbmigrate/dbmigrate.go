@@ -159,13 +159,13 @@ func CheckApplied(ctx context.Context, q Querier) error {
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.As(err, &pgErr) && pgErr.Code == "42P01", errors.Is(err, pgx.ErrNoRows): // 42P01: undefined_table
-		return fmt.Errorf("%w: no migration was applied; run api migrate up first (deploy/kubernetes/migrate-job.yaml)", ErrSchemaBehind)
+		return fmt.Errorf("%w: no migration was applied; run api migrate up first (deploy/kubernetes/base/migrate-job.yaml)", ErrSchemaBehind)
 	case err != nil:
 		return fmt.Errorf("read the schema version: %w", err)
 	case dirty:
 		return fmt.Errorf("%w: migration %d failed halfway (schema_migrations is dirty); see docs/forking.md, \"Upgrades without downtime\"", ErrSchemaBehind, version)
 	case version < 0 || uint64(version) < uint64(latest):
-		return fmt.Errorf("%w: it is at migration %d and this binary needs %d; run api migrate up first (deploy/kubernetes/migrate-job.yaml)", ErrSchemaBehind, version, latest)
+		return fmt.Errorf("%w: it is at migration %d and this binary needs %d; run api migrate up first (deploy/kubernetes/base/migrate-job.yaml)", ErrSchemaBehind, version, latest)
 	}
 	return nil
 }
