@@ -11,7 +11,8 @@ import (
 // The banner of api dev (make run) says what applies to the processor it
 // runs with: the simulator's URL and export SIM= line under the simulator;
 // under Stripe no simulator line and no SIM (Stripe has no /_sim), but
-// Stripe's URL and how its webhooks reach the API.
+// Stripe's URL, that a URL other than Stripe's is a mock that declines
+// every payment, and how its webhooks reach the API.
 func TestDevBannerFitsTheProcessor(t *testing.T) {
 	t.Parallel()
 	stripeURL := "http://127.0.0.1:" + strconv.Itoa(freePort(t))
@@ -25,7 +26,7 @@ func TestDevBannerFitsTheProcessor(t *testing.T) {
 			[]string{"Processor simulator on http://127.0.0.1:", "  export SIM=http://127.0.0.1:", "The processor's signed webhooks arrive at"},
 			[]string{"Stripe"}},
 		{"Stripe", []string{"PROCESSOR=stripe", "STRIPE_API_KEY=sk_test_banner", "STRIPE_API_URL=" + stripeURL},
-			[]string{"Processor: Stripe at " + stripeURL + " ", "stripe listen --forward-to $API/v1/webhooks/processor"},
+			[]string{"Processor: Stripe at " + stripeURL + " ", "not Stripe's servers: a mock such as stripe-mock, whose fixed answers decline every payment", "stripe listen --forward-to $API/v1/webhooks/processor"},
 			[]string{"SIM", "simulator", "_sim", "Processor simulator on ", "sk_test_banner"}},
 	}
 	for _, tt := range tests {

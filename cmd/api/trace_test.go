@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -167,6 +168,7 @@ func TestOnePaymentIsOneTrace(t *testing.T) {
 			t.Errorf("the payment's trace has no span %q", want)
 		}
 	}
+	checkDocumentedSpans(t, inTrace)
 	if consumed.SpanContext().TraceID() != traceID {
 		t.Errorf("the consumer's span is in trace %s, not the payment's %s: the trace broke at the broker", consumed.SpanContext().TraceID(), traceID)
 	}
@@ -193,6 +195,43 @@ func TestOnePaymentIsOneTrace(t *testing.T) {
 	}
 	if !hashed {
 		t.Errorf("no span of the payment's trace has %s = the key's hash", tracing.AttrKeyHash)
+	}
+}
+
+// checkDocumentedSpans: every span docs/operations.md's tree of a
+// payment names is a span of the trace (a name ending in "..." is a
+// prefix), so that the tree cannot drift from what the code records.
+func checkDocumentedSpans(t *testing.T, spans map[trace.SpanID]sdktrace.ReadOnlySpan) {
+	t.Helper()
+	doc, err := os.ReadFile("../../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, tree, ok := strings.Cut(string(doc), "```\nPOST /v1/payments ")
+	if !ok {
+		t.Fatal("docs/operations.md has no tree of a payment's trace (a ``` block starting with POST /v1/payments)")
+	}
+	tree, _, _ = strings.Cut("POST /v1/payments "+tree, "```")
+	names := 0
+	for line := range strings.Lines(tree) {
+		name, _, _ := strings.Cut(strings.TrimLeft(line, "│├└─ "), "   ")
+		name = strings.TrimSpace(name)
+		if name == "" {
+			continue
+		}
+		names++
+		prefix, isPrefix := strings.CutSuffix(name, "...")
+		prefix = strings.TrimSpace(prefix)
+		found := false
+		for _, s := range spans {
+			found = found || s.Name() == name || (isPrefix && strings.HasPrefix(s.Name(), prefix))
+		}
+		if !found {
+			t.Errorf("docs/operations.md's trace names a span %q, which the payment's trace does not have", name)
+		}
+	}
+	if names < 10 {
+		t.Errorf("read %d span names from docs/operations.md's tree: the tree's format changed", names)
 	}
 }
 

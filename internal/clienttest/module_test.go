@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/idemref/payments/internal/tooling/testkit"
 )
 
 // goModJSON is what go mod edit -json prints of a go.mod.
@@ -21,6 +23,7 @@ type goModJSON struct {
 		Version  string
 		Indirect bool
 	}
+	Replace []struct{ New struct{ Path string } }
 }
 
 // readGoMod reads the go.mod of the module at dir.
@@ -81,9 +84,16 @@ func TestClientModuleStandsAlone(t *testing.T) {
 		t.Fatalf("client/go.mod names module %q, want %q", cmod.Module.Path, smod.Module.Path+"/client")
 	}
 
-	dir := t.TempDir()
-	gomod := fmt.Sprintf("module example.com/clientuser\n\ngo %s\n\nrequire %s v0.0.0\n\nreplace %s => %s\n",
-		cmod.Go, cmod.Module.Path, cmod.Module.Path, clientDir)
+	// The user's module and, beside it, the clone docs/client.md's
+	// replace names (../payments): this repository.
+	dir := filepath.Join(t.TempDir(), "clientuser")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(root, filepath.Join(filepath.Dir(dir), "payments")); err != nil {
+		t.Fatal(err)
+	}
+	gomod := fmt.Sprintf("module example.com/clientuser\n\ngo %s\n", cmod.Go)
 	main := fmt.Sprintf(`package main
 
 import (
@@ -122,7 +132,19 @@ func main() {
 	}
 
 	env := []string{"GOFLAGS=-mod=mod"}
-	goIn(t, dir, env, "mod", "tidy")
+	// docs/client.md's steps before any tag, as written.
+	blocks, err := testkit.ShellBlocks(filepath.Join(root, "docs", "client.md"), "### Before any tag: a replace")
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := exec.CommandContext(t.Context(), "bash", "-euc", strings.Join(blocks, ""))
+	script.Dir, script.Env = dir, append(append(os.Environ(), "GOWORK=off"), env...)
+	if out, err := script.CombinedOutput(); err != nil {
+		t.Fatalf("docs/client.md's replace and go mod tidy: %v\n%s", err, out)
+	}
+	if m := readGoMod(t, dir); len(m.Replace) != 1 || m.Replace[0].New.Path != "../payments/client" {
+		t.Errorf("after docs/client.md's steps the user's go.mod replaces %+v, want the client with ../payments/client", m.Replace)
+	}
 	if got := readGoMod(t, dir).Go; got != cmod.Go {
 		t.Errorf("go mod tidy moved the user's go line from %s to %s: the client needs a newer Go than client/go.mod says", cmod.Go, got)
 	}

@@ -92,6 +92,19 @@ func TestStripeMockAcceptsEveryCall(t *testing.T) {
 	}
 }
 
+// docs/payments.md tells how to run the API against stripe-mock at the
+// version these tests pin.
+func TestPaymentsDocPinsStripeMock(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "..", "..", "docs", "payments.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "go install github.com/stripe/stripe-mock@" + StripeMockVersion + "\n"
+	if !strings.Contains(string(doc), want) {
+		t.Errorf("docs/payments.md has no line %q: say how to run the version the tests pin", strings.TrimSpace(want))
+	}
+}
+
 func requireFinal(t *testing.T, call string, err error) {
 	t.Helper()
 	if c := processor.ClassOf(err); c != processor.ClassFinal {

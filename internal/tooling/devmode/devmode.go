@@ -375,7 +375,7 @@ type bannerProcessor struct{ about, export, webhooks string }
 func processorBanner(cfg config.Config) bannerProcessor {
 	if cfg.Processor == config.ProcessorStripe {
 		return bannerProcessor{
-			about:    "Processor: Stripe at " + messaging.RedactURL(cfg.StripeURL) + " with STRIPE_API_KEY (its payments show in the Stripe Dashboard)",
+			about:    "Processor: Stripe at " + messaging.RedactURL(cfg.StripeURL) + " with STRIPE_API_KEY, " + stripeMode(cfg),
 			webhooks: "Stripe's webhooks reach $API/v1/webhooks/processor through stripe listen --forward-to $API/v1/webhooks/processor, with WEBHOOK_SECRETS set to the whsec_ secret it prints",
 		}
 	}
@@ -385,6 +385,23 @@ func processorBanner(cfg config.Config) bannerProcessor {
 		export:   "  export SIM=" + sim + "   # the processor (its faults and calls under /_sim)",
 		webhooks: "The processor's signed webhooks arrive at $API/v1/webhooks/processor",
 	}
+}
+
+// stripeMode says what the Stripe processor will charge: Stripe's test or
+// live mode by the key's prefix, or, at another URL, a mock, whose fixed
+// answers (stripe-mock's PaymentIntent stays requires_payment_method)
+// decline every payment: a 402 there is the mock, not the adapter.
+func stripeMode(cfg config.Config) string {
+	if strings.TrimSuffix(cfg.StripeURL, "/") != "https://api.stripe.com" {
+		return "not Stripe's servers: a mock such as stripe-mock, whose fixed answers decline every payment, pm_card_visa too (402; docs/payments.md)"
+	}
+	switch {
+	case strings.HasPrefix(cfg.StripeAPIKey, "sk_test_"), strings.HasPrefix(cfg.StripeAPIKey, "rk_test_"):
+		return "test mode (its payments show in the Stripe Dashboard's test data)"
+	case strings.HasPrefix(cfg.StripeAPIKey, "sk_live_"), strings.HasPrefix(cfg.StripeAPIKey, "rk_live_"):
+		return "LIVE mode: real cards are charged"
+	}
+	return "a key that is neither sk_test_ nor sk_live_"
 }
 
 // curlAuth is the headers of the banner's curl commands.
