@@ -112,6 +112,11 @@ type apiServer struct {
 // starts the workers and then the admin listener: what serve needs before
 // it serves.
 func (s *apiServer) start(ctx context.Context) error {
+	// What the contract declares of keys, the server enforces (F5): a
+	// document it must refuse is refused before anything opens.
+	if err := httpapi.CheckContract(apispec.OpenAPI); err != nil {
+		return err
+	}
 	pool, err := db.Open(ctx, s.cfg.DatabaseURL)
 	if err != nil {
 		return err
@@ -175,6 +180,8 @@ func (s *apiServer) handler(store *idem.Store, paymentsSvc *payments.Service, ev
 		Events:           events,
 		BrokerRefused:    brokerRefused,
 		Draining:         s.draining,
+		PreferWait:       s.cfg.PreferWait,
+		ProblemBaseURL:   s.cfg.ProblemBaseURL,
 	})
 }
 

@@ -69,7 +69,7 @@ func wantWireProblem(t *testing.T, what string, a wireAnswer, code string) {
 		t.Errorf("%s: the problem does not decode: %v", what, err)
 		return
 	}
-	if p.Status != a.status || (code != "" && p.Code != code) || p.Type != "https://payments.example.com/problems/"+strings.ReplaceAll(p.Code, "_", "-") {
+	if p.Status != a.status || (code != "" && p.Code != code) || p.Type != "/docs/problems#"+strings.ReplaceAll(p.Code, "_", "-") {
 		t.Errorf("%s: problem %+v for status %d, want code %q", what, p, a.status, code)
 	}
 }

@@ -203,7 +203,7 @@ func status(code int, retryAfter string) fault {
 		if code == http.StatusServiceUnavailable || code == http.StatusTooManyRequests {
 			problemCode := map[int]string{503: "service_unavailable", 429: "rate_limited"}[code]
 			h.Set("Content-Type", "application/problem+json")
-			body = `{"type":"` + httpapi.ProblemTypeBase + strings.ReplaceAll(problemCode, "_", "-") + `","title":"` + http.StatusText(code) + `","status":` + strconv.Itoa(code) + `,"code":"` + problemCode + `"}`
+			body = `{"type":"` + httpapi.ProblemType(problemCode) + `","title":"` + http.StatusText(code) + `","status":` + strconv.Itoa(code) + `,"code":"` + problemCode + `"}`
 		}
 		if retryAfter != "" {
 			h.Set("Retry-After", retryAfter)

@@ -129,6 +129,11 @@ type Config struct {
 	MaxConnections int
 	// RateLimit bounds each tenant's requests per process (R1).
 	RateLimit httpapi.RateLimit
+	// PreferWait bounds the duplicates that wait for their key's first
+	// attempt under Prefer: wait (L7).
+	PreferWait idem.WaitLimits
+	// ProblemBaseURL prefixes every problem type URI.
+	ProblemBaseURL string
 }
 
 // DefaultMessageRetention is MESSAGE_RETENTION's default: a week, far
@@ -260,6 +265,18 @@ var Settings = []Setting{
 		parseRateLimit, shown},
 	{"RATE_LIMIT_BURST", strconv.Itoa(httpapi.DefaultRateBurst), "", "requests a tenant may send at once",
 		atLeastOne(func(c *Config) *int { return &c.RateLimit.Burst }, "a positive number of requests, such as 200"), shown},
+	{"PREFER_WAIT_MAX", duration(httpapi.DefaultPreferWaitMax), "",
+		"the longest a duplicate that sends `Prefer: wait=N` waits for its key's first attempt in flight before its `409` (a larger N is capped to it, and `Preference-Applied` says the wait given); less than `REQUEST_TIMEOUT`; `0` honours no wait",
+		orOff(func(c *Config) *time.Duration { return &c.PreferWait.Max }), shown},
+	{"PREFER_WAIT_PER_TENANT", strconv.Itoa(httpapi.DefaultPreferWaitPerTenant), "",
+		"duplicates of one tenant that may wait at once in one process; past it the duplicate gets its `409` at once",
+		atLeastOne(func(c *Config) *int { return &c.PreferWait.PerTenant }, "a positive number of requests, such as 64"), shown},
+	{"PREFER_WAIT_PER_PROCESS", strconv.Itoa(httpapi.DefaultPreferWaitPerProcess), "",
+		"duplicates that may wait at once in one process, all tenants together; past it the duplicate gets its `409` at once",
+		atLeastOne(func(c *Config) *int { return &c.PreferWait.PerProcess }, "a positive number of requests, such as 256"), shown},
+	{"PROBLEM_BASE_URL", httpapi.DefaultProblemBaseURL, "",
+		"prefix of every problem's `type`, followed by its code with `-` for `_`; the default is this API's own page of problem types (`/docs/problems`), served by every process: set an absolute URL of it (`https://api.example.com/docs/problems#`) or of a deployment's own documentation",
+		problemBase, shown},
 	{"IDEMPOTENCY_KEY_BUDGET", strconv.Itoa(idem.DefaultKeyBudget), "",
 		"how many live idempotency keys one tenant may hold (R6); past it a request with a new key is `429 idempotency_key_budget_exceeded`; `0` turns the budget off",
 		parseKeyBudget, shown},
@@ -474,6 +491,9 @@ func (cfg Config) check() error {
 	if err := cfg.checkProcessor(); err != nil {
 		return err
 	}
+	if cfg.PreferWait.Max >= cfg.RequestTimeout {
+		return fmt.Errorf("PREFER_WAIT_MAX (%s) must be shorter than REQUEST_TIMEOUT (%s): a wait must end before the request's deadline", cfg.PreferWait.Max, cfg.RequestTimeout)
+	}
 	if cfg.AdminAddr != "" && cfg.AdminAddr == cfg.Addr && !strings.HasSuffix(cfg.Addr, ":0") { // :0 is two free ports
 		return fmt.Errorf("ADMIN_ADDR (%s) must differ from ADDR: the admin listener is a port of its own, off the public one", cfg.AdminAddr)
 	}
@@ -577,6 +597,18 @@ func parseReaperDuty(c *Config, v string) (err error) {
 	if c.ReaperDuty, err = strconv.ParseFloat(v, 64); err != nil || c.ReaperDuty <= 0 || c.ReaperDuty > 1 {
 		return errors.New("want a share of time above 0 and at most 1, such as 0.05")
 	}
+	return nil
+}
+
+// problemBase reads PROBLEM_BASE_URL: an absolute http(s) URL, or a path
+// of this API (the default), which a client resolves against the URL it
+// called.
+func problemBase(c *Config, v string) error {
+	u, err := url.Parse(v)
+	if err != nil || (u.Scheme == "" && !strings.HasPrefix(v, "/")) || (u.Scheme != "" && u.Scheme != "http" && u.Scheme != "https") || (u.Scheme != "" && u.Host == "") {
+		return errors.New("want an absolute http(s) URL or a path, such as https://api.example.com/docs/problems#")
+	}
+	c.ProblemBaseURL = v
 	return nil
 }
 

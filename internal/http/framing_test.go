@@ -101,7 +101,7 @@ func wantRawProblem(t *testing.T, a rawAnswer, status int, code string) {
 	if p.Code != code || p.Status != status {
 		t.Errorf("problem code/status = %s/%d, want %s/%d; detail: %s", p.Code, p.Status, code, status, deref(p.Detail))
 	}
-	if want := "https://payments.example.com/problems/" + strings.ReplaceAll(code, "_", "-"); p.Type != want {
+	if want := "/docs/problems#" + strings.ReplaceAll(code, "_", "-"); p.Type != want {
 		t.Errorf("problem type = %q, want %q", p.Type, want)
 	}
 	if got := a.header.Get("Cache-Control"); got != "no-store" {

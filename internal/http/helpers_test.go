@@ -420,7 +420,7 @@ func wantProblem(t *testing.T, res response, status int, code string) api.Proble
 	if p.Code != code || p.Status != status {
 		t.Fatalf("problem code/status = %s/%d, want %s/%d; body: %s", p.Code, p.Status, code, status, res.body)
 	}
-	if want := httpapi.ProblemTypeBase + strings.ReplaceAll(code, "_", "-"); p.Type != want {
+	if want := httpapi.ProblemType(code); p.Type != want {
 		t.Errorf("problem type = %q, want %q", p.Type, want)
 	}
 	if p.Title == "" {

@@ -3,6 +3,7 @@ package httpapi
 import (
 	"context"
 	"net/http"
+	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
@@ -45,14 +46,15 @@ func idempotent[T any, PT interface {
 	request
 }](a *api, e idem.Endpoint, op idempotentOp[T]) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		claim, req, ok := prepare[T, PT](w, r, e)
+		arrived := time.Now()
+		claim, req, ok := prepare[T, PT](w, r, e, a.contract[e.String()].FingerprintExclude)
 		if !ok {
 			return
 		}
-		res, replayed, err := a.idem.Execute(r.Context(), claim, func(ctx context.Context, tx idem.UndoableTx) (idem.Response, error) {
+		work := func(ctx context.Context, tx idem.UndoableTx) (idem.Response, error) {
 			out, err := op(ctx, tx, claim.TenantID, req)
 			if err != nil {
-				p := problemFor(err)
+				p := problemFor(err).keyed()
 				if !p.recorded() {
 					return idem.Response{}, err // roll back, record nothing (O2)
 				}
@@ -60,8 +62,10 @@ func idempotent[T any, PT interface {
 				return p.encode(), nil // deterministic: recorded and replayed (O1)
 			}
 			return encodeJSON(out.status, out.body, out.location)
+		}
+		a.keyed(w, r, arrived, claim, func() (idem.Response, bool, error) {
+			return a.idem.Execute(r.Context(), claim, work)
 		})
-		respond(w, r, res, replayed, err)
 	}
 }
 
@@ -71,24 +75,26 @@ func idempotent[T any, PT interface {
 func multiStep[T any, PT interface {
 	*T
 	request
-}](e idem.Endpoint, run func(ctx context.Context, c idem.Claim, req *T) (idem.Response, bool, error)) http.HandlerFunc {
+}](a *api, e idem.Endpoint, run func(ctx context.Context, c idem.Claim, req *T) (idem.Response, bool, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		claim, req, ok := prepare[T, PT](w, r, e)
+		arrived := time.Now()
+		claim, req, ok := prepare[T, PT](w, r, e, a.contract[e.String()].FingerprintExclude)
 		if !ok {
 			return
 		}
-		res, replayed, err := run(r.Context(), claim, req)
-		respond(w, r, res, replayed, err)
+		a.keyed(w, r, arrived, claim, func() (idem.Response, bool, error) {
+			return run(r.Context(), claim, req)
+		})
 	}
 }
 
 // prepare does everything that comes before the claim of a key of e: parse
-// the key, reject ambiguous bodies, apply defaults, take the fingerprint.
-// When it returns false it has already answered, and nothing was recorded.
+// the key, reject ambiguous bodies, apply defaults, take the fingerprint
+// without the members the contract excludes from it (exclude; F5). When it returns false it has already answered, and nothing was recorded.
 func prepare[T any, PT interface {
 	*T
 	request
-}](w http.ResponseWriter, r *http.Request, e idem.Endpoint) (idem.Claim, *T, bool) {
+}](w http.ResponseWriter, r *http.Request, e idem.Endpoint, exclude []string) (idem.Claim, *T, bool) {
 	// The key is scoped by the endpoint's name in Endpoints, the route
 	// template rather than the path (K2), so the key-status lookup and the
 	// completer find it under that name. The path parameters are part of
@@ -98,7 +104,7 @@ func prepare[T any, PT interface {
 	// Rejected before the claim: answered, never recorded (O3).
 	reject := func(err error) (idem.Claim, *T, bool) {
 		idem.CountRejectedBeforeClaim(r.Context(), endpoint, key)
-		writeError(w, r, err)
+		writeKeyedError(w, r, err)
 		return idem.Claim{}, nil, false
 	}
 	key, err := idem.ParseKey(r.Header.Values(idem.HeaderName))
@@ -119,7 +125,7 @@ func prepare[T any, PT interface {
 		// two resources, or none.
 		params[k] = rctx.URLParams.Values[i]
 	}
-	fingerprint, err := idem.Fingerprint(endpoint, params, req)
+	fingerprint, err := idem.Fingerprint(endpoint, params, req, exclude...)
 	if err != nil {
 		return reject(err)
 	}

@@ -137,7 +137,7 @@ func (Renderer) Refund(r payments.Refund) idem.Response {
 // Failure renders err as its problem, and says whether it is an outcome to
 // record (Problem.recorded: the same rule as the one-transaction path).
 func (Renderer) Failure(err error) (idem.Response, bool) {
-	p := problemFor(err)
+	p := problemFor(err).keyed() // payments and refunds are keyed
 	return p.encode(), p.recorded()
 }
 
@@ -150,10 +150,10 @@ func (a *api) createPayment(ctx context.Context, c idem.Claim, req *createPaymen
 func (a *api) createRefund(w http.ResponseWriter, r *http.Request) {
 	paymentID, ok := pathID(r, "id")
 	if !ok {
-		writeError(w, r, payments.ErrNotFound)
+		writeKeyedError(w, r, payments.ErrNotFound)
 		return
 	}
-	multiStep[createRefundRequest](payments.CreateRefund, func(ctx context.Context, c idem.Claim, req *createRefundRequest) (idem.Response, bool, error) {
+	multiStep[createRefundRequest](a, payments.CreateRefund, func(ctx context.Context, c idem.Claim, req *createRefundRequest) (idem.Response, bool, error) {
 		return a.payments.Refund(ctx, c, paymentID, req.Amount)
 	})(w, r)
 }

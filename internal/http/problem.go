@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -23,9 +24,27 @@ import (
 	"github.com/idemref/payments/internal/webhook"
 )
 
-// ProblemTypeBase prefixes every problem type URI; the rest is the code
-// with dashes (RFC 9457). Types and codes are part of the API contract.
-const ProblemTypeBase = "https://payments.example.com/problems/"
+// DefaultProblemBaseURL prefixes every problem type URI unless
+// Config.ProblemBaseURL says otherwise; the rest is the code with dashes
+// (RFC 9457). It is a reference relative to the API itself: a client that
+// follows a problem's type, resolved against the URL it called, reads the
+// rule it broke on this API's own page of problem types (/docs/problems,
+// an anchor per code). Codes are part of the API contract; a deployment
+// may point the types at its own documentation.
+const DefaultProblemBaseURL = "/docs/problems#"
+
+// problemBase is the prefix in force: one per process, like the setting
+// (PROBLEM_BASE_URL) it comes from, set by NewHandler.
+var problemBase atomic.Pointer[string]
+
+// ProblemType returns the type URI of the problem with code.
+func ProblemType(code string) string {
+	base := DefaultProblemBaseURL
+	if b := problemBase.Load(); b != nil {
+		base = *b
+	}
+	return base + strings.ReplaceAll(code, "_", "-")
+}
 
 // Problem codes: stable, machine-readable, documented in openapi.yaml.
 const (
@@ -98,11 +117,24 @@ type Problem struct {
 	// CommitWindowSeconds details the key-status endpoint's 404: how long
 	// after it was sent a request under the key can still commit.
 	CommitWindowSeconds int64 `json:"commit_window_seconds,omitempty"`
+	// Rules links every problem of a keyed endpoint to the rules of its
+	// keys (L8): rulesPath.
+	Rules string `json:"idempotency_rules,omitempty"`
+}
+
+// rulesPath is the document of the rules of keys (GET /v1/idempotency).
+const rulesPath = "/v1/idempotency"
+
+// keyed marks p as the answer of a keyed endpoint: it links to the rules
+// of keys.
+func (p Problem) keyed() Problem {
+	p.Rules = rulesPath
+	return p
 }
 
 func newProblem(status int, code, title, detail string) Problem {
 	return Problem{
-		Type:   ProblemTypeBase + strings.ReplaceAll(code, "_", "-"),
+		Type:   ProblemType(code),
 		Title:  title,
 		Status: status,
 		Detail: detail,

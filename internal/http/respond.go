@@ -51,10 +51,11 @@ func writeResponse(w http.ResponseWriter, res idem.Response) {
 	_, _ = w.Write(res.Body)
 }
 
-// respond writes a recorded (or replayed) response, or the problem for err.
+// respond writes a keyed endpoint's recorded (or replayed) response, or
+// the problem for err.
 func respond(w http.ResponseWriter, r *http.Request, res idem.Response, replayed bool, err error) {
 	if err != nil {
-		writeError(w, r, err)
+		writeKeyedError(w, r, err)
 		return
 	}
 	if replayed {
@@ -67,7 +68,16 @@ func respond(w http.ResponseWriter, r *http.Request, res idem.Response, replayed
 // request's one access log line; a 5xx also logs its internal cause, at
 // error level, since only the server can act on it.
 func writeError(w http.ResponseWriter, r *http.Request, err error) {
-	p := problemFor(err)
+	writeProblem(w, r, problemFor(err), err)
+}
+
+// writeKeyedError is writeError for a keyed endpoint: its problem links to
+// the rules of keys.
+func writeKeyedError(w http.ResponseWriter, r *http.Request, err error) {
+	writeProblem(w, r, problemFor(err).keyed(), err)
+}
+
+func writeProblem(w http.ResponseWriter, r *http.Request, p Problem, err error) {
 	logProblem(r.Context(), p, err)
 	writeResponse(w, p.encode())
 }

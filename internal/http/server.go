@@ -80,6 +80,13 @@ type Config struct {
 	// /readyz answers 503 from then on, so that the load balancer stops
 	// sending, while every other route is still served. Nil: never.
 	Draining <-chan struct{}
+	// PreferWait bounds the duplicates that wait for their key's first
+	// attempt under Prefer: wait (L7); a zero Max honours no wait.
+	PreferWait idem.WaitLimits
+	// ProblemBaseURL prefixes every problem's type ("": the default,
+	// DefaultProblemBaseURL). It is the process's: the last handler built
+	// sets it.
+	ProblemBaseURL string
 }
 
 type api struct {
@@ -98,6 +105,13 @@ type api struct {
 	events           func() (flowing bool, detail string)
 	brokerRefused    func() error
 	draining         <-chan struct{}
+
+	// waiters keeps the duplicates that wait (L7); contract is what
+	// openapi.yaml declares of each keyed endpoint (F5), rules the
+	// document of both (L8).
+	waiters  *idem.Waiters
+	contract map[string]contractRules
+	rules    rulesDocument
 }
 
 // loadtestRoutes is the one seam through which the load benchmark's routes
@@ -112,6 +126,7 @@ var loadtestRoutes []func(a *api, r chi.Router)
 // NewHandler returns the service's HTTP handler.
 func NewHandler(cfg Config) http.Handler {
 	cfg = cfg.withDefaults()
+	problemBase.Store(&cfg.ProblemBaseURL)
 	a := newAPI(cfg)
 	idem.InitEndpointMetrics(slices.Sorted(maps.Keys(idempotentEndpoints))...)
 	r := chi.NewRouter()
@@ -136,6 +151,8 @@ func NewHandler(cfg Config) http.Handler {
 	if cfg.OpenAPI != nil {
 		docsRoutes(r, cfg.OpenAPI)
 	}
+	// Every problem's type links here (DefaultProblemBaseURL).
+	r.Get("/docs/problems", serveProblems)
 	r.Route("/v1", a.v1Routes)
 	allow = routeIndex(r)
 	initRouteMetrics(r)
@@ -159,6 +176,9 @@ func (cfg Config) withDefaults() Config {
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = 30 * time.Second
 	}
+	if cfg.ProblemBaseURL == "" {
+		cfg.ProblemBaseURL = DefaultProblemBaseURL
+	}
 	return cfg
 }
 
@@ -172,7 +192,29 @@ func newAPI(cfg Config) *api {
 	if cfg.RateLimit.Rate > 0 {
 		a.limiter = newLimiter[uuid.UUID](cfg.RateLimit)
 	}
+	a.waiters = idem.NewWaiters(cfg.Idem, cfg.PreferWait)
+	if cfg.OpenAPI != nil {
+		// The document is embedded at build time, so a contract the
+		// server cannot enforce is a build that must not serve:
+		// CheckContract tells serve why before it gets here.
+		contract, err := readContract(cfg.OpenAPI)
+		if err != nil {
+			panic(err)
+		}
+		a.contract = contract
+	}
+	if cfg.Idem != nil {
+		a.rules = newRulesDocument(rulesTable(a.contract, cfg.Idem.Config(), cfg.PreferWait))
+	}
 	return a
+}
+
+// CheckContract reports why the OpenAPI document spec declares rules of
+// keys the server must not enforce (a fingerprint that would ignore an
+// amount, say), or nil: serve refuses to start on it (F5).
+func CheckContract(spec []byte) error {
+	_, err := readContract(spec)
+	return err
 }
 
 // docsRoutes serves the OpenAPI document and the reference page rendered
@@ -206,8 +248,9 @@ func (a *api) v1Routes(r chi.Router) {
 			r.Get("/{id}", a.getCustomer)
 		})
 		r.Get("/idempotency-keys/{key}", a.getKeyStatus)
+		r.Get("/idempotency", a.rules.serveRules)
 		r.Route("/payments", func(r chi.Router) {
-			r.Post("/", multiStep[createPaymentRequest](payments.CreatePayment, a.createPayment))
+			r.Post("/", multiStep[createPaymentRequest](a, payments.CreatePayment, a.createPayment))
 			r.Get("/", a.listPayments)
 			r.Get("/{id}", a.getPayment)
 			r.Post("/{id}/refunds", a.createRefund)

@@ -27,9 +27,20 @@ const FingerprintVersion = 1
 // default hash alike. Headers such as User-Agent, Date, tracing ids and
 // Authorization are not inputs: they do not change what the request means.
 // (A header that did, such as an API version, would be added here.)
-func Fingerprint(endpoint string, pathParams map[string]string, body any) ([]byte, error) {
+//
+// exclude are JSON Pointers (RFC 6901) to members of the body that the
+// fingerprint ignores (F5): a retry may change them and still be replayed.
+// The contract declares them per operation (x-idempotency in openapi.yaml);
+// a member that is absent hashes as one that is present.
+func Fingerprint(endpoint string, pathParams map[string]string, body any, exclude ...string) ([]byte, error) {
 	if pathParams == nil {
 		pathParams = map[string]string{}
+	}
+	if len(exclude) > 0 {
+		var err error
+		if body, err = without(body, exclude); err != nil {
+			return nil, fmt.Errorf("fingerprint: %w", err)
+		}
 	}
 	envelope, err := json.Marshal(struct {
 		Version  int               `json:"v"`
@@ -213,4 +224,35 @@ func canonicalNumber(s string) (string, error) {
 // an exponent. JSON forbids leading zeros and '+', so the digits are unique.
 func isIntegerLiteral(s string) bool {
 	return !strings.ContainsAny(s, ".eE") && utf8.ValidString(s)
+}
+
+// without returns body as a JSON value with the members at the pointers
+// removed. A pointer to a member the body does not have removes nothing.
+func without(body any, pointers []string) (any, error) {
+	raw, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber() // numbers stay as written, for Canonicalize
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, err
+	}
+	for _, p := range pointers {
+		tokens := strings.Split(strings.TrimPrefix(p, "/"), "/")
+		parent, _ := v.(map[string]any)
+		for i, tok := range tokens {
+			tok = strings.ReplaceAll(strings.ReplaceAll(tok, "~1", "/"), "~0", "~")
+			if parent == nil {
+				break
+			}
+			if i == len(tokens)-1 {
+				delete(parent, tok)
+				break
+			}
+			parent, _ = parent[tok].(map[string]any)
+		}
+	}
+	return v, nil
 }

@@ -18,7 +18,7 @@ import (
 const (
 	problemSchemaRef  = "#/components/schemas/Problem"
 	problemMediaType  = "application/problem+json"
-	problemTypePrefix = "https://payments.example.com/problems/"
+	problemTypePrefix = "/docs/problems#"
 )
 
 // problemStatus is the contract between problem codes and HTTP status codes.
