@@ -268,9 +268,9 @@ migrate-new: ## Create the next pair of migration files: make migrate-new NAME=a
 	touch db/migrations/$${next}_$(NAME).up.sql db/migrations/$${next}_$(NAME).down.sql && \
 	echo "created db/migrations/$${next}_$(NAME).up.sql and .down.sql"
 
-rename: ## Give a fork its own module path and names: make rename MODULE=example.com/acme/orders [NAME= DOMAIN= KEY_PREFIX=]
+rename: ## Give a fork its own module path and names: make rename MODULE=example.com/acme/orders [NAME= KEY_PREFIX=]
 	@# Empty values take the command's defaults; it checks every value itself.
-	$(GO) run ./tools/rename -module '$(MODULE)' -name '$(NAME)' -domain '$(DOMAIN)' -key-prefix '$(KEY_PREFIX)'
+	$(GO) run ./tools/rename -module '$(MODULE)' -name '$(NAME)' -key-prefix '$(KEY_PREFIX)'
 
 # make upgrade-test (G8): the previous release's binary, built from its own
 # tree, serves beside this tree's on the schema this tree migrated. Which

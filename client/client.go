@@ -30,6 +30,8 @@ type Client struct {
 	api    *api.Client
 	policy Policy
 	budget *Budget
+	// prefer is the Prefer header of every keyed POST (nil: none).
+	prefer *string
 }
 
 // Option configures a Client.
@@ -39,6 +41,7 @@ type options struct {
 	httpClient *http.Client
 	policy     Policy
 	budget     *Budget
+	preferWait time.Duration
 }
 
 // WithHTTPClient sends through hc (default: a client with a 30 s timeout
@@ -52,6 +55,17 @@ func WithPolicy(p Policy) Option { return func(o *options) { o.policy = p } }
 // WithBudget sets the retry budget (default NewBudget(0, 0, 0)). Clients
 // given the same Budget share it.
 func WithBudget(b *Budget) Option { return func(o *options) { o.budget = b } }
+
+// WithPreferWait asks the server, on every create (order, payment,
+// refund), to wait up to d for the first attempt of its key when that
+// attempt is still in flight, and to answer with its result (Prefer:
+// wait=N, RFC 7240; the server caps N at its maximum, which GET
+// /v1/idempotency states). Without it, such a duplicate is answered 409
+// idempotency_key_in_use at once and the client's policy retries it after
+// Retry-After; with it, one attempt usually gets the replay. d is sent in
+// whole seconds, rounded down; less than a second sends nothing. Keep the
+// attempt timeout (WithHTTPClient) above d, or the attempt gives up first.
+func WithPreferWait(d time.Duration) Option { return func(o *options) { o.preferWait = d } }
 
 // New returns a client for the API at baseURL (such as
 // "http://localhost:8080") that authenticates with apiKey.
@@ -71,7 +85,12 @@ func New(baseURL, apiKey string, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{api: c, policy: o.policy.withDefaults(), budget: o.budget}, nil
+	cl := &Client{api: c, policy: o.policy.withDefaults(), budget: o.budget}
+	if n := int64(o.preferWait / time.Second); n > 0 {
+		prefer := fmt.Sprintf("wait=%d", n)
+		cl.prefer = &prefer
+	}
+	return cl, nil
 }
 
 const defaultAttemptTimeout = 30 * time.Second
@@ -97,7 +116,7 @@ type Result[T any] struct {
 func (c *Client) CreateOrder(ctx context.Context, key string, req api.CreateOrderRequest) (Result[api.Order], error) {
 	key = keyOrNew(key)
 	return do[api.Order](c, ctx, EndpointCreateOrder, key, http.StatusCreated, func(ctx context.Context) (*http.Response, error) {
-		return c.api.CreateOrder(ctx, &api.CreateOrderParams{IdempotencyKey: key}, req)
+		return c.api.CreateOrder(ctx, &api.CreateOrderParams{IdempotencyKey: key, Prefer: c.prefer}, req)
 	})
 }
 
@@ -105,7 +124,7 @@ func (c *Client) CreateOrder(ctx context.Context, key string, req api.CreateOrde
 func (c *Client) CreatePayment(ctx context.Context, key string, req api.CreatePaymentRequest) (Result[api.Payment], error) {
 	key = keyOrNew(key)
 	return do[api.Payment](c, ctx, EndpointCreatePayment, key, http.StatusCreated, func(ctx context.Context) (*http.Response, error) {
-		return c.api.CreatePayment(ctx, &api.CreatePaymentParams{IdempotencyKey: key}, req)
+		return c.api.CreatePayment(ctx, &api.CreatePaymentParams{IdempotencyKey: key, Prefer: c.prefer}, req)
 	})
 }
 
@@ -113,7 +132,7 @@ func (c *Client) CreatePayment(ctx context.Context, key string, req api.CreatePa
 func (c *Client) CreateRefund(ctx context.Context, key string, paymentID uuid.UUID, req api.CreateRefundRequest) (Result[api.Refund], error) {
 	key = keyOrNew(key)
 	return do[api.Refund](c, ctx, EndpointCreateRefund, key, http.StatusCreated, func(ctx context.Context) (*http.Response, error) {
-		return c.api.CreateRefund(ctx, paymentID, &api.CreateRefundParams{IdempotencyKey: key}, req)
+		return c.api.CreateRefund(ctx, paymentID, &api.CreateRefundParams{IdempotencyKey: key, Prefer: c.prefer}, req)
 	})
 }
 

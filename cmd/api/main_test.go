@@ -205,6 +205,11 @@ func post(base, apiKey, path, idemKey, body string) (response, error) {
 	req.Header.Set("Authorization", "Bearer "+apiKey)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", idemKey)
+	return do(req)
+}
+
+// do sends req and reads the whole response.
+func do(req *http.Request) (response, error) {
 	res, err := client.Do(req)
 	if err != nil {
 		return response{}, err

@@ -108,6 +108,22 @@ type setupOptions struct {
 	webhookScheme webhook.Scheme
 	// lockTimeout is the store's; zero: the const lockTimeout.
 	lockTimeout time.Duration
+	// processorTimeout bounds a call to the simulator; zero: the const
+	// processorTimeout.
+	processorTimeout time.Duration
+	// preferWait bounds waiting duplicates (L7); zero: no waiting.
+	preferWait idem.WaitLimits
+}
+
+// withProcessorTimeout sets how long a call to the simulator may take, for
+// a test that holds one longer than processorTimeout.
+func withProcessorTimeout(d time.Duration) setupOption {
+	return func(o *setupOptions) { o.processorTimeout = d }
+}
+
+// withPreferWait lets duplicates wait under Prefer: wait, within limits.
+func withPreferWait(limits idem.WaitLimits) setupOption {
+	return func(o *setupOptions) { o.preferWait = limits }
 }
 
 // withLockTimeout sets how long a request waits on a lock, for a test that
@@ -192,7 +208,7 @@ const (
 
 func setup(t *testing.T, opts ...setupOption) *bundle {
 	t.Helper()
-	o := setupOptions{settleWindow: settleWindow, lockTimeout: lockTimeout}
+	o := setupOptions{settleWindow: settleWindow, lockTimeout: lockTimeout, processorTimeout: processorTimeout}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -261,7 +277,7 @@ func setup(t *testing.T, opts ...setupOption) *bundle {
 		simSrv := httptest.NewServer(e.sim.Handler())
 		t.Cleanup(simSrv.Close) // runs after the API server's Close: no call is cut short
 		e.payments = payments.NewService(serverPool, store,
-			simproc.NewClient(simSrv.URL, processorTimeout), httpapi.Renderer{}, logger,
+			simproc.NewClient(simSrv.URL, o.processorTimeout), httpapi.Renderer{}, logger,
 			payments.Config{SettleWindow: o.settleWindow})
 	}
 	if o.stripe {
@@ -285,6 +301,7 @@ func setup(t *testing.T, opts ...setupOption) *bundle {
 		AuthCacheTTL:   authCacheTTL,
 		WebhookSecrets: []string{serverSecret},
 		WebhookScheme:  o.webhookScheme,
+		PreferWait:     o.preferWait,
 	})
 	e.srv = httptest.NewServer(e.handler)
 	if e.sim != nil && o.webhooks != nil {

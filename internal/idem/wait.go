@@ -106,13 +106,15 @@ func (w *Waiters) Wait(ctx context.Context, c Claim, until time.Time, run func()
 	outcome := waitTimedOut
 	defer func() { waitsTotal.WithLabelValues(c.Endpoint, outcome).Inc() }()
 	for delay := pollBackoff(0); ; delay = pollBackoff(delay) {
-		if time.Until(until) < delay {
+		left := time.Until(until)
+		if left <= 0 {
 			return Response{}, false, ErrKeyInUse
 		}
+		// The last poll comes as the wait ends, not a backoff before.
 		select {
 		case <-ctx.Done():
 			return Response{}, false, ErrKeyInUse
-		case <-time.After(delay):
+		case <-time.After(min(delay, left)):
 		}
 		res, found, err := w.store.peek(ctx, c)
 		switch {

@@ -1,12 +1,12 @@
 // Command rename makes a fork its own: it rewrites the Go module path and the
-// names a deployment shares with other services (problem type URIs, NATS
-// streams, subjects and connection names, the events' source, the API key
-// prefix, the Grafana dashboard's uid and title, the TypeScript client's
-// npm name) in every file git tracks,
+// names a deployment shares with other services (NATS streams, subjects and
+// connection names, the events' source, the API key prefix, the Grafana
+// dashboard's uid and title, the TypeScript client's npm name) in every
+// file git tracks,
 // and prints what it changed. The Go module path rule also rewrites the
 // repository's path in the alerts' default runbook links.
 //
-//	make rename MODULE=example.com/acme/orders [NAME=orders] [DOMAIN=orders.acme.example] [KEY_PREFIX=ok_]
+//	make rename MODULE=example.com/acme/orders [NAME=orders] [KEY_PREFIX=ok_]
 //
 // docs/forking.md lists what it rewrites and what it
 // leaves on purpose.
@@ -41,7 +41,6 @@ const (
 type names struct {
 	module    string // Go module path: example.com/acme/orders
 	name      string // service name in NATS streams, subjects and connections: orders
-	domain    string // host of the problem type URIs: orders.acme.example
 	keyPrefix string // starts every API key: ok_
 }
 
@@ -57,10 +56,6 @@ type rule struct {
 
 var rules = []rule{
 	{what: "Go module path", old: moduleNow, new: func(n names) string { return n.module }},
-	{what: "problem type URI host", old: "payments.example.com", new: func(n names) string { return n.domain }},
-	// openapi.yaml's pattern for the problem type: the host as a regular
-	// expression (a domain holds no metacharacter but the dot).
-	{what: "problem type URI pattern", old: `payments\.example\.com`, new: func(n names) string { return strings.ReplaceAll(n.domain, ".", `\.`) }},
 	{what: "NATS events stream", old: "PAYMENTS_EVENTS", new: func(n names) string { return strings.ToUpper(n.name) + "_EVENTS" }},
 	{what: "NATS dead-letter stream", old: "PAYMENTS_DEAD_LETTERS", new: func(n names) string { return strings.ToUpper(n.name) + "_DEAD_LETTERS" }},
 	{what: "event subjects", old: "payments.events", new: func(n names) string { return n.name + ".events" }},
@@ -119,12 +114,12 @@ func dashboardUID(n names) string {
 	return string(uid)
 }
 
-const usage = `usage: make rename MODULE=example.com/acme/orders [NAME=orders] [DOMAIN=orders.acme.example] [KEY_PREFIX=ok_]
-   or: go run ./tools/rename -module example.com/acme/orders [-name orders] [-domain orders.acme.example] [-key-prefix ok_]
+const usage = `usage: make rename MODULE=example.com/acme/orders [NAME=orders] [KEY_PREFIX=ok_]
+   or: go run ./tools/rename -module example.com/acme/orders [-name orders] [-key-prefix ok_]
 
 Run it at the root of the fork's git checkout, after a commit, so that git diff
-shows what it did. NAME defaults to MODULE's last element, DOMAIN to
-NAME.example.com, KEY_PREFIX to the current one (` + keyPrefixNow + `).`
+shows what it did. NAME defaults to MODULE's last element, KEY_PREFIX to
+the current one (` + keyPrefixNow + `).`
 
 func main() {
 	var n names
@@ -132,7 +127,6 @@ func main() {
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&n.module, "module", "", "Go module path (MODULE)")
 	fs.StringVar(&n.name, "name", "", "service name (NAME)")
-	fs.StringVar(&n.domain, "domain", "", "host of the problem type URIs (DOMAIN)")
 	fs.StringVar(&n.keyPrefix, "key-prefix", "", "API key prefix (KEY_PREFIX)")
 	err := fs.Parse(os.Args[1:])
 	if err == nil && fs.NArg() > 0 {
@@ -182,12 +176,6 @@ func (n names) withDefaults() (names, error) {
 	}
 	if !nameRE.MatchString(n.name) || len(n.name) > 32 {
 		return n, fmt.Errorf("NAME %q: a service name is lower case letters and digits, words joined by _ or -, at most 32 characters (it names NATS streams and subjects)", n.name)
-	}
-	if n.domain == "" {
-		n.domain = n.name + ".example.com"
-	}
-	if err := checkDomain(n.domain); err != nil {
-		return n, fmt.Errorf("DOMAIN %q: %w (it is the host of https://DOMAIN/problems/)", n.domain, err)
 	}
 	if n.keyPrefix == "" {
 		n.keyPrefix = keyPrefixNow
