@@ -112,8 +112,7 @@ type apiServer struct {
 // starts the workers and then the admin listener: what serve needs before
 // it serves.
 func (s *apiServer) start(ctx context.Context) error {
-	// What the contract declares of keys, the server enforces (F5): a
-	// document it must refuse is refused before anything opens.
+	// The contract's rules of keys are enforced as declared (F5), or not at all.
 	if err := httpapi.CheckContract(apispec.OpenAPI); err != nil {
 		return err
 	}

@@ -31,14 +31,14 @@ func init() {
 // same key parsing, body checks, fingerprint, order insert, outcome policy
 // and answer as the idempotent adapter; only the Store's method differs.
 func (a *api) createOrderClaimFirst(w http.ResponseWriter, r *http.Request) {
-	claim, req, ok := prepare[createOrderRequest](w, r, claimFirstEndpoint)
+	claim, req, ok := prepare[createOrderRequest](w, r, claimFirstEndpoint, a.contract[createOrderEndpoint.String()].FingerprintExclude)
 	if !ok {
 		return
 	}
 	res, replayed, err := a.idem.ExecuteClaimFirst(r.Context(), claim, func(ctx context.Context, tx idem.UndoableTx) (idem.Response, error) {
 		out, err := createOrder(ctx, tx, claim.TenantID, req)
 		if err != nil {
-			p := problemFor(err)
+			p := problemFor(err).keyed()
 			if !p.recorded() {
 				return idem.Response{}, err
 			}

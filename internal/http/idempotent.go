@@ -40,7 +40,8 @@ type success struct {
 //
 //	key → body → fingerprint → claim/execute/record or replay (idem.Store.Execute)
 //
-// Everything rejected before Execute is answered but never recorded.
+// Everything rejected before Execute is answered but never recorded. A
+// duplicate of a request in flight that prefers to wait does so (api.keyed).
 func idempotent[T any, PT interface {
 	*T
 	request

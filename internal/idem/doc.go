@@ -116,4 +116,9 @@
 //
 // Side effects outside our database (a payment processor) cannot share one
 // transaction; they use the multi-step path in lease.go (S1-S3).
+//
+// A duplicate that finds its key's first attempt in flight gets ErrKeyInUse
+// (409), unless its client asked to wait (Prefer: wait=N): then Waiters
+// polls the key's row until the answer is recorded and replays it (L7,
+// wait.go).
 package idem
