@@ -272,6 +272,43 @@ type Customer struct {
 	UpdatedAt time.Time `json:"updated_at"`
 }
 
+// EndpointIdempotencyRules defines model for EndpointIdempotencyRules.
+type EndpointIdempotencyRules struct {
+	// Endpoint The scope of a key, the method and route template, such as `POST /v1/orders`.
+	Endpoint string `json:"endpoint"`
+
+	// FingerprintExclude JSON Pointers to the request members the fingerprint ignores; a retry may change them and is still replayed.
+	FingerprintExclude []string `json:"fingerprint_exclude"`
+	Key                struct {
+		// Format What a key may be, in words.
+		Format string `json:"format"`
+
+		// Header `Idempotency-Key`.
+		Header string `json:"header"`
+
+		// MaxLength The longest key, in characters.
+		MaxLength int `json:"max_length"`
+	} `json:"key"`
+
+	// LeaseSeconds A multi-step key's lease (`PAYMENT_LEASE`), for endpoints that call the processor.
+	LeaseSeconds *float64 `json:"lease_seconds,omitempty"`
+
+	// LockWaitSeconds How long a duplicate waits on the first attempt's uncommitted claim before its `409` (`IDEMPOTENCY_LOCK_TIMEOUT`).
+	LockWaitSeconds float64 `json:"lock_wait_seconds"`
+
+	// PreferWaitMaxSeconds The longest wait `Prefer: wait=N` is given (`PREFER_WAIT_MAX`); 0 honours none.
+	PreferWaitMaxSeconds int64 `json:"prefer_wait_max_seconds"`
+
+	// Recorded The outcomes recorded and replayed (status, and problem code), as `x-idempotency` of the operation declares them.
+	Recorded []string `json:"recorded"`
+
+	// ResultRetentionSeconds How long a completed key's exact response is replayed (`IDEMPOTENCY_TTL`).
+	ResultRetentionSeconds int64 `json:"result_retention_seconds"`
+
+	// TombstoneRetentionSeconds How long after its creation the key is remembered (`IDEMPOTENCY_KEY_RETENTION`); past the result's retention, the same request gets `409 idempotency_result_expired`.
+	TombstoneRetentionSeconds int64 `json:"tombstone_retention_seconds"`
+}
+
 // FieldError defines model for FieldError.
 type FieldError struct {
 	// Field Name of the offending request member, for example `amount` or `metadata`.
@@ -311,6 +348,11 @@ type IdempotencyKeyStatus struct {
 
 // IdempotencyKeyStatusState defines model for IdempotencyKeyStatus.State.
 type IdempotencyKeyStatusState string
+
+// IdempotencyRules The rules of Idempotency-Key this server enforces, per keyed endpoint.
+type IdempotencyRules struct {
+	Endpoints []EndpointIdempotencyRules `json:"endpoints"`
+}
 
 // Metadata Free-form string labels. At most 50 keys; keys 1–40 characters; values at most 500 characters.
 type Metadata map[string]string
@@ -499,6 +541,11 @@ type Problem struct {
 	// Errors Present with `validation_failed`; one entry per invalid field.
 	Errors *[]FieldError `json:"errors,omitempty"`
 
+	// IdempotencyRules Present on every problem of an endpoint that takes an
+	// `Idempotency-Key`: `/v1/idempotency`, the document of the rules
+	// of keys this server enforces.
+	IdempotencyRules *string `json:"idempotency_rules,omitempty"`
+
 	// OrderId Present with `order_reference_exists`; the id of the existing order.
 	//
 	// Examples: 0b9f7c3e-5d1a-4f6b-9a2e-7c4d8e1f2a3b
@@ -521,7 +568,12 @@ type Problem struct {
 	// Title Short human-readable summary of the problem type.
 	Title string `json:"title"`
 
-	// Type Stable URI identifying the problem type, `https://payments.example.com/problems/` followed by `code` with `_` replaced by `-`.
+	// Type Stable URI reference identifying the problem type: the server's
+	// problem base (`PROBLEM_BASE_URL`; by default `/docs/problems#`,
+	// relative to the API, whose page of problem types has an anchor
+	// per code stating its rule) followed by `code` with `_` replaced
+	// by `-`. Follow it (resolved against the URL called) to read the
+	// rule the request broke.
 	Type string `json:"type"`
 }
 
@@ -589,6 +641,9 @@ type IfMatch = string
 //
 // Examples: 0b9f7c3e-5d1a-4f6b-9a2e-7c4d8e1f2a3b
 type PaymentId = Uuid
+
+// PreferWait defines model for PreferWait.
+type PreferWait = string
 
 // BodyTooLarge RFC 9457 problem details, served as `application/problem+json` with
 // `Cache-Control: no-store`. Branch on `code` (or equivalently `type`);
@@ -1622,6 +1677,12 @@ type Unauthorized = Problem
 // | `precondition_required` | 428 |
 type UnsupportedMediaType = Problem
 
+// GetIdempotencyRulesParams defines parameters for GetIdempotencyRules.
+type GetIdempotencyRulesParams struct {
+	// IfNoneMatch The `ETag` of the document as last read.
+	IfNoneMatch *string `json:"If-None-Match,omitempty"`
+}
+
 // GetIdempotencyKeyParams defines parameters for GetIdempotencyKey.
 type GetIdempotencyKeyParams struct {
 	// Endpoint The route template the key was used on.
@@ -1662,6 +1723,19 @@ type CreateOrderParams struct {
 	// Scope: (tenant, method + route template, key). Retention: 24 hours by
 	// default.
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
+
+	// Prefer `wait=N` (RFC 7240): when the key's first attempt is still in flight,
+	// wait up to N seconds for its answer and replay it
+	// (`201` with `Idempotent-Replayed: true` and
+	// `Preference-Applied: wait=N`), instead of answering
+	// `409 idempotency_key_in_use` at once. N is capped by the server's
+	// maximum (`prefer_wait_max_seconds` of `GET /v1/idempotency`,
+	// `PREFER_WAIT_MAX`); if N passes first, the answer is the `409` with
+	// `Retry-After`, as without the preference. Waiting requests are
+	// bounded per tenant and per server process: past the bound the `409`
+	// comes at once. Other preferences are ignored; without `wait`,
+	// nothing changes.
+	Prefer *PreferWait `json:"Prefer,omitempty"`
 }
 
 // UpdateOrderParams defines parameters for UpdateOrder.
@@ -1707,6 +1781,19 @@ type CreatePaymentParams struct {
 	// Scope: (tenant, method + route template, key). Retention: 24 hours by
 	// default.
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
+
+	// Prefer `wait=N` (RFC 7240): when the key's first attempt is still in flight,
+	// wait up to N seconds for its answer and replay it
+	// (`201` with `Idempotent-Replayed: true` and
+	// `Preference-Applied: wait=N`), instead of answering
+	// `409 idempotency_key_in_use` at once. N is capped by the server's
+	// maximum (`prefer_wait_max_seconds` of `GET /v1/idempotency`,
+	// `PREFER_WAIT_MAX`); if N passes first, the answer is the `409` with
+	// `Retry-After`, as without the preference. Waiting requests are
+	// bounded per tenant and per server process: past the bound the `409`
+	// comes at once. Other preferences are ignored; without `wait`,
+	// nothing changes.
+	Prefer *PreferWait `json:"Prefer,omitempty"`
 }
 
 // CreateRefundParams defines parameters for CreateRefund.
@@ -1731,6 +1818,19 @@ type CreateRefundParams struct {
 	// Scope: (tenant, method + route template, key). Retention: 24 hours by
 	// default.
 	IdempotencyKey IdempotencyKey `json:"Idempotency-Key"`
+
+	// Prefer `wait=N` (RFC 7240): when the key's first attempt is still in flight,
+	// wait up to N seconds for its answer and replay it
+	// (`201` with `Idempotent-Replayed: true` and
+	// `Preference-Applied: wait=N`), instead of answering
+	// `409 idempotency_key_in_use` at once. N is capped by the server's
+	// maximum (`prefer_wait_max_seconds` of `GET /v1/idempotency`,
+	// `PREFER_WAIT_MAX`); if N passes first, the answer is the `409` with
+	// `Retry-After`, as without the preference. Waiting requests are
+	// bounded per tenant and per server process: past the bound the `409`
+	// comes at once. Other preferences are ignored; without `wait`,
+	// nothing changes.
+	Prefer *PreferWait `json:"Prefer,omitempty"`
 }
 
 // PutCustomerJSONRequestBody defines body for PutCustomer for application/json ContentType.
@@ -1872,6 +1972,24 @@ type ClientInterface interface {
 	//
 	// Corresponds with PUT /v1/customers/{id} (the `PutCustomer` operationId).
 	PutCustomer(ctx context.Context, id string, body PutCustomerJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetIdempotencyRules The rules of Idempotency-Key, per endpoint
+	//
+	// States, for every endpoint that takes an `Idempotency-Key`, the
+	// rules this server enforces: the key's format and maximum length, how
+	// long a completed key's response is replayed and how long its
+	// tombstone is kept, how long a duplicate waits on an uncommitted
+	// first attempt before its `409` (`lock_wait_seconds`), the most a
+	// request may wait under `Prefer: wait` (`prefer_wait_max_seconds`),
+	// which outcomes are recorded, and which request members the
+	// fingerprint ignores (JSON Pointers, from `x-idempotency`'s
+	// `fingerprint-exclude`). The server builds it from the same table it
+	// enforces. It changes only with a deployment: it is cacheable
+	// (`Cache-Control: private, max-age=300`) and carries an `ETag`;
+	// `If-None-Match` with it answers `304` without a body.
+	//
+	// Corresponds with GET /v1/idempotency (the `GetIdempotencyRules` operationId).
+	GetIdempotencyRules(ctx context.Context, params *GetIdempotencyRulesParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetIdempotencyKey What became of an Idempotency-Key
 	//
@@ -2399,6 +2517,34 @@ func (c *Client) PutCustomerWithBody(ctx context.Context, id string, contentType
 // Corresponds with PUT /v1/customers/{id} (the `PutCustomer` operationId).
 func (c *Client) PutCustomer(ctx context.Context, id string, body PutCustomerJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewPutCustomerRequest(c.Server, id, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetIdempotencyRules The rules of Idempotency-Key, per endpoint
+//
+// States, for every endpoint that takes an `Idempotency-Key`, the
+// rules this server enforces: the key's format and maximum length, how
+// long a completed key's response is replayed and how long its
+// tombstone is kept, how long a duplicate waits on an uncommitted
+// first attempt before its `409` (`lock_wait_seconds`), the most a
+// request may wait under `Prefer: wait` (`prefer_wait_max_seconds`),
+// which outcomes are recorded, and which request members the
+// fingerprint ignores (JSON Pointers, from `x-idempotency`'s
+// `fingerprint-exclude`). The server builds it from the same table it
+// enforces. It changes only with a deployment: it is cacheable
+// (`Cache-Control: private, max-age=300`) and carries an `ETag`;
+// `If-None-Match` with it answers `304` without a body.
+//
+// Corresponds with GET /v1/idempotency (the `GetIdempotencyRules` operationId).
+func (c *Client) GetIdempotencyRules(ctx context.Context, params *GetIdempotencyRulesParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetIdempotencyRulesRequest(c.Server, params)
 	if err != nil {
 		return nil, err
 	}
@@ -3084,6 +3230,48 @@ func NewPutCustomerRequestWithBody(server string, id string, contentType string,
 	return req, nil
 }
 
+// NewGetIdempotencyRulesRequest constructs an http.Request for the GetIdempotencyRules method
+func NewGetIdempotencyRulesRequest(server string, params *GetIdempotencyRulesParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/idempotency")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+
+		if params.IfNoneMatch != nil {
+			var headerParam0 string
+
+			headerParam0, err = runtime.StyleParamWithOptions("simple", false, "If-None-Match", *params.IfNoneMatch, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("If-None-Match", headerParam0)
+		}
+
+	}
+
+	return req, nil
+}
+
 // NewGetIdempotencyKeyRequest constructs an http.Request for the GetIdempotencyKey method
 func NewGetIdempotencyKeyRequest(server string, key string, params *GetIdempotencyKeyParams) (*http.Request, error) {
 	var err error
@@ -3254,6 +3442,17 @@ func NewCreateOrderRequestWithBody(server string, params *CreateOrderParams, con
 		}
 
 		req.Header.Set("Idempotency-Key", headerParam0)
+
+		if params.Prefer != nil {
+			var headerParam1 string
+
+			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Prefer", *params.Prefer, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Prefer", headerParam1)
+		}
 
 	}
 
@@ -3480,6 +3679,17 @@ func NewCreatePaymentRequestWithBody(server string, params *CreatePaymentParams,
 
 		req.Header.Set("Idempotency-Key", headerParam0)
 
+		if params.Prefer != nil {
+			var headerParam1 string
+
+			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Prefer", *params.Prefer, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Prefer", headerParam1)
+		}
+
 	}
 
 	return req, nil
@@ -3573,6 +3783,17 @@ func NewCreateRefundRequestWithBody(server string, id PaymentId, params *CreateR
 		}
 
 		req.Header.Set("Idempotency-Key", headerParam0)
+
+		if params.Prefer != nil {
+			var headerParam1 string
+
+			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Prefer", *params.Prefer, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Prefer", headerParam1)
+		}
 
 	}
 
@@ -3716,6 +3937,26 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with PUT /v1/customers/{id} (the `PutCustomer` operationId).
 	PutCustomerWithResponse(ctx context.Context, id string, body PutCustomerJSONRequestBody, reqEditors ...RequestEditorFn) (*PutCustomerResponse, error)
+
+	// GetIdempotencyRulesWithResponse The rules of Idempotency-Key, per endpoint
+	//
+	// States, for every endpoint that takes an `Idempotency-Key`, the
+	// rules this server enforces: the key's format and maximum length, how
+	// long a completed key's response is replayed and how long its
+	// tombstone is kept, how long a duplicate waits on an uncommitted
+	// first attempt before its `409` (`lock_wait_seconds`), the most a
+	// request may wait under `Prefer: wait` (`prefer_wait_max_seconds`),
+	// which outcomes are recorded, and which request members the
+	// fingerprint ignores (JSON Pointers, from `x-idempotency`'s
+	// `fingerprint-exclude`). The server builds it from the same table it
+	// enforces. It changes only with a deployment: it is cacheable
+	// (`Cache-Control: private, max-age=300`) and carries an `ETag`;
+	// `If-None-Match` with it answers `304` without a body.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/idempotency (the `GetIdempotencyRules` operationId).
+	GetIdempotencyRulesWithResponse(ctx context.Context, params *GetIdempotencyRulesParams, reqEditors ...RequestEditorFn) (*GetIdempotencyRulesResponse, error)
 
 	// GetIdempotencyKeyWithResponse What became of an Idempotency-Key
 	//
@@ -4499,6 +4740,115 @@ func (r PutCustomerResponse) ContentType() string {
 	return ""
 }
 
+// GetIdempotencyRulesResponse200Headers the declared response headers of an HTTP 200 response for GetIdempotencyRules
+type GetIdempotencyRulesResponse200Headers struct {
+	CacheControl    string
+	ETag            string
+	RateLimit       *string
+	RateLimitPolicy *string
+	XRequestId      string
+}
+
+// GetIdempotencyRulesResponse304Headers the declared response headers of an HTTP 304 response for GetIdempotencyRules
+type GetIdempotencyRulesResponse304Headers struct {
+	ETag       string
+	XRequestId string
+}
+
+// GetIdempotencyRulesResponse401Headers the declared response headers of an HTTP 401 response for GetIdempotencyRules
+type GetIdempotencyRulesResponse401Headers struct {
+	CacheControl    string
+	WWWAuthenticate string
+	XRequestId      string
+}
+
+// GetIdempotencyRulesResponse429Headers the declared response headers of an HTTP 429 response for GetIdempotencyRules
+type GetIdempotencyRulesResponse429Headers struct {
+	CacheControl    string
+	RateLimit       *string
+	RateLimitPolicy *string
+	RetryAfter      int
+	XRequestId      string
+}
+
+// GetIdempotencyRulesResponse500Headers the declared response headers of an HTTP 500 response for GetIdempotencyRules
+type GetIdempotencyRulesResponse500Headers struct {
+	CacheControl string
+	XRequestId   string
+}
+
+type GetIdempotencyRulesResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *IdempotencyRules
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationproblemJSON500 *InternalError
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *GetIdempotencyRulesResponse200Headers
+	// Headers304 the parsed response headers for an HTTP 304 response
+	Headers304 *GetIdempotencyRulesResponse304Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetIdempotencyRulesResponse401Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetIdempotencyRulesResponse429Headers
+	// Headers500 the parsed response headers for an HTTP 500 response
+	Headers500 *GetIdempotencyRulesResponse500Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetIdempotencyRulesResponse) GetJSON200() *IdempotencyRules {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetIdempotencyRulesResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r GetIdempotencyRulesResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r GetIdempotencyRulesResponse) GetApplicationproblemJSON500() *InternalError {
+	return r.ApplicationproblemJSON500
+}
+
+// GetBody returns the raw response body bytes
+func (r GetIdempotencyRulesResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetIdempotencyRulesResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetIdempotencyRulesResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetIdempotencyRulesResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // GetIdempotencyKeyResponse200Headers the declared response headers of an HTTP 200 response for GetIdempotencyKey
 type GetIdempotencyKeyResponse200Headers struct {
 	CacheControl    string
@@ -4786,6 +5136,7 @@ type CreateOrderResponse201Headers struct {
 	IdempotencyExpires string
 	IdempotentReplayed *string
 	Location           string
+	PreferenceApplied  *string
 	RateLimit          *string
 	RateLimitPolicy    *string
 	XRequestId         string
@@ -4795,6 +5146,7 @@ type CreateOrderResponse201Headers struct {
 type CreateOrderResponse400Headers struct {
 	CacheControl       string
 	IdempotentReplayed *string
+	PreferenceApplied  *string
 	RateLimit          *string
 	RateLimitPolicy    *string
 	XRequestId         string
@@ -4811,6 +5163,7 @@ type CreateOrderResponse401Headers struct {
 type CreateOrderResponse409Headers struct {
 	CacheControl       string
 	IdempotentReplayed *string
+	PreferenceApplied  *string
 	RateLimit          *string
 	RateLimitPolicy    *string
 	RetryAfter         *int
@@ -5475,6 +5828,7 @@ type CreatePaymentResponse201Headers struct {
 	IdempotencyExpires string
 	IdempotentReplayed *string
 	Location           string
+	PreferenceApplied  *string
 	RateLimit          *string
 	RateLimitPolicy    *string
 	XRequestId         string
@@ -5484,6 +5838,7 @@ type CreatePaymentResponse201Headers struct {
 type CreatePaymentResponse400Headers struct {
 	CacheControl       string
 	IdempotentReplayed *string
+	PreferenceApplied  *string
 	RateLimit          *string
 	RateLimitPolicy    *string
 	XRequestId         string
@@ -5500,6 +5855,7 @@ type CreatePaymentResponse401Headers struct {
 type CreatePaymentResponse402Headers struct {
 	CacheControl       string
 	IdempotentReplayed *string
+	PreferenceApplied  *string
 	RateLimit          *string
 	RateLimitPolicy    *string
 	XRequestId         string
@@ -5509,6 +5865,7 @@ type CreatePaymentResponse402Headers struct {
 type CreatePaymentResponse409Headers struct {
 	CacheControl       string
 	IdempotentReplayed *string
+	PreferenceApplied  *string
 	RateLimit          *string
 	RateLimitPolicy    *string
 	RetryAfter         *int
@@ -5535,6 +5892,7 @@ type CreatePaymentResponse415Headers struct {
 type CreatePaymentResponse422Headers struct {
 	CacheControl       string
 	IdempotentReplayed *string
+	PreferenceApplied  *string
 	RateLimit          *string
 	RateLimitPolicy    *string
 	XRequestId         string
@@ -5832,6 +6190,7 @@ type CreateRefundResponse201Headers struct {
 	IdempotencyExpires string
 	IdempotentReplayed *string
 	Location           string
+	PreferenceApplied  *string
 	RateLimit          *string
 	RateLimitPolicy    *string
 	XRequestId         string
@@ -5841,6 +6200,7 @@ type CreateRefundResponse201Headers struct {
 type CreateRefundResponse400Headers struct {
 	CacheControl       string
 	IdempotentReplayed *string
+	PreferenceApplied  *string
 	RateLimit          *string
 	RateLimitPolicy    *string
 	XRequestId         string
@@ -5857,6 +6217,7 @@ type CreateRefundResponse401Headers struct {
 type CreateRefundResponse404Headers struct {
 	CacheControl       string
 	IdempotentReplayed *string
+	PreferenceApplied  *string
 	RateLimit          *string
 	RateLimitPolicy    *string
 	XRequestId         string
@@ -5866,6 +6227,7 @@ type CreateRefundResponse404Headers struct {
 type CreateRefundResponse409Headers struct {
 	CacheControl       string
 	IdempotentReplayed *string
+	PreferenceApplied  *string
 	RateLimit          *string
 	RateLimitPolicy    *string
 	RetryAfter         *int
@@ -5892,6 +6254,7 @@ type CreateRefundResponse415Headers struct {
 type CreateRefundResponse422Headers struct {
 	CacheControl       string
 	IdempotentReplayed *string
+	PreferenceApplied  *string
 	RateLimit          *string
 	RateLimitPolicy    *string
 	XRequestId         string
@@ -6253,6 +6616,32 @@ func (c *ClientWithResponses) PutCustomerWithResponse(ctx context.Context, id st
 		return nil, err
 	}
 	return ParsePutCustomerResponse(rsp)
+}
+
+// GetIdempotencyRulesWithResponse The rules of Idempotency-Key, per endpoint
+//
+// States, for every endpoint that takes an `Idempotency-Key`, the
+// rules this server enforces: the key's format and maximum length, how
+// long a completed key's response is replayed and how long its
+// tombstone is kept, how long a duplicate waits on an uncommitted
+// first attempt before its `409` (`lock_wait_seconds`), the most a
+// request may wait under `Prefer: wait` (`prefer_wait_max_seconds`),
+// which outcomes are recorded, and which request members the
+// fingerprint ignores (JSON Pointers, from `x-idempotency`'s
+// `fingerprint-exclude`). The server builds it from the same table it
+// enforces. It changes only with a deployment: it is cacheable
+// (`Cache-Control: private, max-age=300`) and carries an `ETag`;
+// `If-None-Match` with it answers `304` without a body.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/idempotency (the `GetIdempotencyRules` operationId).
+func (c *ClientWithResponses) GetIdempotencyRulesWithResponse(ctx context.Context, params *GetIdempotencyRulesParams, reqEditors ...RequestEditorFn) (*GetIdempotencyRulesResponse, error) {
+	rsp, err := c.GetIdempotencyRules(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetIdempotencyRulesResponse(rsp)
 }
 
 // GetIdempotencyKeyWithResponse What became of an Idempotency-Key
@@ -7363,6 +7752,193 @@ func ParsePutCustomerResponse(rsp *http.Response) (*PutCustomerResponse, error) 
 	return response, nil
 }
 
+// ParseGetIdempotencyRulesResponse parses an HTTP response from a GetIdempotencyRulesWithResponse call
+func ParseGetIdempotencyRulesResponse(rsp *http.Response) (*GetIdempotencyRulesResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetIdempotencyRulesResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest IdempotencyRules
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case rsp.StatusCode == 304:
+		break // No content-type
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest InternalError
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON500 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers GetIdempotencyRulesResponse200Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("ETag"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "ETag", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.ETag = value
+		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 304:
+		var headers GetIdempotencyRulesResponse304Headers
+		if values := rsp.Header.Values("ETag"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "ETag", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.ETag = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers304 = &headers
+	case rsp.StatusCode == 401:
+		var headers GetIdempotencyRulesResponse401Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetIdempotencyRulesResponse429Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimit = &value
+		}
+		if values := rsp.Header.Values("RateLimit-Policy"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit-Policy", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RateLimitPolicy = &value
+		}
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int64"}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 500:
+		var headers GetIdempotencyRulesResponse500Headers
+		if values := rsp.Header.Values("Cache-Control"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Cache-Control", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.CacheControl = value
+		}
+		if values := rsp.Header.Values("X-Request-Id"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "X-Request-Id", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.XRequestId = value
+		}
+		response.Headers500 = &headers
+	}
+
+	return response, nil
+}
+
 // ParseGetIdempotencyKeyResponse parses an HTTP response from a GetIdempotencyKeyWithResponse call
 func ParseGetIdempotencyKeyResponse(rsp *http.Response) (*GetIdempotencyKeyResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -7962,6 +8538,13 @@ func ParseCreateOrderResponse(rsp *http.Response) (*CreateOrderResponse, error) 
 			}
 			headers.Location = value
 		}
+		if values := rsp.Header.Values("Preference-Applied"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Preference-Applied", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.PreferenceApplied = &value
+		}
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -7999,6 +8582,13 @@ func ParseCreateOrderResponse(rsp *http.Response) (*CreateOrderResponse, error) 
 				return nil, err
 			}
 			headers.IdempotentReplayed = &value
+		}
+		if values := rsp.Header.Values("Preference-Applied"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Preference-Applied", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.PreferenceApplied = &value
 		}
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
 			var value string
@@ -8061,6 +8651,13 @@ func ParseCreateOrderResponse(rsp *http.Response) (*CreateOrderResponse, error) 
 				return nil, err
 			}
 			headers.IdempotentReplayed = &value
+		}
+		if values := rsp.Header.Values("Preference-Applied"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Preference-Applied", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.PreferenceApplied = &value
 		}
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
 			var value string
@@ -9255,6 +9852,13 @@ func ParseCreatePaymentResponse(rsp *http.Response) (*CreatePaymentResponse, err
 			}
 			headers.Location = value
 		}
+		if values := rsp.Header.Values("Preference-Applied"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Preference-Applied", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.PreferenceApplied = &value
+		}
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -9292,6 +9896,13 @@ func ParseCreatePaymentResponse(rsp *http.Response) (*CreatePaymentResponse, err
 				return nil, err
 			}
 			headers.IdempotentReplayed = &value
+		}
+		if values := rsp.Header.Values("Preference-Applied"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Preference-Applied", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.PreferenceApplied = &value
 		}
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
 			var value string
@@ -9355,6 +9966,13 @@ func ParseCreatePaymentResponse(rsp *http.Response) (*CreatePaymentResponse, err
 			}
 			headers.IdempotentReplayed = &value
 		}
+		if values := rsp.Header.Values("Preference-Applied"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Preference-Applied", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.PreferenceApplied = &value
+		}
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -9392,6 +10010,13 @@ func ParseCreatePaymentResponse(rsp *http.Response) (*CreatePaymentResponse, err
 				return nil, err
 			}
 			headers.IdempotentReplayed = &value
+		}
+		if values := rsp.Header.Values("Preference-Applied"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Preference-Applied", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.PreferenceApplied = &value
 		}
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
 			var value string
@@ -9499,6 +10124,13 @@ func ParseCreatePaymentResponse(rsp *http.Response) (*CreatePaymentResponse, err
 				return nil, err
 			}
 			headers.IdempotentReplayed = &value
+		}
+		if values := rsp.Header.Values("Preference-Applied"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Preference-Applied", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.PreferenceApplied = &value
 		}
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
 			var value string
@@ -9945,6 +10577,13 @@ func ParseCreateRefundResponse(rsp *http.Response) (*CreateRefundResponse, error
 			}
 			headers.Location = value
 		}
+		if values := rsp.Header.Values("Preference-Applied"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Preference-Applied", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.PreferenceApplied = &value
+		}
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -9982,6 +10621,13 @@ func ParseCreateRefundResponse(rsp *http.Response) (*CreateRefundResponse, error
 				return nil, err
 			}
 			headers.IdempotentReplayed = &value
+		}
+		if values := rsp.Header.Values("Preference-Applied"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Preference-Applied", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.PreferenceApplied = &value
 		}
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
 			var value string
@@ -10045,6 +10691,13 @@ func ParseCreateRefundResponse(rsp *http.Response) (*CreateRefundResponse, error
 			}
 			headers.IdempotentReplayed = &value
 		}
+		if values := rsp.Header.Values("Preference-Applied"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Preference-Applied", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.PreferenceApplied = &value
+		}
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "RateLimit", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -10082,6 +10735,13 @@ func ParseCreateRefundResponse(rsp *http.Response) (*CreateRefundResponse, error
 				return nil, err
 			}
 			headers.IdempotentReplayed = &value
+		}
+		if values := rsp.Header.Values("Preference-Applied"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Preference-Applied", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.PreferenceApplied = &value
 		}
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
 			var value string
@@ -10189,6 +10849,13 @@ func ParseCreateRefundResponse(rsp *http.Response) (*CreateRefundResponse, error
 				return nil, err
 			}
 			headers.IdempotentReplayed = &value
+		}
+		if values := rsp.Header.Values("Preference-Applied"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Preference-Applied", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.PreferenceApplied = &value
 		}
 		if values := rsp.Header.Values("RateLimit"); len(values) > 0 {
 			var value string

@@ -23,7 +23,7 @@ func setupHeld(t *testing.T, limits idem.WaitLimits) (*bundle, string) {
 	e := setup(t, withProcessor(), withProcessorTimeout(held+3*time.Second), withSettleWindow(held+4*time.Second), withPreferWait(limits))
 	order := e.newOrder(t, e.a, "held")
 	e.sim.SetLatency(held)
-	return e, idString(order.Id)
+	return e, idString(&order.Id)
 }
 
 // L7 within one process: the duplicate that asks to wait gets the first

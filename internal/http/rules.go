@@ -50,18 +50,19 @@ func readContract(spec []byte) (map[string]contractRules, error) {
 	if err != nil {
 		return nil, fmt.Errorf("openapi: %w", err)
 	}
+	// A path item holds operations by method, and parameters beside them.
 	var doc struct {
-		Paths map[string]map[string]struct {
-			Idempotency *contractRules `json:"x-idempotency"`
-		} `json:"paths"`
+		Paths map[string]map[string]json.RawMessage `json:"paths"`
 	}
 	if err := json.Unmarshal(raw, &doc); err != nil {
 		return nil, fmt.Errorf("openapi: %w", err)
 	}
 	out := map[string]contractRules{}
 	for _, e := range Endpoints {
-		op, ok := doc.Paths[e.Route][strings.ToLower(e.Method)]
-		if !ok || op.Idempotency == nil {
+		var op struct {
+			Idempotency *contractRules `json:"x-idempotency"`
+		}
+		if err := json.Unmarshal(doc.Paths[e.Route][strings.ToLower(e.Method)], &op); err != nil || op.Idempotency == nil {
 			return nil, fmt.Errorf("openapi: %s has no x-idempotency", e)
 		}
 		for _, p := range op.Idempotency.FingerprintExclude {
