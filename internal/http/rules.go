@@ -32,7 +32,7 @@ import (
 // card, its natural key). A retry that changed one of them is another
 // request, and replaying the first one's answer to it would tell the
 // client that something happened which did not. readContract refuses a
-// contract that excludes one of them, or a member that holds one.
+// contract that excludes one of them, a part of one, or the whole body.
 var neverExcluded = []string{"/amount", "/currency", "/order_id", "/payment_method", "/reference", "/customer_id"}
 
 // contractRules is what x-idempotency declares of one operation.
@@ -80,8 +80,10 @@ func excludable(p string) error {
 	if !strings.HasPrefix(p, "/") || p == "/" {
 		return fmt.Errorf("want a JSON Pointer to a member of the body, such as /metadata/request_id")
 	}
+	// Every member in neverExcluded is one of the body's own, so the one
+	// pointer that holds them, the whole body, is refused above.
 	for _, never := range neverExcluded {
-		if p == never || strings.HasPrefix(never, p+"/") || strings.HasPrefix(p, never+"/") {
+		if p == never || strings.HasPrefix(p, never+"/") {
 			return fmt.Errorf("%s is never excluded: a retry that changes it is another request", never)
 		}
 	}
