@@ -99,7 +99,9 @@ func operations(doc *openapi3.T) []operation {
 	return ops
 }
 
-func isSuccess(status string) bool { return strings.HasPrefix(status, "2") }
+// isSuccess: a 2xx, or the 304 of a conditional GET (no body: nothing
+// went wrong).
+func isSuccess(status string) bool { return strings.HasPrefix(status, "2") || status == "304" }
 
 func sortedKeys[V any](m map[string]V) []string {
 	keys := make([]string, 0, len(m))
