@@ -202,6 +202,7 @@ func TestContractResponsesMatchSpec(t *testing.T) {
 		get(t, "openapi", 200, "", "/openapi.yaml")
 		get(t, "docs", 200, "", "/docs")
 		get(t, "docs bundle", 200, "", "/docs/redoc.standalone.js")
+		get(t, "problem types", 200, "", "/docs/problems")
 	})
 
 	var id string
@@ -420,6 +421,11 @@ func TestContractResponsesMatchSpec(t *testing.T) {
 		get(t, "key status other tenant", 404, e.b.Key, keyStatus("k-create", endpointOrders))
 		get(t, "key status unauthorized", 401, "", keyStatus("k-create", endpointOrders))
 	})
+	step(t, "RulesOfKeys", func(t *testing.T) {
+		rules := get(t, "rules", 200, e.a.Key, "/v1/idempotency")
+		call(t, "rules not modified", 304, http.MethodGet, "/v1/idempotency", e.a.Key, "", withHeader("If-None-Match", rules.header.Get("ETag")))
+		get(t, "rules unauthorized", 401, "", "/v1/idempotency")
+	})
 
 	// A tenant past its rate limit: every /v1 operation answers 429.
 	limited := setup(t, withRateLimit(0.001, 1))
@@ -436,6 +442,7 @@ func TestContractResponsesMatchSpec(t *testing.T) {
 			{http.MethodGet, "/v1/payments", ""},
 			{http.MethodGet, "/v1/payments/" + someID + "/refunds/" + someID, ""},
 			{http.MethodGet, keyStatus("k-limited", endpointOrders), ""},
+			{http.MethodGet, "/v1/idempotency", ""},
 			{http.MethodPatch, "/v1/orders/" + someID, `{"description":"x"}`},
 			{http.MethodPut, "/v1/customers/" + someID, customerBody("Ada")},
 			{http.MethodGet, "/v1/customers/" + someID, ""},
