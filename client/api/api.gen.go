@@ -2054,7 +2054,8 @@ type ClientInterface interface {
 	// - Same key while the first request is still in progress (after
 	//   waiting up to the lock timeout, default 2 s):
 	//   `409 idempotency_key_in_use` with `Retry-After`; retry with the same
-	//   key.
+	//   key. With `Prefer: wait=N`, the request waits up to N seconds for
+	//   the first request's answer and replays it instead.
 	// - `reference` already used by another order of this tenant (under a
 	//   different key): `409 order_reference_exists` with `order_id`.
 	// - `reference` being written by another request of this tenant, under
@@ -2089,7 +2090,8 @@ type ClientInterface interface {
 	// - Same key while the first request is still in progress (after
 	//   waiting up to the lock timeout, default 2 s):
 	//   `409 idempotency_key_in_use` with `Retry-After`; retry with the same
-	//   key.
+	//   key. With `Prefer: wait=N`, the request waits up to N seconds for
+	//   the first request's answer and replays it instead.
 	// - `reference` already used by another order of this tenant (under a
 	//   different key): `409 order_reference_exists` with `order_id`.
 	// - `reference` being written by another request of this tenant, under
@@ -2638,7 +2640,8 @@ func (c *Client) ListOrders(ctx context.Context, params *ListOrdersParams, reqEd
 //   - Same key while the first request is still in progress (after
 //     waiting up to the lock timeout, default 2 s):
 //     `409 idempotency_key_in_use` with `Retry-After`; retry with the same
-//     key.
+//     key. With `Prefer: wait=N`, the request waits up to N seconds for
+//     the first request's answer and replays it instead.
 //   - `reference` already used by another order of this tenant (under a
 //     different key): `409 order_reference_exists` with `order_id`.
 //   - `reference` being written by another request of this tenant, under
@@ -2683,7 +2686,8 @@ func (c *Client) CreateOrderWithBody(ctx context.Context, params *CreateOrderPar
 //   - Same key while the first request is still in progress (after
 //     waiting up to the lock timeout, default 2 s):
 //     `409 idempotency_key_in_use` with `Retry-After`; retry with the same
-//     key.
+//     key. With `Prefer: wait=N`, the request waits up to N seconds for
+//     the first request's answer and replays it instead.
 //   - `reference` already used by another order of this tenant (under a
 //     different key): `409 order_reference_exists` with `order_id`.
 //   - `reference` being written by another request of this tenant, under
@@ -4025,7 +4029,8 @@ type ClientWithResponsesInterface interface {
 	// - Same key while the first request is still in progress (after
 	//   waiting up to the lock timeout, default 2 s):
 	//   `409 idempotency_key_in_use` with `Retry-After`; retry with the same
-	//   key.
+	//   key. With `Prefer: wait=N`, the request waits up to N seconds for
+	//   the first request's answer and replays it instead.
 	// - `reference` already used by another order of this tenant (under a
 	//   different key): `409 order_reference_exists` with `order_id`.
 	// - `reference` being written by another request of this tenant, under
@@ -4060,7 +4065,8 @@ type ClientWithResponsesInterface interface {
 	// - Same key while the first request is still in progress (after
 	//   waiting up to the lock timeout, default 2 s):
 	//   `409 idempotency_key_in_use` with `Retry-After`; retry with the same
-	//   key.
+	//   key. With `Prefer: wait=N`, the request waits up to N seconds for
+	//   the first request's answer and replays it instead.
 	// - `reference` already used by another order of this tenant (under a
 	//   different key): `409 order_reference_exists` with `order_id`.
 	// - `reference` being written by another request of this tenant, under
@@ -6723,7 +6729,8 @@ func (c *ClientWithResponses) ListOrdersWithResponse(ctx context.Context, params
 //   - Same key while the first request is still in progress (after
 //     waiting up to the lock timeout, default 2 s):
 //     `409 idempotency_key_in_use` with `Retry-After`; retry with the same
-//     key.
+//     key. With `Prefer: wait=N`, the request waits up to N seconds for
+//     the first request's answer and replays it instead.
 //   - `reference` already used by another order of this tenant (under a
 //     different key): `409 order_reference_exists` with `order_id`.
 //   - `reference` being written by another request of this tenant, under
@@ -6764,7 +6771,8 @@ func (c *ClientWithResponses) CreateOrderWithBodyWithResponse(ctx context.Contex
 //   - Same key while the first request is still in progress (after
 //     waiting up to the lock timeout, default 2 s):
 //     `409 idempotency_key_in_use` with `Retry-After`; retry with the same
-//     key.
+//     key. With `Prefer: wait=N`, the request waits up to N seconds for
+//     the first request's answer and replays it instead.
 //   - `reference` already used by another order of this tenant (under a
 //     different key): `409 order_reference_exists` with `order_id`.
 //   - `reference` being written by another request of this tenant, under
