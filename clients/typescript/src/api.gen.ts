@@ -87,6 +87,28 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/docs/problems": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The problem types, one anchor per code
+         * @description Every problem's `type` links here by default (`PROBLEM_BASE_URL`):
+         *     an anchor per code (the code with `-` for `_`) with the rule the
+         *     request broke.
+         */
+        get: operations["getProblemTypes"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/docs/redoc.standalone.js": {
         parameters: {
             query?: never;
@@ -139,7 +161,8 @@ export interface paths {
          *     - Same key while the first request is still in progress (after
          *       waiting up to the lock timeout, default 2 s):
          *       `409 idempotency_key_in_use` with `Retry-After`; retry with the same
-         *       key.
+         *       key. With `Prefer: wait=N`, the request waits up to N seconds for
+         *       the first request's answer and replays it instead.
          *     - `reference` already used by another order of this tenant (under a
          *       different key): `409 order_reference_exists` with `order_id`.
          *     - `reference` being written by another request of this tenant, under
@@ -294,6 +317,37 @@ export interface paths {
          *     others replay its answer). The Go client's `Resolve` does this.
          */
         get: operations["getIdempotencyKey"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/idempotency": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * The rules of Idempotency-Key, per endpoint
+         * @description States, for every endpoint that takes an `Idempotency-Key`, the
+         *     rules this server enforces: the key's format and maximum length, how
+         *     long a completed key's response is replayed and how long its
+         *     tombstone is kept, how long a duplicate waits on an uncommitted
+         *     first attempt before its `409` (`lock_wait_seconds`), the most a
+         *     request may wait under `Prefer: wait` (`prefer_wait_max_seconds`),
+         *     which outcomes are recorded, and which request members the
+         *     fingerprint ignores (JSON Pointers, from `x-idempotency`'s
+         *     `fingerprint-exclude`). The server builds it from the same table it
+         *     enforces. It changes only with a deployment: it is cacheable
+         *     (`Cache-Control: private, max-age=300`) and carries an `ETag`;
+         *     `If-None-Match` with it answers `304` without a body.
+         */
+        get: operations["getIdempotencyRules"];
         put?: never;
         post?: never;
         delete?: never;
@@ -851,6 +905,54 @@ export interface components {
             /** @description Human-readable description of what is wrong with it. */
             message: string;
         };
+        /** @description The rules of Idempotency-Key this server enforces, per keyed endpoint. */
+        IdempotencyRules: {
+            endpoints: components["schemas"]["EndpointIdempotencyRules"][];
+        };
+        EndpointIdempotencyRules: {
+            /** @description The scope of a key, the method and route template, such as `POST /v1/orders`. */
+            endpoint: string;
+            key: {
+                /** @description `Idempotency-Key`. */
+                header: string;
+                /** @description What a key may be, in words. */
+                format: string;
+                /**
+                 * Format: int32
+                 * @description The longest key, in characters.
+                 */
+                max_length: number;
+            };
+            /**
+             * Format: int64
+             * @description How long a completed key's exact response is replayed (`IDEMPOTENCY_TTL`).
+             */
+            result_retention_seconds: number;
+            /**
+             * Format: int64
+             * @description How long after its creation the key is remembered (`IDEMPOTENCY_KEY_RETENTION`); past the result's retention, the same request gets `409 idempotency_result_expired`.
+             */
+            tombstone_retention_seconds: number;
+            /**
+             * Format: double
+             * @description How long a duplicate waits on the first attempt's uncommitted claim before its `409` (`IDEMPOTENCY_LOCK_TIMEOUT`).
+             */
+            lock_wait_seconds: number;
+            /**
+             * Format: int64
+             * @description The longest wait `Prefer: wait=N` is given (`PREFER_WAIT_MAX`); 0 honours none.
+             */
+            prefer_wait_max_seconds: number;
+            /**
+             * Format: double
+             * @description A multi-step key's lease (`PAYMENT_LEASE`), for endpoints that call the processor.
+             */
+            lease_seconds?: number;
+            /** @description The outcomes recorded and replayed (status, and problem code), as `x-idempotency` of the operation declares them. */
+            recorded: string[];
+            /** @description JSON Pointers to the request members the fingerprint ignores; a retry may change them and is still replayed. */
+            fingerprint_exclude: string[];
+        };
         /**
          * @description RFC 9457 problem details, served as `application/problem+json` with
          *     `Cache-Control: no-store`. Branch on `code` (or equivalently `type`);
@@ -896,8 +998,13 @@ export interface components {
          */
         Problem: {
             /**
-             * Format: uri
-             * @description Stable URI identifying the problem type, `https://payments.example.com/problems/` followed by `code` with `_` replaced by `-`.
+             * Format: uri-reference
+             * @description Stable URI reference identifying the problem type: the server's
+             *     problem base (`PROBLEM_BASE_URL`; by default `/docs/problems#`,
+             *     relative to the API, whose page of problem types has an anchor
+             *     per code stating its rule) followed by `code` with `_` replaced
+             *     by `-`. Follow it (resolved against the URL called) to read the
+             *     rule the request broke.
              */
             type: string;
             /** @description Short human-readable summary of the problem type. */
@@ -933,6 +1040,13 @@ export interface components {
              * @description Present with `idempotency_result_expired`; the status the expired request was answered with.
              */
             original_status?: number;
+            /**
+             * Format: uri-reference
+             * @description Present on every problem of an endpoint that takes an
+             *     `Idempotency-Key`: `/v1/idempotency`, the document of the rules
+             *     of keys this server enforces.
+             */
+            idempotency_rules?: string;
             /**
              * Format: int64
              * @description Present with `not_found` from `GET /v1/idempotency-keys/{key}`:
@@ -996,6 +1110,7 @@ export interface components {
             headers: {
                 "Cache-Control": components["headers"]["CacheControlNoStore"];
                 "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                "Preference-Applied": components["headers"]["PreferenceApplied"];
                 "RateLimit-Policy": components["headers"]["RateLimitPolicy"];
                 RateLimit: components["headers"]["RateLimit"];
                 "X-Request-Id": components["headers"]["XRequestId"];
@@ -1150,6 +1265,7 @@ export interface components {
                  */
                 "Retry-After"?: number;
                 "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                "Preference-Applied": components["headers"]["PreferenceApplied"];
                 "RateLimit-Policy": components["headers"]["RateLimitPolicy"];
                 RateLimit: components["headers"]["RateLimit"];
                 "X-Request-Id": components["headers"]["XRequestId"];
@@ -1282,6 +1398,7 @@ export interface components {
             headers: {
                 "Cache-Control": components["headers"]["CacheControlNoStore"];
                 "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                "Preference-Applied": components["headers"]["PreferenceApplied"];
                 "RateLimit-Policy": components["headers"]["RateLimitPolicy"];
                 RateLimit: components["headers"]["RateLimit"];
                 "X-Request-Id": components["headers"]["XRequestId"];
@@ -1302,6 +1419,7 @@ export interface components {
             headers: {
                 "Cache-Control": components["headers"]["CacheControlNoStore"];
                 "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                "Preference-Applied": components["headers"]["PreferenceApplied"];
                 "RateLimit-Policy": components["headers"]["RateLimitPolicy"];
                 RateLimit: components["headers"]["RateLimit"];
                 "X-Request-Id": components["headers"]["XRequestId"];
@@ -1324,6 +1442,7 @@ export interface components {
             headers: {
                 "Cache-Control": components["headers"]["CacheControlNoStore"];
                 "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                "Preference-Applied": components["headers"]["PreferenceApplied"];
                 "RateLimit-Policy": components["headers"]["RateLimitPolicy"];
                 RateLimit: components["headers"]["RateLimit"];
                 "X-Request-Id": components["headers"]["XRequestId"];
@@ -1359,6 +1478,7 @@ export interface components {
                  */
                 "Retry-After"?: number;
                 "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                "Preference-Applied": components["headers"]["PreferenceApplied"];
                 "RateLimit-Policy": components["headers"]["RateLimitPolicy"];
                 RateLimit: components["headers"]["RateLimit"];
                 "X-Request-Id": components["headers"]["XRequestId"];
@@ -1392,6 +1512,7 @@ export interface components {
                  */
                 "Retry-After"?: number;
                 "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                "Preference-Applied": components["headers"]["PreferenceApplied"];
                 "RateLimit-Policy": components["headers"]["RateLimitPolicy"];
                 RateLimit: components["headers"]["RateLimit"];
                 "X-Request-Id": components["headers"]["XRequestId"];
@@ -1424,6 +1545,7 @@ export interface components {
             headers: {
                 "Cache-Control": components["headers"]["CacheControlNoStore"];
                 "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                "Preference-Applied": components["headers"]["PreferenceApplied"];
                 "RateLimit-Policy": components["headers"]["RateLimitPolicy"];
                 RateLimit: components["headers"]["RateLimit"];
                 "X-Request-Id": components["headers"]["XRequestId"];
@@ -1451,6 +1573,7 @@ export interface components {
             headers: {
                 "Cache-Control": components["headers"]["CacheControlNoStore"];
                 "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                "Preference-Applied": components["headers"]["PreferenceApplied"];
                 "RateLimit-Policy": components["headers"]["RateLimitPolicy"];
                 RateLimit: components["headers"]["RateLimit"];
                 "X-Request-Id": components["headers"]["XRequestId"];
@@ -1471,6 +1594,7 @@ export interface components {
             headers: {
                 "Cache-Control": components["headers"]["CacheControlNoStore"];
                 "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                "Preference-Applied": components["headers"]["PreferenceApplied"];
                 "RateLimit-Policy": components["headers"]["RateLimitPolicy"];
                 RateLimit: components["headers"]["RateLimit"];
                 "X-Request-Id": components["headers"]["XRequestId"];
@@ -1549,6 +1673,21 @@ export interface components {
          *     default.
          */
         IdempotencyKey: string;
+        /**
+         * @description `wait=N` (RFC 7240): when the key's first attempt is still in flight,
+         *     wait up to N seconds for its answer and replay it
+         *     (`201` with `Idempotent-Replayed: true` and
+         *     `Preference-Applied: wait=N`), instead of answering
+         *     `409 idempotency_key_in_use` at once. N is capped by the server's
+         *     maximum (`prefer_wait_max_seconds` of `GET /v1/idempotency`,
+         *     `PREFER_WAIT_MAX`); if N passes first, the answer is the `409` with
+         *     `Retry-After`, as without the preference. Waiting requests are
+         *     bounded per tenant and per server process: past the bound the `409`
+         *     comes at once. Other preferences are ignored; without `wait`,
+         *     nothing changes.
+         * @example wait=10
+         */
+        PreferWait: string;
         /** @description The payment id. A value that is not an id as the API writes it (`Uuid`) is `404 not_found`, not `400`. */
         PaymentId: components["schemas"]["Uuid"];
     };
@@ -1595,6 +1734,19 @@ export interface components {
          * @example true
          */
         IdempotentReplayed: "true";
+        /**
+         * @description Present, as `wait=N`, when the request sent `Prefer: wait=...` and
+         *     found its key's first attempt in flight: it waited up to N seconds
+         *     (the wait asked for, capped by the server's maximum,
+         *     `prefer_wait_max_seconds` of `GET /v1/idempotency`) for that
+         *     attempt's answer. On a replay (`Idempotent-Replayed: true`) the
+         *     answer came in time; on `409 idempotency_key_in_use` it did not.
+         *     Absent when no wait was asked for, none was needed, or the server
+         *     refused it (as many requests wait already as it allows: the `409`
+         *     of a request that did not ask).
+         * @example wait=10
+         */
+        PreferenceApplied: string;
         /**
          * @description Number of seconds to wait before retrying (RFC 9110 delay-seconds).
          *     Retry with the same `Idempotency-Key`. With
@@ -1735,6 +1887,27 @@ export interface operations {
             };
         };
     };
+    getProblemTypes: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The page. */
+            200: {
+                headers: {
+                    "X-Request-Id": components["headers"]["XRequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/html": string;
+                };
+            };
+        };
+    };
     getDocsBundle: {
         parameters: {
             query?: never;
@@ -1837,6 +2010,21 @@ export interface operations {
                  *     default.
                  */
                 "Idempotency-Key": components["parameters"]["IdempotencyKey"];
+                /**
+                 * @description `wait=N` (RFC 7240): when the key's first attempt is still in flight,
+                 *     wait up to N seconds for its answer and replay it
+                 *     (`201` with `Idempotent-Replayed: true` and
+                 *     `Preference-Applied: wait=N`), instead of answering
+                 *     `409 idempotency_key_in_use` at once. N is capped by the server's
+                 *     maximum (`prefer_wait_max_seconds` of `GET /v1/idempotency`,
+                 *     `PREFER_WAIT_MAX`); if N passes first, the answer is the `409` with
+                 *     `Retry-After`, as without the preference. Waiting requests are
+                 *     bounded per tenant and per server process: past the bound the `409`
+                 *     comes at once. Other preferences are ignored; without `wait`,
+                 *     nothing changes.
+                 * @example wait=10
+                 */
+                Prefer?: components["parameters"]["PreferWait"];
             };
             path?: never;
             cookie?: never;
@@ -1867,6 +2055,7 @@ export interface operations {
                     "Idempotency-Expires": components["headers"]["IdempotencyExpires"];
                     Location: components["headers"]["Location"];
                     "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                    "Preference-Applied": components["headers"]["PreferenceApplied"];
                     "RateLimit-Policy": components["headers"]["RateLimitPolicy"];
                     RateLimit: components["headers"]["RateLimit"];
                     "X-Request-Id": components["headers"]["XRequestId"];
@@ -2179,6 +2368,49 @@ export interface operations {
             503: components["responses"]["ServiceUnavailable"];
         };
     };
+    getIdempotencyRules: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description The `ETag` of the document as last read. */
+                "If-None-Match"?: string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The rules. */
+            200: {
+                headers: {
+                    /** @description `private, max-age=300`: the rules change only with a deployment. */
+                    "Cache-Control": string;
+                    /** @description Strong tag of this document. */
+                    ETag: string;
+                    "RateLimit-Policy": components["headers"]["RateLimitPolicy"];
+                    RateLimit: components["headers"]["RateLimit"];
+                    "X-Request-Id": components["headers"]["XRequestId"];
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["IdempotencyRules"];
+                };
+            };
+            /** @description The document is unchanged since the `ETag` sent in `If-None-Match`. */
+            304: {
+                headers: {
+                    /** @description Strong tag of this document. */
+                    ETag: string;
+                    "X-Request-Id": components["headers"]["XRequestId"];
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            401: components["responses"]["Unauthorized"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["InternalError"];
+        };
+    };
     listPayments: {
         parameters: {
             query?: {
@@ -2260,6 +2492,21 @@ export interface operations {
                  *     default.
                  */
                 "Idempotency-Key": components["parameters"]["IdempotencyKey"];
+                /**
+                 * @description `wait=N` (RFC 7240): when the key's first attempt is still in flight,
+                 *     wait up to N seconds for its answer and replay it
+                 *     (`201` with `Idempotent-Replayed: true` and
+                 *     `Preference-Applied: wait=N`), instead of answering
+                 *     `409 idempotency_key_in_use` at once. N is capped by the server's
+                 *     maximum (`prefer_wait_max_seconds` of `GET /v1/idempotency`,
+                 *     `PREFER_WAIT_MAX`); if N passes first, the answer is the `409` with
+                 *     `Retry-After`, as without the preference. Waiting requests are
+                 *     bounded per tenant and per server process: past the bound the `409`
+                 *     comes at once. Other preferences are ignored; without `wait`,
+                 *     nothing changes.
+                 * @example wait=10
+                 */
+                Prefer?: components["parameters"]["PreferWait"];
             };
             path?: never;
             cookie?: never;
@@ -2289,6 +2536,7 @@ export interface operations {
                     "Idempotency-Expires": components["headers"]["IdempotencyExpires"];
                     Location: components["headers"]["PaymentLocation"];
                     "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                    "Preference-Applied": components["headers"]["PreferenceApplied"];
                     "RateLimit-Policy": components["headers"]["RateLimitPolicy"];
                     RateLimit: components["headers"]["RateLimit"];
                     "X-Request-Id": components["headers"]["XRequestId"];
@@ -2397,6 +2645,21 @@ export interface operations {
                  *     default.
                  */
                 "Idempotency-Key": components["parameters"]["IdempotencyKey"];
+                /**
+                 * @description `wait=N` (RFC 7240): when the key's first attempt is still in flight,
+                 *     wait up to N seconds for its answer and replay it
+                 *     (`201` with `Idempotent-Replayed: true` and
+                 *     `Preference-Applied: wait=N`), instead of answering
+                 *     `409 idempotency_key_in_use` at once. N is capped by the server's
+                 *     maximum (`prefer_wait_max_seconds` of `GET /v1/idempotency`,
+                 *     `PREFER_WAIT_MAX`); if N passes first, the answer is the `409` with
+                 *     `Retry-After`, as without the preference. Waiting requests are
+                 *     bounded per tenant and per server process: past the bound the `409`
+                 *     comes at once. Other preferences are ignored; without `wait`,
+                 *     nothing changes.
+                 * @example wait=10
+                 */
+                Prefer?: components["parameters"]["PreferWait"];
             };
             path: {
                 /** @description The payment id. A value that is not an id as the API writes it (`Uuid`) is `404 not_found`, not `400`. */
@@ -2431,6 +2694,7 @@ export interface operations {
                     Location: components["headers"]["RefundLocation"];
                     "Idempotency-Expires": components["headers"]["IdempotencyExpires"];
                     "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                    "Preference-Applied": components["headers"]["PreferenceApplied"];
                     "RateLimit-Policy": components["headers"]["RateLimitPolicy"];
                     RateLimit: components["headers"]["RateLimit"];
                     "X-Request-Id": components["headers"]["XRequestId"];
