@@ -295,6 +295,7 @@ func TestPrismProxyFindsNoViolations(t *testing.T) {
 			exchange{name: "openapi.yaml", method: "GET", path: "/openapi.yaml", want: 200},
 			exchange{name: "docs", method: "GET", path: "/docs", want: 200},
 			exchange{name: "docs bundle", method: "GET", path: "/docs/redoc.standalone.js", want: 200},
+			exchange{name: "problem types", method: "GET", path: "/docs/problems", want: 200},
 		)
 	})
 
@@ -498,6 +499,15 @@ func TestPrismProxyFindsNoViolations(t *testing.T) {
 		)
 	})
 
+	// The rules of keys, and their revalidation.
+	step(t, "IdempotencyRules", func(t *testing.T) {
+		etag := do(t, exchange{name: "rules", method: "GET", path: "/v1/idempotency", apiKey: a, want: 200}).header.Get("ETag")
+		run(t,
+			exchange{name: "rules unchanged", method: "GET", path: "/v1/idempotency", apiKey: a, header: map[string]string{"If-None-Match": etag}, want: 304},
+			exchange{name: "rules unauthorized", method: "GET", path: "/v1/idempotency", want: 401, invalid: true},
+		)
+	})
+
 	// Processor webhooks, signed instead of authenticated.
 	sign := func(body string, at time.Time) map[string]string {
 		return map[string]string{webhook.Header: webhook.Sign([]byte(body), at, webhookSecret)}
@@ -533,6 +543,7 @@ func TestPrismProxyFindsNoViolations(t *testing.T) {
 			exchange{name: "list orders rate_limited", method: "GET", path: "/v1/orders", apiKey: b, want: 429},
 			exchange{name: "create order rate_limited", method: "POST", path: "/v1/orders", apiKey: b, body: orderBody("prism-limited"), header: key("o-limited"), want: 429},
 			exchange{name: "get payment rate_limited", method: "GET", path: pay + "/" + paymentID, apiKey: b, want: 429},
+			exchange{name: "rules rate_limited", method: "GET", path: "/v1/idempotency", apiKey: b, want: 429},
 		)
 	})
 	// The database goes away: 503 with Retry-After.
