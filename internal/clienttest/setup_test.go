@@ -79,6 +79,10 @@ func setup(t *testing.T, with ...timeouts) *bundle {
 		Logger:         slog.New(slog.DiscardHandler),
 		RequestTimeout: to.request,
 		OpenAPI:        apispec.OpenAPI,
+		// Prefer: wait as the service's defaults have it, and always shorter
+		// than the request's deadline, as the configuration requires.
+		PreferWait: idem.WaitLimits{Max: min(httpapi.DefaultPreferWaitMax, to.request/2),
+			PerTenant: httpapi.DefaultPreferWaitPerTenant, PerProcess: httpapi.DefaultPreferWaitPerProcess},
 	}))
 	t.Cleanup(srv.Close)
 	return &bundle{pool: pool, url: srv.URL, tenantID: id, apiKey: key, faults: &faultTransport{next: srv.Client().Transport}, sim: proc}

@@ -24,6 +24,18 @@ export interface ClientOptions {
   attemptTimeoutMs?: number;
   /** Sends the requests (default: the platform's fetch). */
   fetch?: (input: string, init: RequestInit) => Promise<Response>;
+  /**
+   * Asks the server, on every create (order, payment, refund), to wait up
+   * to this long for the first attempt of its key when that attempt is
+   * still in flight, and to answer with its result (Prefer: wait=N, RFC
+   * 7240; the server caps N at its maximum, which GET /v1/idempotency
+   * states). Without it such a duplicate is answered 409
+   * idempotency_key_in_use at once and retried after Retry-After; with it,
+   * one attempt usually gets the replay. Sent in whole seconds, rounded
+   * down; under a second sends nothing. Keep attemptTimeoutMs above it.
+   * The Go client's WithPreferWait.
+   */
+  preferWaitMs?: number;
 }
 
 /** What every call takes. */
@@ -82,6 +94,8 @@ export class Client {
   readonly #auth: string;
   readonly #retrier: Retrier;
   readonly #fetch: (input: string, init: RequestInit) => Promise<Response>;
+  /** The Prefer header of creates; empty: none. */
+  readonly #prefer: Record<string, string>;
 
   /** A client for the API at baseUrl (such as "http://localhost:8080") that authenticates with apiKey. */
   constructor(baseUrl: string, apiKey: string, options: ClientOptions = {}) {
@@ -94,6 +108,8 @@ export class Client {
     };
     // Called unbound: a browser's fetch refuses any `this` but the window.
     this.#fetch = options.fetch ?? ((input, init) => globalThis.fetch(input, init));
+    const wait = Math.floor((options.preferWaitMs ?? 0) / 1000);
+    this.#prefer = wait > 0 ? { Prefer: `wait=${wait}` } : {};
   }
 
   /** The client's retry budget. */
@@ -243,7 +259,7 @@ export class Client {
     // a key per attempt would make each retry a new request, and a retry
     // after a lost answer would run the operation twice.
     const key = options.key !== undefined && options.key !== "" ? options.key : newKey();
-    return this.#do(endpoint, key, "POST", path, body, {}, options);
+    return this.#do(endpoint, key, "POST", path, body, this.#prefer, options);
   }
 
   /**

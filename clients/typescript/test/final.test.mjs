@@ -17,7 +17,7 @@ test("a 422 idempotency_key_reused is final: one attempt, nothing written", asyn
   assert.equal(err.status, 422);
   assert.equal(err.code, "idempotency_key_reused");
   assert.ok(hasCode(err, "idempotency_key_reused"));
-  assert.equal(err.problem.type, "https://payments.example.com/problems/idempotency-key-reused");
+  assert.equal(err.problem.type, "/docs/problems#idempotency-key-reused");
   assert.equal(err.attempts, 1);
   assert.equal(err.key, key);
   assert.equal(err.replayed, false);

@@ -78,3 +78,28 @@ test("a 409 in progress is retried after Retry-After to the replay: one charge",
   const charges = st.sim_calls.filter((c) => c.path === "/v1/charges" && c.executed);
   assert.equal(charges.length, 1, `the processor executed ${charges.length} charges`);
 });
+
+test("with preferWaitMs a duplicate waits for the first attempt: one attempt, one charge", async () => {
+  const s = await stack();
+  const c = s.client();
+  const o = await c.createOrder(order("inv-ts-wait"));
+  await s.latency(800);
+  const key = newKey();
+  const pay = { order_id: o.value.id, amount: 2500, currency: "EUR", payment_method: "pm_card_visa" };
+  const first = c.createPayment(pay, { key });
+  await until(async () => (await s.state()).keys.some((k) => k.key === key));
+
+  const second = await s.client({}, { preferWaitMs: 5000 }).createPayment(pay, { key });
+  const firstRes = await first;
+  assert.equal(second.status, 201);
+  assert.equal(second.replayed, true);
+  assert.equal(second.attempts, 1, "the server waited for the first attempt instead of answering 409");
+  assert.equal(second.headers.get("Preference-Applied"), "wait=5");
+  assert.equal(second.value.id, firstRes.value.id);
+
+  const st = await s.state();
+  assert.equal(st.attempts.filter((a) => a.path === "/v1/payments").length, 2);
+  assert.deepEqual(st.payments.map((p) => [p.id, p.status]), [[firstRes.value.id, "succeeded"]]);
+  const charges = st.sim_calls.filter((c) => c.path === "/v1/charges" && c.executed);
+  assert.equal(charges.length, 1, `the processor executed ${charges.length} charges`);
+});
