@@ -198,6 +198,11 @@ func postOrder(base, apiKey, idemKey, body string) (response, error) {
 }
 
 func post(base, apiKey, path, idemKey, body string) (response, error) {
+	return postWith(base, apiKey, path, idemKey, body, "", "")
+}
+
+// postWith is post with one more request header, if header is not "".
+func postWith(base, apiKey, path, idemKey, body, header, value string) (response, error) {
 	req, err := http.NewRequest(http.MethodPost, base+path, strings.NewReader(body))
 	if err != nil {
 		return response{}, err
@@ -205,6 +210,9 @@ func post(base, apiKey, path, idemKey, body string) (response, error) {
 	req.Header.Set("Authorization", "Bearer "+apiKey)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", idemKey)
+	if header != "" {
+		req.Header.Set(header, value)
+	}
 	return do(req)
 }
 

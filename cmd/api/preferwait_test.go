@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"net/http"
-	"strings"
 	"testing"
 	"time"
 )
@@ -67,17 +66,4 @@ func TestPreferWaitReplaysTheFirstAttemptFromAnotherProcess(t *testing.T) {
 		t.Errorf("the duplicate took %s: it should be answered about a second after the charge", took)
 	}
 	e.assertPaidOnce(t)
-}
-
-// postWith is post with one more request header.
-func postWith(base, apiKey, path, idemKey, body, header, value string) (response, error) {
-	req, err := http.NewRequest(http.MethodPost, base+path, strings.NewReader(body))
-	if err != nil {
-		return response{}, err
-	}
-	req.Header.Set("Authorization", "Bearer "+apiKey)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", idemKey)
-	req.Header.Set(header, value)
-	return do(req)
 }

@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemref/payments/internal/tooling/testkit"
 )
 
 // The TypeScript client (G10) is tested here, against the same real server
@@ -38,25 +40,6 @@ import (
 
 // tsDir is the package, from this package's directory.
 var tsDir = filepath.Join("..", "..", "clients", "typescript")
-
-// nodeTool finds a tool installed from .tools/package.json (npm ci in
-// .tools/, which .ci/run does). On CI its absence fails the test;
-// elsewhere it skips.
-func nodeTool(t *testing.T, name string) string {
-	t.Helper()
-	p, err := filepath.Abs(filepath.Join("..", "..", ".tools", "node_modules", ".bin", name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(p); err == nil {
-		return p
-	}
-	if os.Getenv("CI") != "" {
-		t.Fatalf("%s is not installed (.ci/run installs it: npm ci --prefix .tools)", name)
-	}
-	t.Skipf("%s is not installed: npm ci --prefix .tools", name)
-	return ""
-}
 
 // lookPath finds a program on PATH; on CI its absence fails the test.
 func lookPath(t *testing.T, name string) string {
@@ -77,7 +60,7 @@ func lookPath(t *testing.T, name string) string {
 // runs its node --test suites against real servers.
 func TestTypeScriptClient(t *testing.T) {
 	t.Parallel()
-	tsc := nodeTool(t, "tsc")
+	tsc := testkit.NodeTool(t, filepath.Join("..", ".."), "tsc")
 	node := lookPath(t, "node")
 	pkg := buildTypeScript(t, tsc)
 

@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/idemref/payments/internal/tooling/testkit"
 )
 
 // spectralResult is one finding of `spectral lint -f json`.
@@ -24,32 +26,13 @@ type spectralResult struct {
 	} `json:"range"`
 }
 
-// nodeTool finds a tool installed from .tools/package.json (npm ci in
-// .tools/, which .ci/run does). On CI its absence fails the test;
-// elsewhere it skips.
-func nodeTool(t *testing.T, name string) string {
-	t.Helper()
-	p, err := filepath.Abs(filepath.Join(".tools", "node_modules", ".bin", name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(p); err == nil {
-		return p
-	}
-	if os.Getenv("CI") != "" {
-		t.Fatalf("%s is not installed (.ci/run installs it: npm ci --prefix .tools)", name)
-	}
-	t.Skipf("%s is not installed: npm ci --prefix .tools", name)
-	return ""
-}
-
 // openapi.yaml passes Spectral's OpenAPI ruleset and the OWASP API
 // Security ruleset with no error. The findings the contract keeps on
 // purpose are switched off, place by place, in .spectral.yaml, and
 // justified in docs/contract.md; warnings are logged, not failed.
 func TestSpectralFindsNoErrors(t *testing.T) {
 	t.Parallel()
-	spectral := nodeTool(t, "spectral")
+	spectral := testkit.NodeTool(t, ".", "spectral")
 	nodeModules, err := filepath.Abs(filepath.Join(".tools", "node_modules"))
 	if err != nil {
 		t.Fatal(err)
