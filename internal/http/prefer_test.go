@@ -99,7 +99,7 @@ func TestPreferWaitRefusesPastTheBound(t *testing.T) {
 
 			waiting := make(chan response, 1)
 			go func() { waiting <- e.pay(t, e.a.Key, "pay-bound", body, withHeader("Prefer", "wait=5")) }()
-			testkit.WaitFor(t, 5*time.Second, func() bool { return gauge(t, "idempotency_waiters") == 1 })
+			testkit.WaitFor(t, 5*time.Second, func() bool { return testkit.Gauge(t, "idempotency_waiters") == 1 })
 			refusedBefore := counter(t, "idempotency_waits_total", "refused")
 
 			start := time.Now()
@@ -124,25 +124,9 @@ func TestPreferWaitRefusesPastTheBound(t *testing.T) {
 			if n := e.count(t, `SELECT count(*) FROM payments`); n != 1 {
 				t.Errorf("payment rows = %d, want 1", n)
 			}
-			testkit.WaitFor(t, 5*time.Second, func() bool { return gauge(t, "idempotency_waiters") == 0 })
+			testkit.WaitFor(t, 5*time.Second, func() bool { return testkit.Gauge(t, "idempotency_waiters") == 0 })
 		})
 	}
-}
-
-// gauge reads an unlabelled gauge of this process's registry.
-func gauge(t *testing.T, name string) float64 {
-	t.Helper()
-	families, err := prometheus.DefaultGatherer.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range families {
-		if f.GetName() == name && len(f.GetMetric()) == 1 {
-			return f.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	t.Fatalf("no gauge %s", name)
-	return 0
 }
 
 // counter sums a counter's series whose outcome label is outcome.

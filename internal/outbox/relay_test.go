@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemref/payments/internal/broker"
 	"github.com/idemref/payments/internal/db"
@@ -485,22 +484,6 @@ func TestRelayReleasesOnlyItsOwnClaim(t *testing.T) {
 	}
 }
 
-// gauge reads a gauge of the default registry, which /metrics serves.
-func gauge(t *testing.T, name string) float64 {
-	t.Helper()
-	families, err := prometheus.DefaultGatherer.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range families {
-		if f.GetName() == name {
-			return f.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	t.Fatalf("no metric %s", name)
-	return 0
-}
-
 // The lag gauges follow a publish outage: with the broker down and a row
 // waiting, outbox_unpublished_rows counts it and outbox_lag_seconds is at
 // least its age, on every drain, although no drain publishes anything.
@@ -513,7 +496,7 @@ func TestRelayObservesTheLagDuringAPublishOutage(t *testing.T) {
 	relay := outbox.NewRelay(f.pool, f.js, outbox.RelayConfig{PollInterval: 100 * time.Millisecond, PublishTimeout: 200 * time.Millisecond})
 	runRelay(t, relay)
 	// A first drain with nothing waiting sets both gauges to 0.
-	testkit.WaitFor(t, 10*time.Second, func() bool { return gauge(t, "outbox_unpublished_rows") == 0 })
+	testkit.WaitFor(t, 10*time.Second, func() bool { return testkit.Gauge(t, "outbox_unpublished_rows") == 0 })
 
 	f.nats.Shutdown()
 	f.write(t)
@@ -527,7 +510,7 @@ func TestRelayObservesTheLagDuringAPublishOutage(t *testing.T) {
 		}
 	}()
 	testkit.WaitFor(t, 10*time.Second, func() bool {
-		rows, lag = gauge(t, "outbox_unpublished_rows"), gauge(t, "outbox_lag_seconds")
+		rows, lag = testkit.Gauge(t, "outbox_unpublished_rows"), testkit.Gauge(t, "outbox_lag_seconds")
 		return rows == 1 && lag >= age
 	})
 	if n := f.unpublished(t); n != 1 {

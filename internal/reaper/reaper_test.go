@@ -14,7 +14,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemref/payments/internal/db"
 	"github.com/idemref/payments/internal/reaper"
@@ -383,7 +382,7 @@ func TestDutyRisesWhileBatchesAreFull(t *testing.T) {
 		}
 		done <- err
 	}()
-	highest := reaperDuty(t)
+	highest := testkit.Gauge(t, "idempotency_reaper_duty")
 	for running := true; running; {
 		select {
 		case err := <-done:
@@ -392,31 +391,15 @@ func TestDutyRisesWhileBatchesAreFull(t *testing.T) {
 			}
 			running = false
 		case <-time.After(time.Millisecond):
-			highest = max(highest, reaperDuty(t))
+			highest = max(highest, testkit.Gauge(t, "idempotency_reaper_duty"))
 		}
 	}
 	// 30 full batches: the duty doubles after every 4, so it reaches the cap.
 	if highest < 2*base {
 		t.Errorf("the duty stayed at %v through %d full batches; want it raised above REAPER_DUTY %v", highest, n/batch, base)
 	}
-	if after := reaperDuty(t); after != base {
+	if after := testkit.Gauge(t, "idempotency_reaper_duty"); after != base {
 		t.Errorf("after the pass the duty is %v, want REAPER_DUTY %v again", after, base)
 	}
 	t.Logf("the duty rose to %v during a pass of %d full batches", highest, n/batch)
-}
-
-// reaperDuty reads the idempotency_reaper_duty gauge.
-func reaperDuty(t *testing.T) float64 {
-	t.Helper()
-	families, err := prometheus.DefaultGatherer.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range families {
-		if f.GetName() == "idempotency_reaper_duty" {
-			return f.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	t.Fatal("no idempotency_reaper_duty gauge")
-	return 0
 }
