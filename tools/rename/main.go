@@ -72,6 +72,26 @@ var rules = []rule{
 	// The TypeScript client's npm name (clients/typescript/package.json,
 	// its tests' imports, the docs): a fork publishes its own.
 	{what: "TypeScript client's npm name", old: "@idemref/payments", new: npmName},
+	// The image's label keys (the Makefile's SBOM_LABEL), reverse-DNS as
+	// label keys are: a fork's images carry its own.
+	{what: "image label prefix", old: "io.github.idemref.payments", new: labelPrefix},
+}
+
+// labelPrefix is the module path as a reverse-DNS label key prefix: the
+// host's labels reversed, then the path's elements (example.com/acme/orders:
+// com.example.acme.orders), lower case, any other character than a letter,
+// a digit, . or - made a -.
+func labelPrefix(n names) string {
+	elems := strings.Split(n.module, "/")
+	host := strings.Split(elems[0], ".")
+	slices.Reverse(host)
+	key := []byte(strings.ToLower(strings.Join(append(host, elems[1:]...), ".")))
+	for i, c := range key {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '.' || c == '-') {
+			key[i] = '-'
+		}
+	}
+	return string(key)
 }
 
 // npmName is the TypeScript client's npm package name: NAME, scoped by the

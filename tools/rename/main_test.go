@@ -100,6 +100,8 @@ func TestRewriteWholeNames(t *testing.T) {
 		// The npm name: a module with one element after its host has no
 		// scope to give it.
 		{`"name": "@idemref/payments", import "@idemref/paymentsx"`, `"name": "orders", import "@idemref/paymentsx"`},
+		// The image's label keys.
+		{`SBOM_LABEL := io.github.idemref.payments.sbom`, `SBOM_LABEL := com.example.payments.x.sbom`},
 	} {
 		if got, _ := rewrite([]byte(tc.in), n); string(got) != tc.want {
 			t.Errorf("rewrite(%q) = %q, want %q", tc.in, got, tc.want)
@@ -113,6 +115,15 @@ func TestRewriteWholeNames(t *testing.T) {
 	} {
 		if got := npmName(names{module: tc.module, name: "orders"}); got != tc.want {
 			t.Errorf("npmName(%s) = %q, want %q", tc.module, got, tc.want)
+		}
+	}
+	for _, tc := range []struct{ module, want string }{
+		{"example.com/acme/orders", "com.example.acme.orders"},
+		{"github.com/Acme_Corp/orders/v2", "com.github.acme-corp.orders.v2"},
+		{"orders.internal", "internal.orders"},
+	} {
+		if got := labelPrefix(names{module: tc.module, name: "orders"}); got != tc.want {
+			t.Errorf("labelPrefix(%s) = %q, want %q", tc.module, got, tc.want)
 		}
 	}
 }
