@@ -87,7 +87,8 @@ func labelPrefix(n names) string {
 	slices.Reverse(host)
 	key := []byte(strings.ToLower(strings.Join(append(host, elems[1:]...), ".")))
 	for i, c := range key {
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '.' || c == '-') {
+		allowed := c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '.' || c == '-'
+		if !allowed {
 			key[i] = '-'
 		}
 	}
